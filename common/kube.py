@@ -1,0 +1,199 @@
+"""Kubernetes API access for both services, on top of the official ``kubernetes`` client.
+
+We use the client's transport (kubeconfig and in-cluster auth, TLS, connection pool) but speak
+raw paths and plain dicts. The typed models would cost a deserialisation per object and drop
+fields they do not know, and CRDs (Metal3, CAPI, Slinky) have no models anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+# Kubernetes' own version priority (k8s.io/apimachinery version.CompareKubeAwareVersionStrings).
+_STABILITY = {"": 3, "beta": 2, "alpha": 1}
+
+
+def version_priority(version: str) -> tuple[int, int, int]:
+    """Sort key: v1 > v1beta2 > v1beta1 > v1alpha1."""
+    body = version.removeprefix("v")
+    for stage in ("beta", "alpha"):
+        if stage in body:
+            major, _, minor = body.partition(stage)
+            return _STABILITY[stage], int(major or 0), int(minor or 0)
+    return _STABILITY[""], int(body or 0), 0
+
+
+class KubeError(Exception):
+    """A failed API call, with the status code and the server's own message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @classmethod
+    def from_api_exception(cls, exc: ApiException) -> KubeError:
+        message = exc.reason or ""
+        reason = exc.reason or ""
+        try:
+            status = json.loads(exc.body or b"{}")
+            message = status.get("message") or message
+            reason = status.get("reason") or reason
+        except (ValueError, AttributeError):
+            pass
+        return cls(exc.status or 0, reason, message)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcePath:
+    """Where a resource lives: ``/api/v1`` or ``/apis/<group>/<version>``, plus its plural."""
+
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def collection(self, namespace: str | None = None) -> str:
+        if namespace:
+            return f"{self.prefix}/namespaces/{quote(namespace)}/{self.plural}"
+        return f"{self.prefix}/{self.plural}"
+
+    def item(self, namespace: str, name: str, subresource: str = "") -> str:
+        path = f"{self.collection(namespace)}/{quote(name)}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+class KubeClient:
+    """Raw-path access to one cluster. Thread-safe; the connection pool is shared."""
+
+    DISCOVERY_TTL_SECONDS = 60.0
+
+    def __init__(self, api_client: k8s.ApiClient, name: str = "local") -> None:
+        self.api_client = api_client
+        self.name = name
+        self._discovery: dict[str, tuple[float, list[str]]] = {}
+        self._lock = threading.Lock()
+
+    def _send(self, method: str, path: str, query: list[tuple[str, str]] | None, body: Any,
+              content_type: str | None, timeout: float | tuple[float, float] | None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, _ = self.api_client.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        try:
+            return self.api_client.call_api(method, url, headers, body, _request_timeout=timeout)
+        except urllib3.exceptions.HTTPError as exc:
+            raise KubeError(0, "Unreachable", f"cannot reach the API server of cluster {self.name}: {_root_cause(exc)}") from None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] | None = 10.0,
+    ) -> dict[str, Any]:
+        """One call; returns the decoded JSON body or raises :class:`KubeError`."""
+        response = self._send(method, path, query, body, content_type, timeout)
+        try:
+            data = response.read()
+        except urllib3.exceptions.HTTPError as exc:
+            raise KubeError(0, "Unreachable", f"connection to cluster {self.name} broke: {_root_cause(exc)}") from None
+        if not 200 <= response.status <= 299:
+            raise KubeError.from_api_exception(ApiException.from_response(http_resp=response, body=None, data=None))
+        return json.loads(data) if data else {}
+
+    def stream(self, path: str, query: list[tuple[str, str]], timeout: tuple[float, float]) -> Any:
+        """Open a streaming GET (a watch); returns the urllib3 response for ``Watch.stream``."""
+        response = self._send("GET", path, query, None, None, timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise KubeError.from_api_exception(ApiException.from_response(http_resp=response, body=None, data=None))
+        return response.response
+
+    def served_versions(self, group: str) -> list[str]:
+        """Versions of ``group`` this cluster serves, newest first ([] if the group is absent)."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._discovery.get(group)
+        if cached and now - cached[0] < self.DISCOVERY_TTL_SECONDS:
+            return cached[1]
+        try:
+            doc = self.request("GET", f"/apis/{group}")
+            versions = [v["version"] for v in doc.get("versions", []) if isinstance(v, dict) and "version" in v]
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            versions = []
+        versions.sort(key=version_priority, reverse=True)
+        with self._lock:
+            self._discovery[group] = (now, versions)
+        return versions
+
+    def forget_discovery(self, group: str) -> None:
+        with self._lock:
+            self._discovery.pop(group, None)
+
+    def resource(self, group: str, plural: str, supported: tuple[str, ...]) -> ResourcePath:
+        """The newest version of ``group`` that is both served and in ``supported``."""
+        served = self.served_versions(group)
+        for version in served:
+            if version in supported:
+                return ResourcePath(group, version, plural)
+        raise KubeError(
+            404, "NotFound",
+            f"cluster {self.name} serves no supported version of {plural}.{group} "
+            f"(served: {', '.join(served) or 'none'}; supported: {', '.join(supported)})",
+        )
+
+    def close(self) -> None:
+        self.api_client.close()
+
+
+def _root_cause(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    while isinstance(reason, BaseException) and getattr(reason, "reason", None) is not None:
+        reason = reason.reason
+    return str(reason or exc)
+
+
+def local_client(kubeconfig: str | None = None) -> KubeClient:
+    """The webhook's own cluster: an explicit kubeconfig, else in-cluster, else ~/.kube/config."""
+    if kubeconfig:
+        return KubeClient(k8s_config.new_client_from_config(config_file=kubeconfig), "local")
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = k8s.Configuration()
+        k8s_config.load_incluster_config(client_configuration=configuration)
+        return KubeClient(k8s.ApiClient(configuration), "local")
+    return KubeClient(k8s_config.new_client_from_config(), "local")
+
+
+def client_from_kubeconfig(data: bytes, name: str) -> KubeClient:
+    """A workload cluster, from the bytes of a CAPI ``<cluster>-kubeconfig`` Secret."""
+    try:
+        document = yaml.load(data, Loader=yaml.CSafeLoader)
+        if not isinstance(document, dict):
+            raise ValueError("not a kubeconfig document")
+        return KubeClient(k8s_config.new_client_from_config_dict(document, persist_config=False), name)
+    except (yaml.YAMLError, ValueError, KeyError, TypeError, k8s_config.ConfigException) as exc:
+        raise KubeError(0, "InvalidKubeconfig", f"kubeconfig for cluster {name} is not usable: {type(exc).__name__}") from None

@@ -1,0 +1,50 @@
+"""Prometheus instruments shared by both webhooks.
+
+Each service owns a registry instead of using the global one, so that two services (or many test
+instances) can live in one process without clashing. Label values are fixed sets or object
+names: never request content, never secret material.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Admission is expected to take milliseconds; the tail buckets show an API round trip going bad.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class WebhookMetrics:
+    """The transport's instruments: latency, requests by outcome and in-flight requests."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.latency = Histogram(
+            "slime_webhook_latency_seconds",
+            "Time to answer one admission request, from body read to response bytes.",
+            ["webhook"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "slime_webhook_requests_total",
+            "Admission requests by outcome (allowed, patched, denied, errored).",
+            ["webhook", "outcome"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "slime_webhook_requests_in_flight",
+            "Admission requests being handled now.",
+            ["webhook"],
+            registry=self.registry,
+        )
+        self.cert_reloads = Counter(
+            "slime_certificate_reloads_total",
+            "Serving certificate loads by result (success, failure).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.cert_not_after = Gauge(
+            "slime_certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use, as a Unix time.",
+            registry=self.registry,
+        )

@@ -1,0 +1,124 @@
+"""One admission endpoint: bytes in, handler, bytes out, and the bookkeeping around it.
+
+This is the only place that reads request bodies, counts outcomes, times requests and recovers
+from exceptions, so neither service repeats any of it. A handler is an async callable from the
+decoded ``request`` dict to an :class:`AdmissionResponse`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from common.admission import (
+    AdmissionError,
+    AdmissionResponse,
+    RequestSummary,
+    check_content_type,
+    decode_review,
+    encode_review,
+    errored,
+)
+from common.metrics import WebhookMetrics
+
+AdmissionHandler = Callable[[dict[str, Any]], Awaitable[AdmissionResponse]]
+
+log = logging.getLogger("slime.admission")
+
+
+class AdmissionEndpoint:
+    """A Starlette endpoint serving one webhook path."""
+
+    def __init__(
+        self,
+        webhook: str,
+        handler: AdmissionHandler,
+        metrics: WebhookMetrics,
+        max_body_bytes: int,
+    ) -> None:
+        self.webhook = webhook
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self._latency = metrics.latency.labels(webhook)
+        self._in_flight = metrics.in_flight.labels(webhook)
+        self._outcomes = {o: metrics.requests.labels(webhook, o) for o in ("allowed", "patched", "denied", "errored")}
+
+    async def __call__(self, http_request: Request) -> Response:
+        started = time.perf_counter()
+        self._in_flight.inc()
+        try:
+            uid, response, summary = await self._review(http_request)
+            body = encode_review(uid, response)
+            self._outcomes[response.outcome].inc()
+            self._log(summary, uid, response, time.perf_counter() - started)
+            return Response(body, media_type="application/json")
+        finally:
+            self._in_flight.dec()
+            self._latency.observe(time.perf_counter() - started)
+
+    async def _review(self, http_request: Request) -> tuple[str, AdmissionResponse, RequestSummary | None]:
+        try:
+            check_content_type(http_request.headers.get("content-type"))
+            request = decode_review(await self._read_body(http_request))
+        except AdmissionError as exc:
+            return exc.uid, errored(exc.code, exc.message), None
+        summary = RequestSummary.of(request)
+        try:
+            return summary.uid, await self.handler(request), summary
+        except Exception as exc:  # noqa: BLE001 - any failure must still answer with the uid
+            log.exception(
+                "handler failed",
+                extra={"webhook": self.webhook, "uid": summary.uid, "error_type": type(exc).__name__},
+            )
+            message = f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {summary.uid}"
+            return summary.uid, errored(500, message), summary
+
+    async def _read_body(self, http_request: Request) -> bytes:
+        """Read at most ``max_body_bytes``; stop as soon as the cap is passed."""
+        too_large = AdmissionError(413, f"request entity is too large; limit is {self.max_body_bytes} bytes")
+        declared = http_request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in http_request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _log(self, summary: RequestSummary | None, uid: str, response: AdmissionResponse, seconds: float) -> None:
+        fields: dict[str, Any] = {
+            "webhook": self.webhook,
+            "uid": uid,
+            "decision": response.outcome,
+            "duration_ms": round(seconds * 1000, 3),
+        }
+        if summary is not None:
+            fields.update(
+                kind=summary.kind,
+                namespace=summary.namespace,
+                name=summary.name,
+                operation=summary.operation,
+                dry_run=summary.dry_run,
+            )
+        if response.message:
+            fields["reason"] = response.message
+        # Requests we do not act on would drown the audit trail, so they log at debug.
+        quiet = response.outcome == "allowed" and not response.message
+        log.log(logging.DEBUG if quiet else logging.INFO, "admission", extra=fields)
+
+
+def admission_app(title: str, path: str, endpoint: AdmissionEndpoint) -> Any:
+    """A FastAPI app serving one admission path and nothing else (no docs pages on the TLS port)."""
+    from fastapi import FastAPI
+
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_route(path, endpoint, methods=["POST"])
+    return app
