@@ -1,0 +1,127 @@
+{{/* Chart name. */}}
+{{- define "slime.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of every object name; short enough for the "-injection-webhook" suffix. */}}
+{{- define "slime.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 42 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "slime.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels. */}}
+{{- define "slime.labels" -}}
+helm.sh/chart: {{ include "slime.chart" . }}
+app.kubernetes.io/name: {{ include "slime.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: slime
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one webhook. Call with (dict "root" $ "component" "injection"). */}}
+{{- define "slime.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "slime.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}-webhook
+{{- end }}
+
+{{/* Base name of a webhook's objects (Deployment, Service, ServiceAccount, ...). */}}
+{{- define "slime.componentName" -}}
+{{- printf "%s-%s-webhook" (include "slime.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Secret that holds ca.crt / tls.crt / tls.key of a webhook, mounted at /tls. */}}
+{{- define "slime.tlsSecretName" -}}
+{{- printf "%s-tls" (include "slime.componentName" .) }}
+{{- end }}
+
+{{/* cert-manager serving Certificate of a webhook. */}}
+{{- define "slime.certificateName" -}}
+{{- printf "%s-serving" (include "slime.componentName" .) }}
+{{- end }}
+
+{{- define "slime.caName" -}}
+{{- printf "%s-ca" (include "slime.fullname" .) }}
+{{- end }}
+
+{{- define "slime.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* "ns/name" of every mapped mirror Deployment, as a list (JSON). */}}
+{{- define "slime.mirrorKeys" -}}
+{{- $keys := list }}
+{{- range .Values.scaling.mappings }}
+{{- $keys = append $keys (printf "%s/%s" .mirror.namespace .mirror.name) }}
+{{- end }}
+{{- toJson $keys }}
+{{- end }}
+
+{{/* Sorted unique namespaces of the MachineDeployments (+ scaling.extraNamespaces), JSON list. */}}
+{{- define "slime.mdNamespaces" -}}
+{{- $ns := list }}
+{{- range .Values.scaling.mappings }}
+{{- $ns = append $ns .machineDeployment.namespace }}
+{{- end }}
+{{- $ns = concat $ns .Values.scaling.extraNamespaces }}
+{{- toJson ($ns | uniq | sortAlpha) }}
+{{- end }}
+
+{{/* Sorted unique namespaces of the mirrors (+ scaling.extraNamespaces), JSON list. */}}
+{{- define "slime.mirrorNamespaces" -}}
+{{- $ns := list }}
+{{- range .Values.scaling.mappings }}
+{{- $ns = append $ns .mirror.namespace }}
+{{- end }}
+{{- $ns = concat $ns .Values.scaling.extraNamespaces }}
+{{- toJson ($ns | uniq | sortAlpha) }}
+{{- end }}
+
+{{/*
+Fail early when an optional CRD group the rendered objects need is not served.
+See `crdCheck` in values.yaml. Call with (dict "root" $ "apiVersion" "keda.sh/v1alpha1"
+"kind" "ScaledObject" "value" "keda.enabled" "what" "KEDA").
+*/}}
+{{- define "slime.requireAPI" -}}
+{{- $root := .root }}
+{{- $mode := $root.Values.crdCheck }}
+{{- $live := false }}
+{{- if eq $mode "auto" }}
+{{- $live = not (empty (lookup "v1" "ServiceAccount" $root.Release.Namespace "default")) }}
+{{- end }}
+{{- if or (eq $mode "always") $live }}
+{{- if not ($root.Capabilities.APIVersions.Has .apiVersion) }}
+{{- fail (printf "%s=true needs %s (%s %s) but the cluster does not serve it. Install %s first (this chart does not install CRDs), or set %s=false. For offline rendering pass --api-versions %s (crdCheck=%s)." .value .what .apiVersion .kind .what .value .apiVersion $mode) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level security context. */}}
+{{- define "slime.podSecurityContext" -}}
+{{- toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{/* Container-level security context. */}}
+{{- define "slime.securityContext" -}}
+{{- toYaml .Values.securityContext }}
+{{- end }}
