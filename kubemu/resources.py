@@ -1,0 +1,187 @@
+"""Resource registry, served-version control and discovery documents.
+
+An object is stored once per resource (group + plural) and served under every version of
+that resource the emulated cluster serves; versions share one schema (no conversion), which
+is all the SliMe services need to tell v1beta1 from v1beta2 clusters apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+_VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
+_LEVEL = {None: 2, "beta": 1, "alpha": 0}
+
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+SUBRESOURCE_VERBS = ["get", "patch", "update"]
+
+
+def version_priority(version: str) -> tuple[int, int, int, str]:
+    """Sort key of Kubernetes version priority (higher sorts later): v1 > v1beta2 > v1beta1 > v1alpha1."""
+    m = _VERSION_RE.match(version)
+    if not m:
+        return (-1, 0, 0, version)
+    major, level, minor = m.groups()
+    return (_LEVEL[level], int(major), int(minor or 0), "")
+
+
+def sort_versions(versions: Iterable[str]) -> list[str]:
+    """Versions in discovery order: preferred (highest priority) first."""
+    return sorted(versions, key=version_priority, reverse=True)
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """Where the `/scale` subresource reads and writes its parent (as CRD `scale` paths do).
+
+    `selector` may point at a string (CAPI `.status.selector`) or at a LabelSelector object
+    (apps `.spec.selector`), which is rendered to its string form.
+    """
+
+    spec_replicas: str = "spec.replicas"
+    status_replicas: str = "status.replicas"
+    selector: str = "status.selector"
+
+
+@dataclass
+class Resource:
+    """One API resource. `scale=True` means CRD-style scale paths; pass a ScaleSpec to change them.
+
+    `custom` marks custom resources: like the real API server, they reject strategic merge patch.
+    `field_labels` are the extra fields usable in field selectors (metadata.name and
+    metadata.namespace always are).
+    """
+
+    group: str
+    versions: list[str]
+    kind: str
+    plural: str
+    namespaced: bool = True
+    scale: bool | ScaleSpec = False
+    status: bool = True
+    custom: bool = False
+    field_labels: tuple[str, ...] = ()
+    singular: str = field(default="")
+
+    def __post_init__(self) -> None:
+        self.versions = list(self.versions)
+        if self.scale is True:
+            self.scale = ScaleSpec()
+        if not self.singular:
+            self.singular = self.kind.lower()
+
+    @property
+    def scale_spec(self) -> ScaleSpec | None:
+        return self.scale if isinstance(self.scale, ScaleSpec) else None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.group, self.plural)
+
+    @property
+    def group_resource(self) -> str:
+        """`plural.group` as used in Kubernetes error messages (`pods`, `deployments.apps`)."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def api_version(self, version: str) -> str:
+        return f"{self.group}/{version}" if self.group else version
+
+
+def default_resources() -> list[Resource]:
+    """The resources a SliMe management or workload cluster needs."""
+    capi = ["v1beta1", "v1beta2"]
+    return [
+        Resource("", ["v1"], "Namespace", "namespaces", namespaced=False),
+        Resource("", ["v1"], "Pod", "pods", field_labels=("status.phase", "spec.nodeName")),
+        Resource("", ["v1"], "Service", "services"),
+        Resource("", ["v1"], "Secret", "secrets", status=False, field_labels=("type",)),
+        Resource("", ["v1"], "ConfigMap", "configmaps", status=False),
+        Resource("", ["v1"], "Event", "events", status=False),
+        Resource("apps", ["v1"], "Deployment", "deployments", scale=ScaleSpec(selector="spec.selector")),
+        Resource("apps", ["v1"], "StatefulSet", "statefulsets", scale=ScaleSpec(selector="spec.selector")),
+        Resource("apps", ["v1"], "ReplicaSet", "replicasets", scale=ScaleSpec(selector="spec.selector")),
+        Resource("events.k8s.io", ["v1"], "Event", "events", status=False),
+        Resource("coordination.k8s.io", ["v1"], "Lease", "leases", status=False),
+        Resource("cluster.x-k8s.io", capi, "MachineDeployment", "machinedeployments", scale=True, custom=True),
+        Resource("cluster.x-k8s.io", capi, "Machine", "machines", custom=True),
+        Resource("cluster.x-k8s.io", capi, "Cluster", "clusters", custom=True),
+        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Data", "metal3datas", custom=True),
+        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3DataTemplate", "metal3datatemplates", custom=True),
+        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Machine", "metal3machines", custom=True),
+        Resource("slinky.slurm.net", ["v1alpha1", "v1beta1"], "Controller", "controllers", custom=True),
+    ]
+
+
+class Registry:
+    """Known resources plus which versions of each group this cluster serves."""
+
+    def __init__(self, resources: Iterable[Resource], served: dict[str, list[str]] | None = None):
+        self.resources = list(resources)
+        self._served = {g: list(v) for g, v in (served or {}).items()}
+
+    def served_versions(self, group: str) -> list[str]:
+        """Served versions of a group, preferred first."""
+        versions = {v for r in self.resources if r.group == group for v in self._versions_of(r)}
+        return sort_versions(versions)
+
+    def _versions_of(self, res: Resource) -> list[str]:
+        allowed = self._served.get(res.group)
+        return [v for v in res.versions if allowed is None or v in allowed]
+
+    def lookup(self, group: str, version: str, plural: str) -> Resource | None:
+        """The resource served at group/version/plural, or None (unknown or not served)."""
+        for res in self.resources:
+            if res.group == group and res.plural == plural and version in self._versions_of(res):
+                return res
+        return None
+
+    def find(self, api_version: str, kind_or_plural: str) -> Resource:
+        """Resource for the direct Python API; any known version works, served or not."""
+        group, _, version = api_version.rpartition("/")
+        for res in self.resources:
+            if res.group == group and version in res.versions and kind_or_plural in (res.kind, res.plural):
+                return res
+        raise KeyError(f"unknown resource {kind_or_plural!r} in {api_version!r}")
+
+    # --- discovery documents -------------------------------------------------------------
+
+    def groups(self) -> list[str]:
+        """Non-core groups with at least one served version, in registration order."""
+        seen: list[str] = []
+        for res in self.resources:
+            if res.group and res.group not in seen and self.served_versions(res.group):
+                seen.append(res.group)
+        return seen
+
+    def api_group(self, group: str) -> dict[str, Any]:
+        versions = self.served_versions(group)
+        entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": entries,
+                "preferredVersion": entries[0]}
+
+    def api_group_list(self) -> dict[str, Any]:
+        groups = [{k: v for k, v in self.api_group(g).items() if k not in ("kind", "apiVersion")}
+                  for g in self.groups()]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def api_resource_list(self, group: str, version: str) -> dict[str, Any] | None:
+        """APIResourceList for group/version, None when that version is not served."""
+        served = [r for r in self.resources if r.group == group and version in self._versions_of(r)]
+        if not served:
+            return None
+        resources: list[dict[str, Any]] = []
+        for res in served:
+            base = {"name": res.plural, "singularName": res.singular, "namespaced": res.namespaced,
+                    "kind": res.kind, "verbs": VERBS}
+            resources.append(base)
+            if res.status:
+                resources.append({"name": f"{res.plural}/status", "singularName": "",
+                                  "namespaced": res.namespaced, "kind": res.kind, "verbs": SUBRESOURCE_VERBS})
+            if res.scale_spec:
+                resources.append({"name": f"{res.plural}/scale", "singularName": "",
+                                  "namespaced": res.namespaced, "group": "autoscaling", "version": "v1",
+                                  "kind": "Scale", "verbs": SUBRESOURCE_VERBS})
+        return {"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version, "resources": resources}

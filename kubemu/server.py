@@ -1,0 +1,502 @@
+"""The HTTP layer: a plain ASGI app that speaks the Kubernetes REST API over the store.
+
+Plain ASGI (no framework) because Kubernetes paths need their own parsing (RequestInfo), watch
+streams need the raw `send`/`receive`, and dropping a connection needs uvicorn's transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qsl
+
+from .admission import AdmissionAttributes, AdmissionDenied, AdmissionHook
+from .errors import ApiError, status_body
+from .faults import FaultSet
+from .patch import apply_patch
+from .resources import Registry, Resource
+from .selectors import FieldSelector, LabelSelector, match_labels_to_string
+from .store import Obj, Store, WatchEvent
+
+log = logging.getLogger("kubemu")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+DEFAULT_WATCH_TIMEOUT = 1800.0  # the API server's default upper bound (30 min)
+PATCH_RETRIES = 5
+VERSION_INFO = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kubemu", "gitCommit": "kubemu",
+                "gitTreeState": "clean", "buildDate": "2024-01-01T00:00:00Z", "goVersion": "go1.22",
+                "compiler": "gc", "platform": "linux/amd64"}
+
+
+@dataclass
+class RecordedRequest:
+    """One served request, in the terms an RBAC rule uses (verb, apiGroup, resource, ...)."""
+
+    verb: str
+    api_group: str
+    version: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    path: str
+    method: str
+    status_code: int  # 0 when the connection was dropped by a fault
+    user_agent: str
+    non_resource: bool = False
+    query: str = ""
+
+
+@dataclass
+class RequestInfo:
+    """Kubernetes' RequestInfo: what a URL addresses."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    verb: str
+    non_resource: bool = True
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+    namespace_in_path: bool = False
+    extra_parts: bool = False
+
+
+def parse_request_info(method: str, path: str, query: dict[str, str]) -> RequestInfo:
+    """Split a URL the way the API server's RequestInfoResolver does."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    info = RequestInfo(method=method, path=path, query=query, verb=method.lower())
+    if parts[:1] == ["api"] and len(parts) >= 3:
+        info.version, rest = parts[1], parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        info.group, info.version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return info  # discovery, /version, health: non-resource URLs
+    info.non_resource = False
+    if rest[0] == "namespaces" and len(rest) > 1:
+        info.namespace = rest[1]
+        if len(rest) > 2 and rest[2] not in ("status", "finalize"):
+            info.namespace_in_path = True
+            rest = rest[2:]
+    info.resource = rest[0]
+    info.name = rest[1] if len(rest) > 1 else ""
+    info.subresource = rest[2] if len(rest) > 2 else ""
+    info.extra_parts = len(rest) > 3
+    watch = query.get("watch", "").lower() in ("true", "1")
+    info.verb = {
+        "GET": "get" if info.name else ("watch" if watch else "list"),
+        "POST": "create", "PUT": "update", "PATCH": "patch",
+        "DELETE": "delete" if info.name else "deletecollection",
+    }.get(method, method.lower())
+    return info
+
+
+def _not_found() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def _get_path(obj: Obj, dotted: str) -> Any:
+    cur: Any = obj
+    for part in dotted.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return cur
+
+
+def _set_path(obj: Obj, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    cur = obj
+    for part in parents:
+        cur = cur.setdefault(part, {})
+    cur[last] = value
+
+
+def _decode(body: bytes) -> Obj:
+    try:
+        obj = json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, "BadRequest", f"error decoding request body: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ApiError(400, "BadRequest", "request body must be a JSON object")
+    return obj
+
+
+class KubeApp:
+    """ASGI application for one emulated cluster."""
+
+    def __init__(self, store: Store, registry: Registry, faults: FaultSet,
+                 record: Callable[[RecordedRequest], None], token: str | None = None,
+                 admission: AdmissionHook | None = None, bookmark_interval: float = 60.0):
+        self.store = store
+        self.registry = registry
+        self.faults = faults
+        self.record = record
+        self.token = token
+        self.admission = admission
+        self.bookmark_interval = bookmark_interval
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        raw_query = scope.get("query_string", b"").decode("latin-1")
+        info = parse_request_info(scope["method"], scope["path"], dict(parse_qsl(raw_query, keep_blank_values=True)))
+
+        def record(status_code: int) -> None:
+            self.record(RecordedRequest(
+                verb=info.verb, api_group=info.group, version=info.version, resource=info.resource,
+                subresource=info.subresource, namespace=info.namespace, name=info.name, path=info.path,
+                method=info.method, status_code=status_code, user_agent=headers.get("user-agent", ""),
+                non_resource=info.non_resource, query=raw_query))
+
+        async def recording_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                record(message["status"])
+            await send(message)
+
+        try:
+            if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            if fault := self.faults.take(info.method, info.verb, info.path):
+                if fault.delay_seconds:
+                    await asyncio.sleep(fault.delay_seconds)
+                if fault.close_connection:
+                    record(0)
+                    await self._drop_connection(send)
+                    return
+                if fault.status is not None:
+                    raise ApiError(fault.status, None, fault.message or f"injected fault ({fault.status})")
+            body = await self._read_body(receive)
+            await self._dispatch(info, headers, body, recording_send, receive)
+        except ApiError as err:
+            await self._respond(recording_send, err.code, err.status())
+        except Exception as exc:  # an emulator bug must look like an API server 500, not hang
+            log.exception("kubemu internal error on %s %s", info.method, info.path)
+            await self._respond(recording_send, 500, status_body(500, f"kubemu internal error: {exc}"))
+
+    @staticmethod
+    async def _drop_connection(send: Send) -> None:
+        """Abort the TCP connection without a response, as a crashing API server would."""
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is None:
+            raise RuntimeError("cannot drop the connection: not running under uvicorn")
+        transport.abort()
+        await asyncio.sleep(0.01)  # let uvicorn see the disconnect before the app returns
+
+    @staticmethod
+    async def _read_body(receive: Receive) -> bytes:
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _respond(send: Send, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": code,
+                    "headers": [(b"content-type", content_type.encode()),
+                                (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    # --- routing -------------------------------------------------------------------------
+
+    async def _dispatch(self, info: RequestInfo, headers: dict[str, str], body: bytes,
+                        send: Send, receive: Receive) -> None:
+        if info.non_resource:
+            code, doc = self._non_resource(info)
+            await self._respond(send, code, doc, "application/json" if isinstance(doc, dict) else "text/plain")
+            return
+        res = self.registry.lookup(info.group, info.version, info.resource)
+        if res is None or info.extra_parts or (info.namespace_in_path and not res.namespaced):
+            raise _not_found()
+        if info.subresource and not ((info.subresource == "status" and res.status)
+                                     or (info.subresource == "scale" and res.scale_spec)):
+            raise _not_found()
+        ns = (info.namespace if res.namespaced else "")
+        if res.namespaced and info.name and not ns:
+            raise _not_found()
+        dry_run = self._dry_run(info.query)
+        if info.verb in ("list", "watch"):
+            labels, fields = self._selectors(res, info.query)
+            if info.verb == "watch":
+                await self._watch(info, res, ns, labels, fields, send, receive)
+                return
+            items, rv = self.store.list(res, ns, labels, fields)
+            await self._respond(send, 200, {"kind": f"{res.kind}List", "apiVersion": res.api_version(info.version),
+                                            "metadata": {"resourceVersion": rv},
+                                            "items": [self._out(o, res, info.version) for o in items]})
+            return
+        handler = {"get": self._get, "create": self._create, "update": self._update,
+                   "patch": self._patch, "delete": self._delete}.get(info.verb)
+        if handler is None or (info.verb == "create" and (info.name or (res.namespaced and not ns))):
+            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+        code, obj = await handler(info, res, ns, headers, body, dry_run)
+        await self._respond(send, code, obj)
+
+    def _non_resource(self, info: RequestInfo) -> tuple[int, Any]:
+        if info.method != "GET":
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        parts = [p for p in info.path.strip("/").split("/") if p]
+        if parts in (["healthz"], ["livez"], ["readyz"]):
+            return 200, "ok"
+        if parts == ["version"]:
+            return 200, VERSION_INFO
+        if parts == ["api"]:
+            return 200, {"kind": "APIVersions", "versions": ["v1"],
+                         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}
+        if parts == ["apis"]:
+            return 200, self.registry.api_group_list()
+        if len(parts) == 2 and parts[0] == "apis" and self.registry.served_versions(parts[1]):
+            return 200, self.registry.api_group(parts[1])
+        if len(parts) in (2, 3) and parts[0] in ("api", "apis"):
+            group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+            doc = self.registry.api_resource_list(group, version)
+            if doc is not None:
+                return 200, doc
+        raise _not_found()
+
+    @staticmethod
+    def _dry_run(query: dict[str, str]) -> bool:
+        value = query.get("dryRun", "")
+        if value not in ("", "All"):
+            raise ApiError(400, "BadRequest", f"unsupported dryRun value {value!r}; only 'All' is valid")
+        return value == "All"
+
+    @staticmethod
+    def _selectors(res: Resource, query: dict[str, str]) -> tuple[LabelSelector, FieldSelector]:
+        try:
+            return (LabelSelector(query.get("labelSelector", "")),
+                    FieldSelector(query.get("fieldSelector", ""), res.field_labels))
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", str(exc)) from exc
+
+    @staticmethod
+    def _out(obj: Obj, res: Resource, version: str) -> Obj:
+        """The object as served at `version` (objects are stored once for all versions)."""
+        return {**obj, "apiVersion": res.api_version(version), "kind": res.kind}
+
+    # --- admission -----------------------------------------------------------------------
+
+    async def _admit(self, operation: str, info: RequestInfo, res: Resource, ns: str, name: str,
+                     new: Obj | None, old: Obj | None, dry_run: bool) -> Obj | None:
+        """Run the admission hook in a worker thread (it may block); return the object to store."""
+        if self.admission is None:
+            return new
+        if info.subresource == "scale":
+            kind = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
+        else:
+            kind = {"group": res.group, "version": info.version, "kind": res.kind}
+        attrs = AdmissionAttributes(operation=operation, group=res.group, version=info.version,
+                                    resource=res.plural, subresource=info.subresource, kind=kind,
+                                    namespace=ns, name=name, object=new, old_object=old, dry_run=dry_run)
+        try:
+            result = await asyncio.to_thread(self.admission, attrs)
+        except AdmissionDenied as denied:
+            raise ApiError(denied.code, None, denied.message) from denied
+        return result if result is not None else attrs.object
+
+    # --- verbs ---------------------------------------------------------------------------
+
+    def _scale_of(self, res: Resource, parent: Obj) -> Obj:
+        spec = res.scale_spec
+        assert spec is not None
+        meta = parent["metadata"]
+        scale: Obj = {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                      "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
+                                                         "creationTimestamp") if k in meta},
+                      "spec": {"replicas": _get_path(parent, spec.spec_replicas) or 0},
+                      "status": {"replicas": _get_path(parent, spec.status_replicas) or 0}}
+        selector = _get_path(parent, spec.selector)
+        if isinstance(selector, dict):
+            selector = match_labels_to_string(selector)
+        if selector:
+            scale["status"]["selector"] = selector
+        return scale
+
+    @staticmethod
+    def _check_scale(scale: Obj, name: str) -> int:
+        if scale.get("metadata", {}).get("name") not in (None, "", name):
+            raise ApiError(400, "BadRequest", f"the name of the object ({scale['metadata']['name']}) does not "
+                                              f"match the name on the URL ({name})")
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError(422, "Invalid", f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid value: '
+                                           f"{json.dumps(replicas)}: must be a non-negative integer")
+        return replicas
+
+    def _scaled_parent(self, res: Resource, parent: Obj, scale: Obj, name: str) -> Obj:
+        """The parent with the Scale's replicas, preconditioned on the Scale's resourceVersion."""
+        replicas = self._check_scale(scale, name)
+        new = copy.deepcopy(parent)
+        _set_path(new, res.scale_spec.spec_replicas, replicas)  # type: ignore[union-attr]
+        new["metadata"]["resourceVersion"] = (scale.get("metadata") or {}).get("resourceVersion") or ""
+        return new
+
+    def _result(self, res: Resource, info: RequestInfo, obj: Obj) -> Obj:
+        return self._scale_of(res, obj) if info.subresource == "scale" else self._out(obj, res, info.version)
+
+    async def _get(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
+                   body: bytes, dry_run: bool) -> tuple[int, Obj]:
+        return 200, self._result(res, info, self.store.get(res, ns, info.name))
+
+    async def _create(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
+                      body: bytes, dry_run: bool) -> tuple[int, Obj]:
+        obj = _decode(body)
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        if res.namespaced and meta.get("namespace") not in (None, "", ns):
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
+                                              "the namespace sent on the request")
+        obj.update(apiVersion=res.api_version(info.version), kind=obj.get("kind") or res.kind)
+        if res.namespaced:
+            obj["metadata"] = {**meta, "namespace": ns}
+        obj = await self._admit("CREATE", info, res, ns, meta.get("name", ""), obj, None, dry_run)
+        created = self.store.create(res, obj or {}, ns, dry_run=dry_run)
+        return 201, self._out(created, res, info.version)
+
+    async def _update(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
+                      body: bytes, dry_run: bool) -> tuple[int, Obj]:
+        obj = _decode(body)
+        old = self.store.get(res, ns, info.name)
+        if info.subresource == "scale":
+            old_scale = self._scale_of(res, old)
+            self._check_scale(obj, info.name)
+            scale = await self._admit("UPDATE", info, res, ns, info.name, obj, old_scale, dry_run) or obj
+            obj = self._scaled_parent(res, old, scale, info.name)
+        else:
+            obj = await self._admit("UPDATE", info, res, ns, info.name, obj, old, dry_run) or obj
+        mode = "status" if info.subresource == "status" else "main"
+        updated = self.store.update(res, obj, ns, info.name, mode=mode, dry_run=dry_run)
+        return 200, self._result(res, info, updated)
+
+    async def _patch(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
+                     body: bytes, dry_run: bool) -> tuple[int, Obj]:
+        """Apply the patch to the current object; retry on a write race unless the patch itself
+        pinned a resourceVersion (then the Conflict is the caller's)."""
+        content_type = headers.get("content-type", "")
+        mode = "status" if info.subresource == "status" else "main"
+        for attempt in range(PATCH_RETRIES):
+            old = self.store.get(res, ns, info.name)
+            if info.subresource == "scale":
+                old_scale = self._scale_of(res, old)
+                scale = apply_patch(old_scale, content_type, body, res.custom)
+                self._check_scale(scale, info.name)
+                scale = await self._admit("UPDATE", info, res, ns, info.name, scale, old_scale, dry_run) or scale
+                new = self._scaled_parent(res, old, scale, info.name)
+            else:
+                new = apply_patch(old, content_type, body, res.custom)
+                new = await self._admit("UPDATE", info, res, ns, info.name, new, old, dry_run) or new
+            pinned = new["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]
+            try:
+                updated = self.store.update(res, new, ns, info.name, mode=mode, dry_run=dry_run)
+            except ApiError as err:
+                if err.code == 409 and not pinned and attempt < PATCH_RETRIES - 1:
+                    continue
+                raise
+            return 200, self._result(res, info, updated)
+        raise AssertionError("unreachable")
+
+    async def _delete(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
+                      body: bytes, dry_run: bool) -> tuple[int, Obj]:
+        if info.subresource:
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        options = _decode(body) if body.strip() else {}
+        dry_run = dry_run or "All" in (options.get("dryRun") or [])
+        old = self.store.get(res, ns, info.name)
+        await self._admit("DELETE", info, res, ns, info.name, None, old, dry_run)
+        obj, removed = self.store.delete(res, ns, info.name, dry_run=dry_run,
+                                         preconditions=options.get("preconditions"))
+        return (200 if removed else 202), self._out(obj, res, info.version)
+
+    # --- watch ---------------------------------------------------------------------------
+
+    async def _watch(self, info: RequestInfo, res: Resource, ns: str, labels: LabelSelector,
+                     fields: FieldSelector, send: Send, receive: Receive) -> None:
+        """Stream newline-delimited watch events until timeoutSeconds, disconnect or stop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
+
+        def deliver(event: WatchEvent | None) -> None:  # called under the store lock, any thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:
+                pass  # loop already closed: the server has stopped
+
+        try:
+            timeout = float(info.query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"invalid timeoutSeconds: {exc}") from exc
+        bookmarks = info.query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+
+        async def write(type_: str, obj: Obj) -> None:
+            line = json.dumps({"type": type_, "object": obj}).encode() + b"\n"
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+
+        async def write_event(event: WatchEvent) -> None:
+            type_, obj = event
+            if type_ == "BOOKMARK":
+                obj = {"kind": res.kind, "apiVersion": res.api_version(info.version), "metadata": obj["metadata"]}
+            else:
+                obj = self._out(obj, res, info.version)
+            await write(type_, obj)
+
+        try:
+            initial, watcher = self.store.watch(res, ns, labels, fields, info.query.get("resourceVersion"), deliver)
+        except ApiError as err:  # 410 Expired (or a bad resourceVersion) arrives as an ERROR event
+            await write("ERROR", err.status())
+            await send({"type": "http.response.body", "body": b""})
+            return
+        disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
+        try:
+            for event in initial:
+                await write_event(event)
+            deadline = loop.time() + timeout
+            next_bookmark = loop.time() + self.bookmark_interval
+            while (remaining := deadline - loop.time()) > 0:
+                getter = asyncio.ensure_future(queue.get())
+                wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
+                done, _ = await asyncio.wait({getter, disconnected}, timeout=max(wait, 0),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                if disconnected in done:
+                    return
+                if getter in done:
+                    event = getter.result()
+                    if event is None:
+                        break
+                    await write_event(event)
+                elif bookmarks and loop.time() >= next_bookmark:
+                    self.store.bookmark(watcher)
+                    next_bookmark = loop.time() + self.bookmark_interval
+            else:
+                if bookmarks:  # a last bookmark lets the client resume exactly where this watch ends
+                    self.store.bookmark(watcher)
+                    while (event := await queue.get()) is not None:
+                        await write_event(event)
+                        if event[0] == "BOOKMARK":
+                            break
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            self.store.unwatch(watcher)
+            disconnected.cancel()
+
+    @staticmethod
+    async def _wait_disconnect(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
