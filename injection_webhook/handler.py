@@ -1,0 +1,124 @@
+"""The injection decision, as pure functions: no I/O, no clock, no globals.
+
+``select`` picks out the requests we act on: a Secret CREATE or UPDATE, owned by a Metal3Data,
+with a ``metaData`` key. ``respond`` turns a resolution into the AdmissionResponse. The resolver
+between them (``resolver.py``) is the only part that knows about clusters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.admission import AdmissionResponse, allow, deny, patch_response
+from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
+
+METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+METADATA_KEY = "metaData"
+
+
+@dataclass(frozen=True, slots=True)
+class MetaDataSecret:
+    """The facts of one admission request that the resolver and the patch need."""
+
+    namespace: str
+    name: str
+    metal3data: str
+    cluster_name: str
+    encoded_metadata: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.name else f"{self.namespace}/(generated name)"
+
+
+@dataclass(frozen=True, slots=True)
+class JoinInfo:
+    """Where a new slurmd finds slurmctld, and the key it needs. ``key_base64`` is secret."""
+
+    host: str
+    port: int
+    key_base64: str
+    source: str  # e.g. "Controller slurm/slurm in cluster local": for messages and logs
+
+    def __repr__(self) -> str:  # keep the key out of any accidental repr in a log or traceback
+        return f"JoinInfo(host={self.host!r}, port={self.port}, source={self.source!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class NotOptedIn:
+    """The Metal3DataTemplate has no ``slurm-controller-namespace`` label: not a Slurm worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """Opted in, but something needed is missing. ``reason`` names it and where."""
+
+    reason: str
+
+
+Resolution = JoinInfo | NotOptedIn | Unresolved
+
+
+def _group(api_version: Any) -> str:
+    return api_version.split("/", 1)[0] if isinstance(api_version, str) and "/" in api_version else ""
+
+
+def metal3data_owner(metadata: dict[str, Any]) -> str | None:
+    """Name of the Metal3Data owning this object, matched by kind and group, any version."""
+    for owner in metadata.get("ownerReferences") or ():
+        if (
+            isinstance(owner, dict)
+            and owner.get("kind") == "Metal3Data"
+            and _group(owner.get("apiVersion")) == METAL3_GROUP
+            and isinstance(owner.get("name"), str)
+        ):
+            return owner["name"]
+    return None
+
+
+def select(request: dict[str, Any]) -> MetaDataSecret | None:
+    """The Metal3 metadata Secret in this request, or None when the request is not ours."""
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return None
+    kind = request.get("kind")
+    if not isinstance(kind, dict) or kind.get("kind") != "Secret" or kind.get("group", "") != "":
+        return None
+    obj = request.get("object")
+    if not isinstance(obj, dict):
+        return None
+    metadata = obj.get("metadata")
+    data = obj.get("data")
+    if not isinstance(metadata, dict) or not isinstance(data, dict):
+        return None
+    encoded = data.get(METADATA_KEY)
+    owner = metal3data_owner(metadata)
+    if owner is None or not isinstance(encoded, str):
+        return None
+    labels = metadata.get("labels")
+    cluster = labels.get(CLUSTER_NAME_LABEL) if isinstance(labels, dict) else None
+    namespace = request.get("namespace") or metadata.get("namespace")
+    return MetaDataSecret(
+        namespace=namespace if isinstance(namespace, str) else "",
+        name=metadata.get("name") if isinstance(metadata.get("name"), str) else "",
+        metal3data=owner,
+        cluster_name=cluster if isinstance(cluster, str) else "",
+        encoded_metadata=encoded,
+    )
+
+
+def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse:
+    """The admission answer for a selected Secret, given what the resolver found."""
+    if isinstance(resolution, NotOptedIn):
+        return allow()
+    if isinstance(resolution, Unresolved):
+        return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {resolution.reason}")
+    entries = join_entries(resolution.host, resolution.port, resolution.key_base64)
+    try:
+        encoded = merged_metadata(secret.encoded_metadata, entries)
+    except MetaDataError as exc:
+        return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {exc}", code=400, reason="BadRequest")
+    if encoded is None:
+        return allow()
+    return patch_response([{"op": "replace", "path": f"/data/{METADATA_KEY}", "value": encoded}])

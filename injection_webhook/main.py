@@ -1,0 +1,43 @@
+"""``injection-webhook``: serve the mutating webhook that adds Slurm join data to Metal3 metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from common.cli import run_service
+from common.kube import local_client
+from common.metrics import WebhookMetrics
+from common.serving import Readiness, ServiceRunner, ServingCertificate
+from injection_webhook.app import create_app
+from injection_webhook.resolver import InjectionResolver
+from injection_webhook.settings import InjectionSettings
+
+
+def build(settings: InjectionSettings) -> ServiceRunner:
+    """Wire the service; nothing runs until ``serve``/``run`` (tests call this too)."""
+    metrics = WebhookMetrics()
+    resolver = InjectionResolver(
+        local_client(settings.kubeconfig), settings.controller_selector, settings.cache_sync_timeout_seconds
+    )
+    resolver.start()
+    readiness = Readiness()
+    readiness.add("caches", resolver.not_ready_reason)
+    return ServiceRunner(
+        webhook_app=create_app(resolver, metrics, settings.max_body_bytes),
+        certificate=ServingCertificate(settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds),
+        metrics=metrics,
+        readiness=readiness,
+        host=settings.host,
+        port=settings.port,
+        metrics_port=settings.metrics_port,
+        shutdown_delay_seconds=settings.shutdown_delay_seconds,
+        on_stop=[resolver.stop],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_service(InjectionSettings, "injection-webhook", build, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""Finds the slurmctld address, port and ``slurm.key`` for a Metal3 metadata Secret.
+
+The chain: Secret -> Metal3Data -> Metal3DataTemplate (owner reference, else
+``spec.template.name``, since CAPM3 >= 1.14 dropped that owner) -> opt-in label -> target
+cluster (local, or a CAPI workload cluster through its ``<cluster>-kubeconfig`` Secret) ->
+slurmctld pod (``status.hostIP``) -> StatefulSet -> Slinky Controller -> key Secret, and a
+NodePort Service for the port.
+
+Every lookup reads an informer, so a warm admission makes no API call. ``resolve`` has two
+modes. ``wait=False`` never blocks and raises :class:`NeedsWait` when a cache is cold. The app
+then calls again with ``wait=True`` in a worker thread, which starts the caches and waits for
+them (bounded by ``sync_timeout``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.cache import Informer, InformerSet, strip_noise
+from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
+from common.logs import redactor
+from injection_webhook.handler import (
+    CLUSTER_NAME_LABEL,
+    METAL3_GROUP,
+    JoinInfo,
+    MetaDataSecret,
+    NotOptedIn,
+    Resolution,
+    Unresolved,
+)
+
+log = logging.getLogger("slime.injection.resolver")
+
+OPT_IN_LABEL = "slurm-controller-namespace"
+CLUSTER_OVERRIDE_LABEL = "slurm-controller-cluster"
+CONTROLLER_NAME_LABEL = "slurm-controller-name"
+LOCAL_CLUSTER = "local"
+SLINKY_GROUP = "slinky.slurm.net"
+SLURMCTLD_PORT = 6817
+METAL3_VERSIONS = ("v1beta2", "v1beta1")
+SLINKY_VERSIONS = ("v1beta1", "v1alpha1")
+
+
+class NeedsWait(Exception):
+    """A cache needed for this answer is cold; retry with ``wait=True`` off the event loop."""
+
+
+# --- transforms: keep only what resolution reads, so 10k cached objects stay small ----------
+
+
+def _slim_metadata(obj: dict[str, Any], *extra: str) -> dict[str, Any]:
+    metadata = obj.get("metadata") or {}
+    keep = ("name", "namespace", "labels", "ownerReferences", "resourceVersion", "deletionTimestamp", *extra)
+    return {k: metadata[k] for k in keep if k in metadata}
+
+
+def _slim_metal3data(obj: dict[str, Any]) -> dict[str, Any]:
+    template = (obj.get("spec") or {}).get("template")
+    return {"metadata": _slim_metadata(obj), "spec": {"template": template} if template else {}}
+
+
+def _slim_template(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": _slim_metadata(obj)}
+
+
+def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    status = obj.get("status") or {}
+    return {"metadata": _slim_metadata(obj), "status": {k: status[k] for k in ("phase", "hostIP") if k in status}}
+
+
+def _key_secret(obj: dict[str, Any]) -> dict[str, Any]:
+    """Key Secrets enter the cache through here, so every key is known to the log redactor."""
+    for value in (obj.get("data") or {}).values():
+        if isinstance(value, str):
+            redactor.register(value)
+            try:
+                redactor.register(base64.b64decode(value).decode("utf-8"))
+            except (binascii.Error, ValueError):
+                pass
+    return {"metadata": _slim_metadata(obj), "data": obj.get("data") or {}}
+
+
+def _kubeconfig_secret(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": _slim_metadata(obj), "data": {"value": (obj.get("data") or {}).get("value", "")}}
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _owner(obj: dict[str, Any], kind: str, group: str) -> str | None:
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        api_version = owner.get("apiVersion") or ""
+        owner_group = api_version.split("/", 1)[0] if "/" in api_version else ""
+        if owner.get("kind") == kind and owner_group == group and owner.get("name"):
+            return owner["name"]
+    return None
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _selector_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def nodeport_for_slurmctld(services: list[dict[str, Any]], pod_labels: dict[str, str]) -> int | None:
+    """The nodePort of a NodePort Service that selects the pod and exposes slurmctld."""
+    for service in sorted(services, key=lambda s: (s.get("metadata") or {}).get("name", "")):
+        spec = service.get("spec") or {}
+        if spec.get("type") != "NodePort" or not _selector_matches(spec.get("selector") or {}, pod_labels):
+            continue
+        for port in spec.get("ports") or ():
+            target = port.get("targetPort", port.get("port"))
+            exposes = target in (SLURMCTLD_PORT, str(SLURMCTLD_PORT), "slurmctld") or port.get("name") == "slurmctld"
+            if exposes and isinstance(port.get("nodePort"), int):
+                return port["nodePort"]
+    return None
+
+
+@dataclass
+class ClusterView:
+    """The caches of one cluster that runs (or may run) slurmctld."""
+
+    client: KubeClient
+    controller_selector: str
+    informers: InformerSet = field(init=False)
+    _slinky: ResourcePath | None = None
+
+    def __post_init__(self) -> None:
+        self.informers = InformerSet(self.client)
+
+    @property
+    def name(self) -> str:
+        return self.client.name
+
+    def pods(self, namespace: str) -> Informer:
+        return self.informers.informer(
+            f"/api/v1/namespaces/{namespace}/pods", label_selector=self.controller_selector,
+            transform=_slim_pod, description=f"slurmctld pods in {namespace} ({self.name})",
+        )
+
+    def statefulsets(self, namespace: str) -> Informer:
+        return self.informers.informer(
+            f"/apis/apps/v1/namespaces/{namespace}/statefulsets", label_selector=self.controller_selector,
+            transform=_slim_template, description=f"slurmctld statefulsets in {namespace} ({self.name})",
+        )
+
+    def services(self, namespace: str) -> Informer:
+        return self.informers.informer(
+            f"/api/v1/namespaces/{namespace}/services", description=f"services in {namespace} ({self.name})",
+        )
+
+    def secret(self, namespace: str, name: str) -> Informer:
+        return self.informers.informer(
+            f"/api/v1/namespaces/{namespace}/secrets", field_selector=f"metadata.name={name}",
+            transform=_key_secret, description=f"secret {namespace}/{name} ({self.name})",
+        )
+
+    def controllers(self, namespace: str, wait: bool) -> Informer:
+        """Slinky Controllers; the served version is discovered once, on first use."""
+        if self._slinky is None:
+            if not wait:
+                raise NeedsWait
+            self._slinky = self.client.resource(SLINKY_GROUP, "controllers", SLINKY_VERSIONS)
+        return self.informers.informer(
+            self._slinky.collection(namespace), description=f"controllers in {namespace} ({self.name})",
+        )
+
+    def stop(self) -> None:
+        self.informers.stop()
+        self.client.close()
+
+
+class InjectionResolver:
+    """Resolves :class:`MetaDataSecret` requests from caches of the local and workload clusters."""
+
+    def __init__(
+        self,
+        local: KubeClient,
+        controller_selector: str,
+        sync_timeout: float = 5.0,
+        workload_client: Callable[[bytes, str], KubeClient] = client_from_kubeconfig,
+    ) -> None:
+        self.local = ClusterView(local, controller_selector)
+        self.controller_selector = controller_selector
+        self.sync_timeout = sync_timeout
+        self._workload_client = workload_client
+        self._workloads: dict[tuple[str, str], tuple[str, ClusterView]] = {}
+        self._workloads_lock = threading.Lock()
+        self._metal3data: Informer | None = None
+        self._templates: Informer | None = None
+        self._metal3: ResourcePath | None = None
+        self.startup_error = ""
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Discover the Metal3 version and start the cluster-wide caches (retries until it can)."""
+        threading.Thread(target=self._bootstrap, name="injection-bootstrap", daemon=True).start()
+
+    def _bootstrap(self) -> None:
+        delay = 0.2
+        while self._metal3 is None:
+            try:
+                self._metal3 = self.local.client.resource(METAL3_GROUP, "metal3datas", METAL3_VERSIONS)
+            except KubeError as exc:
+                self.startup_error = str(exc)
+                log.warning("Metal3 API not available yet; retrying", extra={"error": str(exc)})
+                threading.Event().wait(delay)
+                delay = min(delay * 2, 5.0)
+        templates = ResourcePath(METAL3_GROUP, self._metal3.version, "metal3datatemplates")
+        self._templates = self.local.informers.informer(
+            templates.collection(), transform=_slim_template, description="metal3datatemplates",
+        )
+        self._metal3data = self.local.informers.informer(
+            self._metal3.collection(), transform=_slim_metal3data, description="metal3datas",
+        )
+        self.startup_error = ""
+
+    def not_ready_reason(self) -> str | None:
+        """For /readyz: the cluster-wide caches must have synced."""
+        if self._metal3data is None or self._templates is None:
+            return self.startup_error or "Metal3 API discovery pending"
+        for informer in (self._metal3data, self._templates):
+            if not informer.synced:
+                return f"cache {informer.description} not synced: {informer.last_error or 'listing'}"
+        return None
+
+    def stop(self) -> None:
+        self.local.stop()
+        with self._workloads_lock:
+            views = [view for _, view in self._workloads.values()]
+            self._workloads.clear()
+        for view in views:
+            view.stop()
+
+    def api_objects_cached(self) -> int:
+        return sum(len(i) for i in self.local.informers.all())
+
+    # --- cache access ------------------------------------------------------------------------
+
+    def _ready(self, informer: Informer, cluster: str, wait: bool) -> Informer:
+        if informer.synced:
+            return informer
+        if not wait:
+            raise NeedsWait
+        # A cache that has already failed gets a brief chance, not the full timeout per request.
+        patience = self.sync_timeout if not informer.last_error else min(self.sync_timeout, 0.25)
+        if not informer.wait_synced(patience):
+            why = informer.last_error or f"no answer within {self.sync_timeout:g}s"
+            raise _Missing(f"cannot read {informer.description} from cluster {cluster}: {why}")
+        return informer
+
+    def _metal3_object(self, informer: Informer | None, plural: str, namespace: str, name: str, wait: bool) -> dict[str, Any] | None:
+        """A Metal3 object from the cache; on a miss, one live read (it may be seconds old)."""
+        if informer is None or self._metal3 is None:
+            if not wait:
+                raise NeedsWait
+            raise _Missing(f"the Metal3 API is not available in the management cluster: {self.startup_error or 'starting'}")
+        obj = self._ready(informer, LOCAL_CLUSTER, wait).get(namespace, name)
+        if obj is not None:
+            return obj
+        if not wait:
+            raise NeedsWait
+        path = ResourcePath(METAL3_GROUP, self._metal3.version, plural).item(namespace, name)
+        try:
+            return self.local.client.request("GET", path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise _Missing(f"cannot read {plural} {namespace}/{name}: {exc}") from None
+
+    # --- resolution --------------------------------------------------------------------------
+
+    def resolve(self, secret: MetaDataSecret, wait: bool = False) -> Resolution:
+        try:
+            return self._resolve(secret, wait)
+        except _Missing as missing:
+            return Unresolved(missing.reason)
+
+    def _resolve(self, secret: MetaDataSecret, wait: bool) -> Resolution:
+        ns = secret.namespace
+        metal3data = self._metal3_object(self._metal3data, "metal3datas", ns, secret.metal3data, wait)
+        if metal3data is None:
+            raise _Missing(f"its owner Metal3Data {ns}/{secret.metal3data} does not exist")
+        template_name = _owner(metal3data, "Metal3DataTemplate", METAL3_GROUP) or (
+            (metal3data.get("spec") or {}).get("template") or {}
+        ).get("name")
+        if not template_name:
+            raise _Missing(f"Metal3Data {ns}/{secret.metal3data} names no Metal3DataTemplate (no owner reference, no spec.template.name)")
+        template = self._metal3_object(self._templates, "metal3datatemplates", ns, template_name, wait)
+        if template is None:
+            raise _Missing(f"Metal3DataTemplate {ns}/{template_name} (template of Metal3Data {ns}/{secret.metal3data}) does not exist")
+        labels = _labels(template)
+        slurm_namespace = labels.get(OPT_IN_LABEL)
+        if not slurm_namespace:
+            return NotOptedIn()
+        cluster_name = _labels(metal3data).get(CLUSTER_NAME_LABEL) or secret.cluster_name
+        view = self._target_cluster(ns, cluster_name, labels.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
+        return self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), wait)
+
+    def _target_cluster(self, namespace: str, cluster_name: str, override: str, template: str, wait: bool) -> ClusterView:
+        if override == LOCAL_CLUSTER:
+            return self.local
+        wanted = override or cluster_name
+        if not wanted:
+            return self.local
+        secret_name = f"{wanted}-kubeconfig"
+        kubeconfig = self._ready(self.local.secret(namespace, secret_name), LOCAL_CLUSTER, wait).get(namespace, secret_name)
+        if kubeconfig is None:
+            if override:
+                raise _Missing(
+                    f"Metal3DataTemplate {namespace}/{template} sets {CLUSTER_OVERRIDE_LABEL}={override}, "
+                    f"but Secret {namespace}/{secret_name} does not exist"
+                )
+            return self.local
+        return self._workload_view(namespace, wanted, kubeconfig, wait)
+
+    def _workload_view(self, namespace: str, cluster: str, kubeconfig: dict[str, Any], wait: bool) -> ClusterView:
+        encoded = (kubeconfig.get("data") or {}).get("value") or ""
+        fingerprint = hashlib.sha256(encoded.encode()).hexdigest()
+        key = (namespace, cluster)
+        with self._workloads_lock:
+            known = self._workloads.get(key)
+        if known and known[0] == fingerprint:
+            return known[1]
+        if not wait:
+            raise NeedsWait
+        label = f"{namespace}/{cluster}"
+        try:
+            client = self._workload_client(base64.b64decode(encoded, validate=True), label)
+        except (binascii.Error, ValueError):
+            raise _Missing(f"Secret {namespace}/{cluster}-kubeconfig has no valid base64 key 'value'") from None
+        except KubeError as exc:
+            raise _Missing(f"{exc.message} (from Secret {namespace}/{cluster}-kubeconfig)") from None
+        view = ClusterView(client, self.controller_selector)
+        with self._workloads_lock:
+            replaced = self._workloads.get(key)
+            self._workloads[key] = (fingerprint, view)
+        if replaced:  # the kubeconfig was rotated: drop the old client and its watches
+            replaced[1].stop()
+        return view
+
+    def _join_info(self, view: ClusterView, namespace: str, controller_name: str, wait: bool) -> Resolution:
+        where = f"namespace {namespace} of cluster {view.name}"
+        try:
+            pods = self._ready(view.pods(namespace), view.name, wait).items()
+            statefulsets = self._ready(view.statefulsets(namespace), view.name, wait)
+            controllers = self._ready(view.controllers(namespace, wait), view.name, wait)
+            services = self._ready(view.services(namespace), view.name, wait)
+        except KubeError as exc:
+            if exc.status == 404:
+                raise _Missing(f"no Slinky Controller API in cluster {view.name}: {exc.message}") from None
+            raise _Missing(f"cannot reach cluster {view.name}: {exc.message}") from None
+
+        pods = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        if not pods:
+            raise _Missing(f"no slurmctld pod matches {self.controller_selector} in {where}")
+        candidates: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        problems = []
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("name", "")):
+            pod_name = pod["metadata"].get("name", "")
+            owner_sts = _owner(pod, "StatefulSet", "apps")
+            statefulset = statefulsets.get(namespace, owner_sts) if owner_sts else None
+            controller_ref = _owner(statefulset, "Controller", SLINKY_GROUP) if statefulset else None
+            if controller_ref is None:
+                problems.append(f"pod {namespace}/{pod_name} is not owned by a StatefulSet of a Slinky Controller")
+                continue
+            if controller_name and controller_ref != controller_name:
+                continue
+            controller = controllers.get(namespace, controller_ref)
+            if controller is None:
+                problems.append(f"Controller {namespace}/{controller_ref} (slinky.slurm.net) does not exist")
+                continue
+            candidates.setdefault(controller_ref, (pod, controller))
+        if not candidates:
+            detail = "; ".join(problems) or f"no slurmctld pod belongs to Controller {controller_name}"
+            raise _Missing(f"{detail} ({where})")
+        if len(candidates) > 1:
+            raise _Missing(
+                f"{where} runs several Slinky Controllers ({', '.join(sorted(candidates))}); "
+                f"choose one with label {CONTROLLER_NAME_LABEL} on the Metal3DataTemplate"
+            )
+        controller_ref, (pod, controller) = next(iter(candidates.items()))
+        pod_ref = f"{namespace}/{pod['metadata'].get('name')}"
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running":
+            raise _Missing(f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster {view.name})")
+        host = status.get("hostIP")
+        if not host:
+            raise _Missing(f"slurmctld pod {pod_ref} has no status.hostIP yet (cluster {view.name})")
+
+        key_ref = (controller.get("spec") or {}).get("slurmKeyRef") or {}
+        secret_name = key_ref.get("name") or f"{controller_ref}-auth-slurm"
+        secret_key = key_ref.get("key") or "slurm.key"
+        key_secret = self._ready(view.secret(namespace, secret_name), view.name, wait).get(namespace, secret_name)
+        if key_secret is None:
+            raise _Missing(f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not exist in cluster {view.name}")
+        encoded_key = (key_secret.get("data") or {}).get(secret_key)
+        if not encoded_key:
+            raise _Missing(f"Secret {namespace}/{secret_name} has no data key {secret_key!r} (cluster {view.name})")
+        try:
+            key_base64 = base64.b64encode(base64.b64decode(encoded_key, validate=True)).decode("ascii")
+        except (binascii.Error, ValueError):
+            raise _Missing(f"Secret {namespace}/{secret_name} key {secret_key!r} is not valid base64 (cluster {view.name})") from None
+        port = nodeport_for_slurmctld(services.items(), _labels(pod)) or SLURMCTLD_PORT
+        return JoinInfo(host=host, port=port, key_base64=key_base64, source=f"Controller {namespace}/{controller_ref} in cluster {view.name}")
+
+
+class _Missing(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
