@@ -1,0 +1,80 @@
+"""Fixtures for the chart tests: a helm binary and a cached renderer of charts/slime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from tests.support.helm import REPO_ROOT, HelmUnavailable, helm_binary
+
+CHART = REPO_ROOT / "charts" / "slime"
+from tests.chart.helpers import CRD_APIS, KUBE_VERSION, NAMESPACE, RELEASE
+
+try:
+    _Loader = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - libyaml missing
+    _Loader = yaml.SafeLoader
+
+
+class HelmError(Exception):
+    def __init__(self, cmd: list[str], proc: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+        self.stderr = proc.stderr
+        self.stdout = proc.stdout
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    try:
+        return helm_binary()
+    except HelmUnavailable as exc:  # make the cause obvious rather than a cascade of errors
+        pytest.fail(f"helm is required for the chart tests: {exc}")
+
+
+def run_helm(helm: Path, args: list[str], tmp_dir: Path, values: dict[str, Any] | None) -> str:
+    cmd = [str(helm), *args]
+    if values is not None:
+        vf = tmp_dir / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
+        vf.write_text(yaml.safe_dump(values))
+        cmd += ["-f", str(vf)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise HelmError(cmd, proc)
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[dict[str, Any]]]:
+    """render(values=None, *extra_args, api_versions=CRD_APIS) -> list of rendered objects."""
+    tmp_dir = tmp_path_factory.mktemp("helm-values")
+    cache: dict[str, list[dict[str, Any]]] = {}
+
+    def _render(values: dict[str, Any] | None = None, *extra: str,
+                api_versions: tuple[str, ...] = CRD_APIS) -> list[dict[str, Any]]:
+        key = json.dumps([values, extra, api_versions], sort_keys=True)
+        if key not in cache:
+            args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+            for api in api_versions:
+                args += ["--api-versions", api]
+            out = run_helm(helm, args + list(extra), tmp_dir, values)
+            cache[key] = [d for d in yaml.load_all(out, Loader=_Loader) if d]
+        return cache[key]
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def lint(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    tmp_dir = tmp_path_factory.mktemp("helm-lint")
+
+    def _lint(values: dict[str, Any] | None = None, *extra: str) -> str:
+        return run_helm(helm, ["lint", "--strict", str(CHART), "--namespace", NAMESPACE, *extra], tmp_dir, values)
+
+    return _lint
+
+

@@ -1,0 +1,57 @@
+"""Constants and helpers shared by the chart tests (the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RELEASE = "slime"
+NAMESPACE = "slime-system"
+KUBE_VERSION = "1.31.0"
+CRD_APIS = ("cert-manager.io/v1", "keda.sh/v1alpha1")
+
+
+# ---- helpers shared by the test modules ----
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o.get("kind") == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in by_kind(objects, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def mapping(mirror: str, md: str, partition: str | None = None, **extra: Any) -> dict[str, Any]:
+    """mapping("slime-system/mirror-a", "metal3/md-a", "a") -> a scaling.mappings item."""
+    mns, mname = mirror.split("/")
+    dns, dname = md.split("/")
+    item: dict[str, Any] = {"mirror": {"name": mname, "namespace": mns},
+                            "machineDeployment": {"name": dname, "namespace": dns}}
+    if partition:
+        item["partition"] = partition
+    item.update(extra)
+    return item
+
+
+TWO_MAPPINGS = {
+    "scaling": {"mappings": [
+        mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a"),
+        mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}),
+    ]},
+}
+
+# Value combinations every structural test runs against.
+COMBOS: dict[str, dict[str, Any] | None] = {
+    "defaults": None,
+    "no-cert-manager": {"certManager": {"enabled": False}},
+    "keda": {"keda": {"enabled": True}, **TWO_MAPPINGS},
+    "only-injection": {"scaling": {"enabled": False}},
+    "only-scaling": {"injection": {"enabled": False}, **TWO_MAPPINGS},
+    "several-mappings": {"scaling": {"mappings": [
+        mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}") for i in range(4)]}},
+    "slurm-namespaces": {"injection": {"slurmNamespaces": ["slurm", "slurm-b"],
+                                       "metal3Namespaces": ["metal3"],
+                                       "slurmKeySecretNames": ["slurm-auth-slurm"]}},
+    "everything-off-cm": {"certManager": {"enabled": False}, "keda": {"enabled": True}, **TWO_MAPPINGS},
+}

@@ -1,0 +1,321 @@
+"""helm lint/template over value combinations, and the structure of the rendered objects."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from tests.chart.helpers import COMBOS, NAMESPACE, RELEASE, TWO_MAPPINGS, by_kind, mapping, one
+
+INJ = f"{RELEASE}-injection-webhook"
+SCL = f"{RELEASE}-scaling-webhook"
+
+
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_lint_strict(lint, combo):
+    lint(COMBOS[combo])
+
+
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_every_object_is_well_formed(render, combo):
+    objects = render(COMBOS[combo])
+    assert objects
+    seen = set()
+    for o in objects:
+        assert o.get("apiVersion") and o.get("kind") and o["metadata"].get("name"), o
+        key = (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+        assert key not in seen, f"duplicate object {key}"
+        seen.add(key)
+
+
+def test_components_can_be_enabled_alone(render):
+    inj = render(COMBOS["only-injection"])
+    assert [d["metadata"]["name"] for d in by_kind(inj, "Deployment")] == [INJ]
+    assert by_kind(inj, "MutatingWebhookConfiguration") and not by_kind(inj, "ValidatingWebhookConfiguration")
+    assert not by_kind(inj, "ConfigMap")
+    scl = render(COMBOS["only-scaling"])
+    assert SCL in [d["metadata"]["name"] for d in by_kind(scl, "Deployment")]
+    assert INJ not in [d["metadata"]["name"] for d in by_kind(scl, "Deployment")]
+    assert by_kind(scl, "ValidatingWebhookConfiguration") and not by_kind(scl, "MutatingWebhookConfiguration")
+    both_off = render({"injection": {"enabled": False}, "scaling": {"enabled": False}})
+    assert not by_kind(both_off, "Deployment") and not by_kind(both_off, "Certificate")
+
+
+# ---------------------------------------------------------------- webhook configurations
+
+def test_mutating_webhook(render):
+    cfg = one(render(), "MutatingWebhookConfiguration", INJ)
+    (wh,) = cfg["webhooks"]
+    assert wh["admissionReviewVersions"] == ["v1"]
+    assert wh["sideEffects"] == "None"
+    assert wh["failurePolicy"] == "Fail"
+    assert wh["timeoutSeconds"] == 10
+    assert wh["reinvocationPolicy"] == "Never"
+    assert wh["clientConfig"]["service"] == {"name": INJ, "namespace": NAMESPACE, "path": "/mutate", "port": 443}
+    (rule,) = wh["rules"]
+    assert rule["apiGroups"] == [""] and rule["apiVersions"] == ["v1"]
+    assert rule["resources"] == ["secrets"]
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    (expr,) = wh["namespaceSelector"]["matchExpressions"]
+    assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
+    assert set(expr["values"]) == {"kube-system", NAMESPACE}
+    assert [c["name"] for c in wh["matchConditions"]] == ["owned-by-metal3data", "has-metadata-key"]
+
+
+def test_validating_webhook(render):
+    cfg = one(render(TWO_MAPPINGS), "ValidatingWebhookConfiguration", SCL)
+    (wh,) = cfg["webhooks"]
+    assert wh["admissionReviewVersions"] == ["v1"]
+    assert wh["sideEffects"] == "NoneOnDryRun"
+    assert wh["failurePolicy"] == "Ignore"
+    assert wh["timeoutSeconds"] == 5
+    assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 443}
+    (rule,) = wh["rules"]
+    assert rule == {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments/scale"],
+                    "operations": ["UPDATE"], "scope": "Namespaced"}
+    (expr,) = wh["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and expr["values"] == ["kube-system"]
+    names = [c["name"] for c in wh["matchConditions"]]
+    assert names == ["is-scale", "is-deployments", "is-mapped-mirror"]
+    assert f'"{NAMESPACE}/mirror-a"' in wh["matchConditions"][2]["expression"]
+    assert '"mirrors/mirror-b"' in wh["matchConditions"][2]["expression"]
+
+
+def test_mirror_narrowing_is_optional(render):
+    (wh,) = one(render({"scaling": {**TWO_MAPPINGS["scaling"], "narrowToMirrors": False}}),
+                "ValidatingWebhookConfiguration")["webhooks"]
+    assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
+    # No mappings: nothing to narrow to (the ConfigMap may be managed outside the chart).
+    (wh,) = one(render(), "ValidatingWebhookConfiguration")["webhooks"]
+    assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
+
+
+def test_policies_and_exemptions_are_configurable(render):
+    objs = render({"injection": {"failurePolicy": "Ignore", "timeoutSeconds": 3, "extraExemptNamespaces": ["infra"]},
+                   "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2, "extraExemptNamespaces": ["infra"]}})
+    (m,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    (v,) = one(objs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert (m["failurePolicy"], m["timeoutSeconds"], v["failurePolicy"], v["timeoutSeconds"]) == ("Ignore", 3, "Fail", 2)
+    assert set(m["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", NAMESPACE, "infra"}
+    assert set(v["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", "infra"}
+
+
+# ---------------------------------------------------------------- TLS
+
+def test_cert_manager_chain(render):
+    objs = render()
+    issuers = {i["metadata"]["name"]: i for i in by_kind(objs, "Issuer")}
+    certs = {c["metadata"]["name"]: c for c in by_kind(objs, "Certificate")}
+    assert not by_kind(objs, "ClusterIssuer")
+    selfsigned = issuers[f"{RELEASE}-selfsigned"]
+    assert selfsigned["spec"] == {"selfSigned": {}}
+    ca = certs[f"{RELEASE}-ca"]
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["commonName"] == f"{RELEASE}-ca"
+    assert ca["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer", "name": f"{RELEASE}-selfsigned"}
+    assert ca["spec"]["privateKey"]["algorithm"] == "ECDSA" and ca["spec"]["privateKey"]["size"] == 256
+    ca_issuer = issuers[f"{RELEASE}-ca-issuer"]
+    assert ca_issuer["spec"] == {"ca": {"secretName": ca["spec"]["secretName"]}}
+
+    deployments = {d["metadata"]["name"]: d for d in by_kind(objs, "Deployment")}
+    configs = {c["kind"]: c for c in objs if c["kind"].endswith("WebhookConfiguration")}
+    for svc, cfg_kind in ((INJ, "MutatingWebhookConfiguration"), (SCL, "ValidatingWebhookConfiguration")):
+        cert = certs[f"{svc}-serving"]
+        spec = cert["spec"]
+        assert spec["issuerRef"]["name"] == f"{RELEASE}-ca-issuer" and spec["issuerRef"]["kind"] == "Issuer"
+        assert spec.get("isCA") is not True
+        assert spec["dnsNames"] == [f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.cluster.local"]
+        assert "server auth" in spec["usages"]
+        assert spec["privateKey"]["rotationPolicy"] == "Always"
+        assert spec["duration"] == "2160h" and spec["renewBefore"] == "720h"
+        # The CA injection annotation names this very Certificate.
+        ann = configs[cfg_kind]["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert ann == f"{NAMESPACE}/{cert['metadata']['name']}"
+        assert "caBundle" not in configs[cfg_kind]["webhooks"][0]["clientConfig"]
+        # ...and the Deployment mounts the Secret the Certificate writes.
+        vols = {v["name"]: v for v in deployments[svc]["spec"]["template"]["spec"]["volumes"]}
+        assert vols["tls"]["secret"]["secretName"] == spec["secretName"]
+
+
+def test_self_managed_tls(render):
+    objs = render(COMBOS["no-cert-manager"])
+    assert not by_kind(objs, "Certificate") and not by_kind(objs, "Issuer")
+    secrets = {s["metadata"]["name"]: s for s in by_kind(objs, "Secret")}
+    configs = {c["kind"]: c for c in objs if c["kind"].endswith("WebhookConfiguration")}
+    for svc, cfg_kind in ((INJ, "MutatingWebhookConfiguration"), (SCL, "ValidatingWebhookConfiguration")):
+        secret = secrets[f"{svc}-tls"]
+        assert secret["type"] == "kubernetes.io/tls"
+        assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+        cfg = configs[cfg_kind]
+        assert "cert-manager.io/inject-ca-from" not in (cfg["metadata"].get("annotations") or {})
+        ca_bundle = cfg["webhooks"][0]["clientConfig"]["caBundle"]
+        assert ca_bundle == secret["data"]["ca.crt"]
+        assert base64.b64decode(ca_bundle).startswith(b"-----BEGIN CERTIFICATE-----")
+    # One CA for both webhooks.
+    assert secrets[f"{INJ}-tls"]["data"]["ca.crt"] == secrets[f"{SCL}-tls"]["data"]["ca.crt"]
+
+
+def test_self_managed_cert_is_valid_for_the_service(render):
+    x509 = pytest.importorskip("cryptography.x509")
+    objs = render(COMBOS["no-cert-manager"])
+    secret = one(objs, "Secret", f"{INJ}-tls")
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"{INJ}.{NAMESPACE}.svc" in sans and f"{INJ}.{NAMESPACE}.svc.cluster.local" in sans
+    assert cert.issuer == ca.subject
+    cert.verify_directly_issued_by(ca)
+
+
+# ---------------------------------------------------------------- workloads
+
+HARDENED = {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False}
+
+
+def _check_hardened(pod_spec, container):
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert pod_spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    for key, value in HARDENED.items():
+        assert sc[key] == value, key
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@pytest.mark.parametrize("svc,command", [(INJ, "injection-webhook"), (SCL, "scaling-webhook")])
+def test_webhook_deployment(render, svc, command):
+    objs = render(TWO_MAPPINGS)
+    dep = one(objs, "Deployment", svc)
+    spec = dep["spec"]
+    assert spec["replicas"] == 2
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == [command]
+    assert c["image"] == "ghcr.io/slime-project/slime:0.1.0"
+    _check_hardened(pod, c)
+    assert pod["serviceAccountName"] == svc
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"https": 8443, "metrics": 8080}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    sleep = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep[0] == "sleep" and 0 < int(sleep[1]) < pod["terminationGracePeriodSeconds"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/tls"]["readOnly"] is True and "/tmp" in mounts
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in vols[mounts["/tmp"]["name"]]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["SLIME_CERT_FILE"]["value"] == "/tls/tls.crt" and env["SLIME_KEY_FILE"]["value"] == "/tls/tls.key"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    if command == "injection-webhook":
+        assert env["SLIME_CONTROLLER_SELECTOR"]["value"] == \
+            "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
+    else:
+        assert env["SLIME_CONFIG_MAP"]["value"] == "scaling-webhook-configmap"
+        assert env["SLIME_RESYNC_SECONDS"]["value"] == "30"
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+
+    pdb = one(objs, "PodDisruptionBudget", svc)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+
+    service = one(objs, "Service", svc)
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    https = next(p for p in service["spec"]["ports"] if p["name"] == "https")
+    assert (https["port"], https["targetPort"]) == (443, 8443)
+    one(objs, "ServiceAccount", svc)
+
+
+def test_single_replica_has_no_pdb(render):
+    objs = render({"injection": {"replicas": 1}})
+    assert one(objs, "Deployment", INJ)["spec"]["replicas"] == 1
+    assert INJ not in [p["metadata"]["name"] for p in by_kind(objs, "PodDisruptionBudget")]
+
+
+def test_scaling_configmap(render):
+    import yaml
+    cm = one(render(TWO_MAPPINGS), "ConfigMap", "scaling-webhook-configmap")
+    assert cm["metadata"]["namespace"] == NAMESPACE
+    assert yaml.safe_load(cm["data"]["mappings"]) == [
+        {"mirror": f"{NAMESPACE}/mirror-a", "machineDeployment": "metal3/md-a"},
+        {"mirror": "mirrors/mirror-b", "machineDeployment": "metal3-b/md-b"},
+    ]
+    empty = one(render(), "ConfigMap", "scaling-webhook-configmap")
+    assert yaml.safe_load(empty["data"]["mappings"]) == []
+    custom = render({"scaling": {"configMapName": "my-map",
+                                 "mappings": [mapping("a/m", "b/d", config={"drainTimeoutSeconds": 30})]}})
+    cm = one(custom, "ConfigMap", "my-map")
+    assert yaml.safe_load(cm["data"]["mappings"]) == [{"mirror": "a/m", "machineDeployment": "b/d", "drainTimeoutSeconds": 30}]
+    env = {e["name"]: e.get("value") for e in one(custom, "Deployment", SCL)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SLIME_CONFIG_MAP"] == "my-map"
+
+
+def test_mirror_deployments(render):
+    objs = render(TWO_MAPPINGS)
+    mirrors = {d["metadata"]["name"]: d for d in by_kind(objs, "Deployment")
+               if d["metadata"]["labels"].get("app.kubernetes.io/component") == "mirror"}
+    assert set(mirrors) == {"mirror-a", "mirror-b"}
+    assert mirrors["mirror-b"]["metadata"]["namespace"] == "mirrors"
+    for name, dep in mirrors.items():
+        assert "replicas" not in dep["spec"], "KEDA owns the mirror's replicas"
+        labels = dep["metadata"]["labels"]
+        assert labels["slime/mirror"] == name and labels["slime/machine-deployment"].startswith("md-")
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["image"] == "registry.k8s.io/pause:3.10"
+        assert c["resources"]["requests"] == {"cpu": "1m", "memory": "4Mi"}
+        _check_hardened(pod, c)
+        assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert not [d for d in by_kind(render({"scaling": {**TWO_MAPPINGS["scaling"], "createMirrors": False}}), "Deployment")
+                if d["metadata"]["labels"].get("app.kubernetes.io/component") == "mirror"]
+
+
+# ---------------------------------------------------------------- KEDA
+
+def test_no_scaledobjects_by_default(render):
+    assert not by_kind(render(TWO_MAPPINGS), "ScaledObject")
+
+
+def test_scaledobjects(render):
+    objs = render(COMBOS["keda"])
+    sos = {s["metadata"]["name"]: s for s in by_kind(objs, "ScaledObject")}
+    assert set(sos) == {"mirror-a", "mirror-b"}
+    a, b = sos["mirror-a"], sos["mirror-b"]
+    assert a["metadata"]["namespace"] == NAMESPACE and b["metadata"]["namespace"] == "mirrors"
+    assert a["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "mirror-a"}
+    assert (a["spec"]["pollingInterval"], a["spec"]["cooldownPeriod"],
+            a["spec"]["minReplicaCount"], a["spec"]["maxReplicaCount"]) == (30, 300, 0, 10)
+    assert b["spec"]["maxReplicaCount"] == 4  # per-mapping override
+    (trig,) = a["spec"]["triggers"]
+    assert trig["type"] == "prometheus"
+    assert trig["metadata"]["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert trig["metadata"]["query"] == ('slurm_partition_jobs_pending{partition="partition-a"} >= 1 '
+                                         'or slurm_partition_jobs_running{partition="partition-a"}')
+    assert trig["metadata"]["threshold"] == "1"
+
+
+def test_scaledobject_knobs_and_exporter_metric_names(render):
+    values = {"keda": {"enabled": True, "pendingThreshold": 3, "pollingInterval": 15, "cooldownPeriod": 600,
+                       "minReplicaCount": 1, "maxReplicaCount": 20, "serverAddress": "http://prom:9090",
+                       "metrics": {"pending": "slurm_partition_jobs_pending_total",
+                                   "running": "slurm_partition_jobs_running_total"},
+                       "triggerMetadata": {"unsafeSsl": True}},
+              "scaling": {"mappings": [mapping("s/m1", "d/md1", "gpu"),
+                                       mapping("s/m2", "d/md2", "cpu", keda={"query": "sum(x)", "maxReplicaCount": 2}),
+                                       mapping("s/m3", "d/md3", "off", keda={"enabled": False})]}}
+    sos = {s["metadata"]["name"]: s for s in by_kind(render(values), "ScaledObject")}
+    assert set(sos) == {"m1", "m2"}
+    m1 = sos["m1"]
+    assert (m1["spec"]["pollingInterval"], m1["spec"]["cooldownPeriod"], m1["spec"]["minReplicaCount"],
+            m1["spec"]["maxReplicaCount"]) == (15, 600, 1, 20)
+    meta = m1["spec"]["triggers"][0]["metadata"]
+    assert meta["query"] == ('slurm_partition_jobs_pending_total{partition="gpu"} >= 3 '
+                             'or slurm_partition_jobs_running_total{partition="gpu"}')
+    assert meta["serverAddress"] == "http://prom:9090" and meta["unsafeSsl"] == "true"
+    assert sos["m2"]["spec"]["triggers"][0]["metadata"]["query"] == "sum(x)"
+    assert sos["m2"]["spec"]["maxReplicaCount"] == 2
