@@ -48,7 +48,7 @@ class AdmissionEndpoint:
         self._in_flight = metrics.in_flight.labels(webhook)
         self._outcomes = {o: metrics.requests.labels(webhook, o) for o in ("allowed", "patched", "denied", "errored")}
 
-    async def __call__(self, http_request: Request) -> Response:
+    async def serve(self, http_request: Request) -> Response:
         started = time.perf_counter()
         self._in_flight.inc()
         try:
@@ -120,5 +120,5 @@ def admission_app(title: str, path: str, endpoint: AdmissionEndpoint) -> Any:
     from fastapi import FastAPI
 
     app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_route(path, endpoint, methods=["POST"])
+    app.add_route(path, endpoint.serve, methods=["POST"])
     return app

@@ -34,7 +34,7 @@ def join_entries(host: str, port: int, key_base64: str) -> dict[str, str]:
 
 def _dump(entries: Mapping[str, object]) -> str:
     # width=inf: the ~1.4 kB key must stay on one line, as cloud-init's YAML reader expects.
-    return yaml.dump(dict(entries), Dumper=yaml.CSafeDumper, sort_keys=False, default_flow_style=False, width=float("inf"))
+    return yaml.dump(dict(entries), Dumper=yaml.CSafeDumper, sort_keys=False, default_flow_style=False, width=2**31 - 1)
 
 
 def _appendable(text: str) -> bool:

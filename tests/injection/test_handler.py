@@ -1,0 +1,164 @@
+"""Pure handler and metaData editing: no server, no cluster."""
+
+from __future__ import annotations
+
+import base64
+
+import jsonpatch
+import pytest
+import yaml
+
+from injection_webhook.handler import JoinInfo, NotOptedIn, Unresolved, respond, select
+from injection_webhook.metadata import JOIN_KEYS, MetaDataError, join_entries, merged_metadata
+from tests.injection.cluster import admission_request, b64
+
+OWNER = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Data", "name": "tmpl-0", "uid": "u1", "controller": True}
+INFO = JoinInfo(host="192.0.2.10", port=30817, key_base64=b64(b"k" * 64), source="Controller slurm/slurm in cluster local")
+
+
+def secret(metadata_yaml: str = "providerid: metal3/bmh-0/m3m-0\n", owners: list | None = None, **data: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "m3m-0-metadata", "namespace": "metal3", "labels": {"cluster.x-k8s.io/cluster-name": "c1"},
+                     "ownerReferences": [OWNER] if owners is None else owners},
+        "data": {"metaData": b64(metadata_yaml), **data},
+    }
+
+
+def test_select_reads_the_metal3_facts() -> None:
+    target = select(admission_request(secret()))
+    assert target is not None
+    assert (target.namespace, target.name, target.metal3data, target.cluster_name) == ("metal3", "m3m-0-metadata", "tmpl-0", "c1")
+
+
+@pytest.mark.parametrize("api_version", ["infrastructure.cluster.x-k8s.io/v1beta1", "infrastructure.cluster.x-k8s.io/v1beta2"])
+def test_select_matches_owner_by_kind_and_group_any_version(api_version: str) -> None:
+    assert select(admission_request(secret(owners=[{**OWNER, "apiVersion": api_version}]))) is not None
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda r: r.update(operation="DELETE"),
+        lambda r: r.update(operation="CONNECT"),
+        lambda r: r.update(kind={"group": "", "version": "v1", "kind": "ConfigMap"}),
+        lambda r: r.update(kind={"group": "example.com", "version": "v1", "kind": "Secret"}),
+        lambda r: r.update(object=None),
+        lambda r: r.update(object="not an object"),
+        lambda r: r["object"].update(data=None),
+        lambda r: r["object"].update(data={"value": "eA=="}),
+        lambda r: r["object"]["data"].update(metaData=42),
+        lambda r: r["object"]["metadata"].update(ownerReferences=[]),
+        lambda r: r["object"]["metadata"].update(ownerReferences=[{**OWNER, "kind": "Metal3Machine"}]),
+        lambda r: r["object"]["metadata"].update(ownerReferences=[{**OWNER, "apiVersion": "example.com/v1"}]),
+        lambda r: r["object"]["metadata"].update(ownerReferences=[{**OWNER, "apiVersion": "v1"}]),
+        lambda r: r["object"]["metadata"].update(ownerReferences="garbage"),
+        lambda r: r["object"].update(metadata="garbage"),
+    ],
+    ids=["delete", "connect", "configmap", "other-group", "no-object", "string-object", "no-data", "no-metaData",
+         "metaData-not-string", "no-owners", "other-owner-kind", "other-owner-group", "core-owner", "owners-not-list", "metadata-not-map"],
+)
+def test_select_ignores_everything_else(mutate) -> None:  # type: ignore[no-untyped-def]
+    request = admission_request(secret())
+    mutate(request)
+    assert select(request) is None
+
+
+def test_respond_patches_one_replace_and_keeps_every_existing_key() -> None:
+    original = secret("providerid: metal3/bmh-0/m3m-0\nlocal-hostname: node-0\nname: 'x: y'\n")
+    response = respond(select(admission_request(original)), INFO)  # type: ignore[arg-type]
+    assert response.allowed and response.outcome == "patched"
+    assert len(response.patch) == 1 and response.patch[0]["op"] == "replace" and response.patch[0]["path"] == "/data/metaData"
+    patched = jsonpatch.apply_patch(original, response.patch)
+    content = yaml.safe_load(base64.b64decode(patched["data"]["metaData"]))
+    assert content == {
+        "providerid": "metal3/bmh-0/m3m-0", "local-hostname": "node-0", "name": "x: y",
+        "slurm_controller_host": "192.0.2.10", "slurm_controller_port": "30817",
+        "slurm_conf_server": "192.0.2.10:30817", "slurm_key_base64": INFO.key_base64,
+    }
+    # the original bytes are kept verbatim, the new keys appended
+    assert base64.b64decode(patched["data"]["metaData"]).startswith(base64.b64decode(original["data"]["metaData"]))
+
+
+def test_respond_is_idempotent() -> None:
+    once = jsonpatch.apply_patch(secret(), respond(select(admission_request(secret())), INFO).patch)  # type: ignore[arg-type]
+    again = respond(select(admission_request(once)), INFO)  # type: ignore[arg-type]
+    assert again.allowed and again.outcome == "allowed" and again.patch is None
+
+
+def test_respond_updates_stale_values_when_slurmctld_moved() -> None:
+    moved = JoinInfo(host="192.0.2.99", port=6817, key_base64=INFO.key_base64, source="x")
+    once = jsonpatch.apply_patch(secret(), respond(select(admission_request(secret())), INFO).patch)  # type: ignore[arg-type]
+    response = respond(select(admission_request(once, "UPDATE")), moved)  # type: ignore[arg-type]
+    content = yaml.safe_load(base64.b64decode(response.patch[0]["value"]))
+    assert content["slurm_conf_server"] == "192.0.2.99:6817" and content["providerid"] == "metal3/bmh-0/m3m-0"
+    assert list(content).count("slurm_controller_host") == 1
+
+
+def test_not_opted_in_allows_without_patch() -> None:
+    response = respond(select(admission_request(secret())), NotOptedIn())  # type: ignore[arg-type]
+    assert response.allowed and response.patch is None and response.outcome == "allowed"
+
+
+def test_unresolved_denies_naming_the_secret_and_reason() -> None:
+    response = respond(select(admission_request(secret())), Unresolved("no slurmctld pod in namespace slurm"))  # type: ignore[arg-type]
+    assert not response.allowed and response.code == 403
+    assert response.message == "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: no slurmctld pod in namespace slurm"
+
+
+@pytest.mark.parametrize(
+    ("encoded", "message"),
+    [
+        ("%%%not-base64", "data.metaData is not valid base64 of UTF-8 text"),
+        (base64.b64encode(b"\xff\xfe").decode(), "data.metaData is not valid base64 of UTF-8 text"),
+        (b64("a: [unclosed\n"), "data.metaData is not valid YAML (line 2)"),
+        (b64("- a\n- b\n"), "data.metaData is a YAML list, expected a map"),
+        (b64("just text"), "data.metaData is a YAML str, expected a map"),
+    ],
+)
+def test_malformed_metadata_is_denied_with_the_cause(encoded: str, message: str) -> None:
+    request = admission_request(secret())
+    request["object"]["data"]["metaData"] = encoded
+    response = respond(select(request), INFO)  # type: ignore[arg-type]
+    assert not response.allowed and response.code == 400
+    assert response.message == f"cannot inject Slurm join data into Secret metal3/m3m-0-metadata: {message}"
+    assert INFO.key_base64 not in response.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{providerid: a/b/c}",
+        "---\nproviderid: a/b/c\n",
+        "providerid: a/b/c",  # no trailing newline
+        "  providerid: a/b/c\n  other: x\n",
+        "# comment\nproviderid: a/b/c\n",
+        "providerid: a/b/c\nmulti: |\n  line one\n  line two\n",
+        "slurm_controller_host: stale\nproviderid: a/b/c\n",
+        "'quoted key': v\n",
+        "providerid: a/b/c\n...\n",
+    ],
+)
+def test_merged_metadata_always_yields_the_merged_map(text: str) -> None:
+    entries = join_entries("10.0.0.1", 6817, "a2V5")
+    before = yaml.safe_load(text) or {}
+    result = merged_metadata(b64(text), entries)
+    assert result is not None
+    assert yaml.safe_load(base64.b64decode(result)) == {**before, **entries}
+
+
+def test_join_entries_are_strings_with_snake_case_names() -> None:
+    entries = join_entries("10.0.0.1", 30817, "a2V5")
+    assert tuple(entries) == JOIN_KEYS and all(isinstance(v, str) for v in entries.values())
+    assert entries["slurm_conf_server"] == "10.0.0.1:30817"
+
+
+def test_metadata_error_never_quotes_content() -> None:
+    with pytest.raises(MetaDataError) as caught:
+        merged_metadata(b64("secret-value: [\n"), join_entries("h", 1, "k"))
+    assert "secret-value" not in str(caught.value)
+
+
+def test_join_info_repr_hides_the_key() -> None:
+    assert INFO.key_base64 not in repr(INFO)
