@@ -39,8 +39,10 @@ def helm() -> Path:
 def run_helm(helm: Path, args: list[str], tmp_dir: Path, values: dict[str, Any] | None) -> str:
     cmd = [str(helm), *args]
     if values is not None:
-        vf = tmp_dir / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
-        vf.write_text(yaml.safe_dump(values))
+        # JSON is YAML without ambiguity (Helm's YAML 1.1 reads a bare `n` or `on` as a bool).
+        text = json.dumps(values, sort_keys=True)
+        vf = tmp_dir / f"values-{abs(hash(text))}.json"
+        vf.write_text(text)
         cmd += ["-f", str(vf)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:

@@ -1,0 +1,143 @@
+"""The rendered RBAC allows every Kubernetes API call the services make, and no more than needed.
+
+The calls below are the "Kubernetes API calls (what RBAC must allow)" section of
+docs/interfaces.md, written out as authorizer attributes. The integration suite feeds the API
+emulator's recorded requests through the same function, ``assert_rbac_covers`` (from
+tests/support/rbac.py), so RBAC is checked against what the code really does as well.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.chart.helpers import NAMESPACE, RELEASE, mapping
+from tests.support.helm import REPO_ROOT
+from tests.support.rbac import ApiRequest as R
+from tests.support.rbac import assert_rbac_covers, rbac_allows
+
+INJ_SA = f"{RELEASE}-injection-webhook"
+SCL_SA = f"{RELEASE}-scaling-webhook"
+M3 = "infrastructure.cluster.x-k8s.io"
+CAPI = "cluster.x-k8s.io"
+
+# Namespaces used in the examples: Metal3 objects in metal3, the Slinky controller in slurm.
+INJECTION_CALLS = [
+    R("get", non_resource=f"/apis/{M3}"),
+    R("get", non_resource="/apis/slinky.slurm.net"),
+    *[R(v, M3, r) for r in ("metal3datas", "metal3datatemplates") for v in ("list", "watch")],
+    # the CAPI kubeconfig Secrets, fieldSelector type=cluster.x-k8s.io/secret (no name)
+    *[R(v, "", "secrets", namespace="metal3") for v in ("list", "watch")],
+    *[R(v, g, r, namespace="slurm") for v in ("list", "watch")
+      for g, r in (("", "pods"), ("apps", "statefulsets"), ("slinky.slurm.net", "controllers"), ("", "services"))],
+    # the slurm.key Secret, fieldSelector metadata.name=<key secret>
+    *[R(v, "", "secrets", namespace="slurm", name="slurm-auth-slurm") for v in ("list", "watch")],
+]
+
+SCALING_VALUES = {"scaling": {
+    "mappings": [mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a"),
+                 mapping("mirrors/mirror-b", "metal3-b/md-b", "b")],
+    "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]}}}
+
+SCALING_CALLS = [
+    *[R(v, "", "configmaps", namespace=NAMESPACE, name="scaling-webhook-configmap") for v in ("list", "watch")],
+    R("get", non_resource=f"/apis/{CAPI}"),
+    *[R("patch", CAPI, "machinedeployments", "scale", namespace=ns, name=md)
+      for ns, md in (("metal3", "md-a"), ("metal3-b", "md-b"))],
+    R("get", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
+    R("get", CAPI, "machinedeployments", namespace="metal3-b", name="md-b"),
+    R("get", "apps", "deployments", namespace=NAMESPACE, name="mirror-a"),
+    R("get", "apps", "deployments", namespace="mirrors", name="mirror-b"),
+    R("create", "", "events", namespace="metal3"),
+    R("create", "", "events", namespace="metal3-b"),
+    R("list", CAPI, "machines", namespace="metal3"),
+    R("patch", CAPI, "machines", namespace="metal3", name="md-a-xyz"),
+    R("get", "", "secrets", namespace="slurm", name="slurm-jwt"),
+]
+
+
+def test_interfaces_doc_resources_are_all_in_the_lists():
+    """Catch drift: every resource the doc's API-call section names appears in a list above."""
+    doc = (REPO_ROOT / "docs" / "interfaces.md").read_text()
+    section = doc.split("## Kubernetes API calls", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z0-9]+(?:/[a-z]+)?)`", section))
+    verbs = {"get", "list", "watch", "patch", "create"}
+    groups = {"apps"}
+    resources = named - verbs - groups
+    covered = {r.resource + (f"/{r.subresource}" if r.subresource else "")
+               for r in INJECTION_CALLS + SCALING_CALLS if r.resource}
+    assert resources, "could not read the API-call section of docs/interfaces.md"
+    assert resources <= covered, f"docs/interfaces.md names resources the RBAC test does not check: {resources - covered}"
+
+
+@pytest.mark.parametrize("values", [
+    None,
+    {"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"],
+                   "slurmKeySecretNames": ["slurm-auth-slurm"]}},
+], ids=["cluster-wide", "namespaced"])
+def test_injection_rbac_covers_its_calls(render, values):
+    assert_rbac_covers(render(values), INJ_SA, NAMESPACE, INJECTION_CALLS)
+
+
+def test_injection_roles_are_namespaced_when_namespaces_are_given(render):
+    objs = render({"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"],
+                                 "slurmKeySecretNames": ["slurm-auth-slurm"]}})
+    for req in (R("list", "", "secrets", namespace="other"),
+                R("list", "", "pods", namespace="other"),
+                R("list", "", "secrets", namespace="slurm", name="another-secret"),
+                R("list", "", "secrets")):
+        assert not rbac_allows(objs, INJ_SA, NAMESPACE, req), req
+    # Only the Metal3 informers stay cluster wide.
+    cluster_roles = [o for o in objs if o["kind"] == "ClusterRole"]
+    assert [c["metadata"]["name"] for c in cluster_roles] == [f"{INJ_SA}-metal3"]
+
+
+def test_scaling_rbac_covers_its_calls(render):
+    assert_rbac_covers(render(SCALING_VALUES), SCL_SA, NAMESPACE, SCALING_CALLS)
+
+
+def test_scaling_rbac_is_least_privilege(render):
+    objs = render(SCALING_VALUES)
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
+                and o["metadata"]["name"].startswith(SCL_SA)]
+    for req in (R("patch", CAPI, "machinedeployments", "scale", namespace="metal3", name="md-other"),
+                R("patch", CAPI, "machinedeployments", "scale", namespace="default", name="md-a"),
+                R("patch", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
+                R("list", "", "configmaps", namespace=NAMESPACE),
+                R("get", "", "configmaps", namespace=NAMESPACE, name="other"),
+                R("get", "apps", "deployments", namespace=NAMESPACE, name="not-a-mirror"),
+                R("update", "apps", "deployments", namespace=NAMESPACE, name="mirror-a"),
+                R("get", "", "secrets", namespace="slurm", name="slurm-auth-slurm"),
+                R("create", "", "events", namespace="default")):
+        assert not rbac_allows(objs, SCL_SA, NAMESPACE, req), req
+    # Safe scale-in is opt-in: without it, no Machine or Secret access.
+    plain = render({"scaling": {"mappings": SCALING_VALUES["scaling"]["mappings"]}})
+    assert not rbac_allows(plain, SCL_SA, NAMESPACE, R("list", CAPI, "machines", namespace="metal3"))
+    assert not rbac_allows(plain, SCL_SA, NAMESPACE, R("get", "", "secrets", namespace="slurm", name="slurm-jwt"))
+
+
+def test_extra_namespaces_grant_unrestricted_names(render):
+    objs = render({"scaling": {"createConfigMap": False, "extraNamespaces": ["metal3"]}})
+    assert rbac_allows(objs, SCL_SA, NAMESPACE, R("patch", CAPI, "machinedeployments", "scale",
+                                                  namespace="metal3", name="anything"))
+
+
+def test_no_wildcards_and_every_rule_commented(render):
+    from tests.chart.conftest import CHART
+    from tests.chart.helpers import COMBOS
+    for combo in [*COMBOS.values(), SCALING_VALUES]:
+        for obj in render(combo):
+            if obj["kind"] not in ("Role", "ClusterRole"):
+                continue
+            for rule in obj["rules"]:
+                for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
+                    assert "*" not in (rule.get(field) or []), (obj["metadata"]["name"], rule)
+                    assert not any("*" in v for v in rule.get(field) or []), (obj["metadata"]["name"], rule)
+    # Each rule in the RBAC templates has a `#` comment right above it.
+    for tpl in sorted((CHART / "templates").glob("rbac-*.yaml")):
+        lines = tpl.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip().startswith("- apiGroups:"):
+                above = [ln.strip() for ln in lines[max(0, i - 3):i]]
+                assert any(ln.startswith("#") for ln in above), f"{tpl.name}:{i + 1} rule without a comment"

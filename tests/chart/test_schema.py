@@ -1,0 +1,81 @@
+"""values.schema.json rejects bad values with a message naming the field; template-time checks too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.chart.conftest import CHART, HelmError
+from tests.chart.helpers import mapping
+
+BAD = {
+    "failurePolicy-enum": ({"injection": {"failurePolicy": "Sometimes"}}, "/injection/failurePolicy"),
+    "timeout-too-long": ({"scaling": {"timeoutSeconds": 60}}, "/scaling/timeoutSeconds"),
+    "timeout-zero": ({"injection": {"timeoutSeconds": 0}}, "/injection/timeoutSeconds"),
+    "replicas-zero": ({"injection": {"replicas": 0}}, "/injection/replicas"),
+    "replicas-string": ({"scaling": {"replicas": "two"}}, "/scaling/replicas"),
+    "mapping-without-md": ({"scaling": {"mappings": [{"mirror": {"name": "m", "namespace": "s"}}]}},
+                           "machineDeployment"),
+    "mapping-without-namespace": ({"scaling": {"mappings": [{"mirror": {"name": "m"},
+                                                             "machineDeployment": {"name": "d", "namespace": "n"}}]}},
+                                  "/scaling/mappings/0/mirror"),
+    "bad-dns-name": ({"scaling": {"mappings": [mapping("s/Bad_Name", "n/d")]}}, "/scaling/mappings/0/mirror/name"),
+    "bad-namespace": ({"scaling": {"mappings": [mapping("s/m", "Not.A.Label/d")]}},
+                      "/scaling/mappings/0/machineDeployment/namespace"),
+    "bad-slurm-namespace": ({"injection": {"slurmNamespaces": ["UPPER"]}}, "/injection/slurmNamespaces/0"),
+    "typo-top-level": ({"injektion": {"enabled": True}}, "injektion"),
+    "typo-nested": ({"scaling": {"mapping": []}}, "mapping"),
+    "crdCheck-enum": ({"crdCheck": "sometimes"}, "/crdCheck"),
+    "keda-server-url": ({"keda": {"serverAddress": "prometheus:9090"}}, "/keda/serverAddress"),
+    "keda-min-negative": ({"keda": {"minReplicaCount": -1}}, "/keda/minReplicaCount"),
+    "duration": ({"certManager": {"duration": "90 days"}}, "/certManager/duration"),
+    "port-privileged": ({"webhookPort": 443}, "/webhookPort"),
+}
+
+
+def test_schema_is_draft07_json():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_values_are_rejected(render, lint, case):
+    values, field = BAD[case]
+    with pytest.raises(HelmError) as exc:
+        render(values)
+    assert field in exc.value.stderr, exc.value.stderr
+    with pytest.raises(HelmError) as exc:
+        lint(values)
+    assert field in (exc.value.stderr + exc.value.stdout)
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"keda": {"enabled": True}, "scaling": {"mappings": [mapping("s/m", "n/d")]}},
+     "scaling.mappings[0].partition is required"),
+    ({"keda": {"enabled": True, "minReplicaCount": 5, "maxReplicaCount": 2},
+      "scaling": {"mappings": [mapping("s/m", "n/d", "p")]}}, "must not exceed keda.maxReplicaCount"),
+    ({"injection": {"preStopSleepSeconds": 30, "terminationGracePeriodSeconds": 30}},
+     "injection.preStopSleepSeconds (30) must be smaller"),
+    ({"injection": {"metal3Namespaces": ["slime-system"]}}, "must not contain the release namespace"),
+], ids=["partition-missing", "min-over-max", "prestop-vs-grace", "metal3-in-release-ns"])
+def test_template_time_checks(render, values, message):
+    with pytest.raises(HelmError) as exc:
+        render(values)
+    assert message in exc.value.stderr
+
+
+def test_crd_check_fails_early_without_the_apis(render):
+    keda = {"crdCheck": "always", "keda": {"enabled": True},
+            "scaling": {"mappings": [mapping("s/m", "n/d", "p")]}}
+    with pytest.raises(HelmError) as exc:
+        render(keda, api_versions=("cert-manager.io/v1",))
+    assert "keda.enabled=true needs KEDA (keda.sh/v1alpha1 ScaledObject)" in exc.value.stderr
+    with pytest.raises(HelmError) as exc:
+        render({"crdCheck": "always"}, api_versions=())
+    assert "certManager.enabled=true needs cert-manager (cert-manager.io/v1" in exc.value.stderr
+    # Served APIs, or no check offline (auto), or checks off: renders.
+    render(keda)
+    render({**keda, "crdCheck": "auto"}, api_versions=())
+    render({**keda, "crdCheck": "never"}, api_versions=())
+    render({"crdCheck": "always", "certManager": {"enabled": False}}, api_versions=())
