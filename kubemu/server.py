@@ -261,7 +261,7 @@ class KubeApp:
             return 200, self.registry.api_group_list()
         if len(parts) == 2 and parts[0] == "apis" and self.registry.served_versions(parts[1]):
             return 200, self.registry.api_group(parts[1])
-        if len(parts) in (2, 3) and parts[0] in ("api", "apis"):
+        if len(parts) == {"api": 2, "apis": 3}.get(parts[0] if parts else ""):
             group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
             doc = self.registry.api_resource_list(group, version)
             if doc is not None:
