@@ -8,7 +8,7 @@ is all the SliMe services need to tell v1beta1 from v1beta2 clusters apart.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
@@ -63,7 +63,7 @@ class Resource:
     status: bool = True
     custom: bool = False
     field_labels: tuple[str, ...] = ()
-    singular: str = field(default="")
+    singular: str = ""
 
     def __post_init__(self) -> None:
         self.versions = list(self.versions)

@@ -10,7 +10,7 @@ import asyncio
 import copy
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl
 
@@ -103,6 +103,10 @@ def parse_request_info(method: str, path: str, query: dict[str, str]) -> Request
 
 def _not_found() -> ApiError:
     return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def _method_not_allowed() -> ApiError:
+    return ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
 
 def _get_path(obj: Obj, dotted: str) -> Any:
@@ -216,8 +220,8 @@ class KubeApp:
     async def _dispatch(self, info: RequestInfo, headers: dict[str, str], body: bytes,
                         send: Send, receive: Receive) -> None:
         if info.non_resource:
-            code, doc = self._non_resource(info)
-            await self._respond(send, code, doc, "application/json" if isinstance(doc, dict) else "text/plain")
+            doc = self._non_resource(info, headers.get("host", ""))
+            await self._respond(send, 200, doc, "application/json" if isinstance(doc, dict) else "text/plain")
             return
         res = self.registry.lookup(info.group, info.version, info.resource)
         if res is None or info.extra_parts or (info.namespace_in_path and not res.namespaced):
@@ -242,30 +246,30 @@ class KubeApp:
         handler = {"get": self._get, "create": self._create, "update": self._update,
                    "patch": self._patch, "delete": self._delete}.get(info.verb)
         if handler is None or (info.verb == "create" and (info.name or (res.namespaced and not ns))):
-            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+            raise _method_not_allowed()
         code, obj = await handler(info, res, ns, headers, body, dry_run)
         await self._respond(send, code, obj)
 
-    def _non_resource(self, info: RequestInfo) -> tuple[int, Any]:
+    def _non_resource(self, info: RequestInfo, host: str) -> Any:
         if info.method != "GET":
-            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+            raise _method_not_allowed()
         parts = [p for p in info.path.strip("/").split("/") if p]
         if parts in (["healthz"], ["livez"], ["readyz"]):
-            return 200, "ok"
+            return "ok"
         if parts == ["version"]:
-            return 200, VERSION_INFO
+            return VERSION_INFO
         if parts == ["api"]:
-            return 200, {"kind": "APIVersions", "versions": ["v1"],
-                         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]}
         if parts == ["apis"]:
-            return 200, self.registry.api_group_list()
+            return self.registry.api_group_list()
         if len(parts) == 2 and parts[0] == "apis" and self.registry.served_versions(parts[1]):
-            return 200, self.registry.api_group(parts[1])
+            return self.registry.api_group(parts[1])
         if len(parts) == {"api": 2, "apis": 3}.get(parts[0] if parts else ""):
             group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
             doc = self.registry.api_resource_list(group, version)
             if doc is not None:
-                return 200, doc
+                return doc
         raise _not_found()
 
     @staticmethod
@@ -411,7 +415,7 @@ class KubeApp:
     async def _delete(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
                       body: bytes, dry_run: bool) -> tuple[int, Obj]:
         if info.subresource:
-            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+            raise _method_not_allowed()
         options = _decode(body) if body.strip() else {}
         dry_run = dry_run or "All" in (options.get("dryRun") or [])
         old = self.store.get(res, ns, info.name)
@@ -435,12 +439,10 @@ class KubeApp:
                 pass  # loop already closed: the server has stopped
 
         try:
-            timeout = float(info.query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
+            timeout = float(info.query.get("timeoutSeconds") or 0) or DEFAULT_WATCH_TIMEOUT  # 0: no explicit timeout
         except ValueError as exc:
             raise ApiError(400, "BadRequest", f"invalid timeoutSeconds: {exc}") from exc
         bookmarks = info.query.get("allowWatchBookmarks", "").lower() in ("true", "1")
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
 
         async def write(type_: str, obj: Obj) -> None:
             line = json.dumps({"type": type_, "object": obj}).encode() + b"\n"
@@ -454,14 +456,19 @@ class KubeApp:
                 obj = self._out(obj, res, info.version)
             await write(type_, obj)
 
+        start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
         try:
             initial, watcher = self.store.watch(res, ns, labels, fields, info.query.get("resourceVersion"), deliver)
-        except ApiError as err:  # 410 Expired (or a bad resourceVersion) arrives as an ERROR event
+        except ApiError as err:
+            if err.code != 410:
+                raise
+            await send(start)  # like the API server: 200, then an ERROR event with the 410 Status
             await write("ERROR", err.status())
             await send({"type": "http.response.body", "body": b""})
             return
         disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
+            await send(start)
             for event in initial:
                 await write_event(event)
             deadline = loop.time() + timeout
