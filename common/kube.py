@@ -45,16 +45,20 @@ class KubeError(Exception):
         self.message = message
 
     @classmethod
-    def from_api_exception(cls, exc: ApiException) -> KubeError:
-        message = exc.reason or ""
-        reason = exc.reason or ""
+    def from_status(cls, code: int, http_reason: str, body: bytes | str | None) -> KubeError:
+        """From an HTTP error: the Kubernetes ``Status`` body says more than the status line."""
+        message = reason = http_reason or ""
         try:
-            status = json.loads(exc.body or b"{}")
+            status = json.loads(body or b"{}")
             message = status.get("message") or message
             reason = status.get("reason") or reason
         except (ValueError, AttributeError):
             pass
-        return cls(exc.status or 0, reason, message)
+        return cls(code, reason, message)
+
+    @classmethod
+    def from_api_exception(cls, exc: ApiException) -> KubeError:
+        return cls.from_status(exc.status or 0, exc.reason or "", exc.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +124,14 @@ class KubeClient:
         except urllib3.exceptions.HTTPError as exc:
             raise KubeError(0, "Unreachable", f"connection to cluster {self.name} broke: {_root_cause(exc)}") from None
         if not 200 <= response.status <= 299:
-            raise KubeError.from_api_exception(ApiException.from_response(http_resp=response, body=None, data=None))
+            raise KubeError.from_status(response.status, response.reason, data)
         return json.loads(data) if data else {}
 
     def stream(self, path: str, query: list[tuple[str, str]], timeout: tuple[float, float]) -> Any:
         """Open a streaming GET (a watch); returns the urllib3 response for ``Watch.stream``."""
         response = self._send("GET", path, query, None, None, timeout)
         if not 200 <= response.status <= 299:
-            response.read()
-            raise KubeError.from_api_exception(ApiException.from_response(http_resp=response, body=None, data=None))
+            raise KubeError.from_status(response.status, response.reason, response.read())
         return response.response
 
     def served_versions(self, group: str) -> list[str]:

@@ -53,7 +53,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+            if key == "fields" and isinstance(value, dict):
+                entry.update(value)  # lets callers use names LogRecord reserves, such as "name"
+            elif key not in _STANDARD_ATTRS and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)

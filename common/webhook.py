@@ -112,7 +112,7 @@ class AdmissionEndpoint:
             fields["reason"] = response.message
         # Requests we do not act on would drown the audit trail, so they log at debug.
         quiet = response.outcome == "allowed" and not response.message
-        log.log(logging.DEBUG if quiet else logging.INFO, "admission", extra=fields)
+        log.log(logging.DEBUG if quiet else logging.INFO, "admission", extra={"fields": fields})
 
 
 def admission_app(title: str, path: str, endpoint: AdmissionEndpoint) -> Any:
