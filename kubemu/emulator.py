@@ -54,6 +54,7 @@ class Emulator:
         self._port = port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         if any(r.group == "" and r.plural == "namespaces" for r in self.registry.resources):
             for name in namespaces:
                 self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -77,7 +78,7 @@ class Emulator:
         sock.bind(("127.0.0.1", self._port))
         sock.listen(128)
         self._port = sock.getsockname()[1]
-        cfg = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        cfg = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, proxy_headers=False)
         server = uvicorn.Server(cfg)
         thread = threading.Thread(target=asyncio.run, args=(self._serve(server, sock),),
                                   name=f"kubemu-{self._port}", daemon=True)
@@ -89,8 +90,9 @@ class Emulator:
         self._server, self._thread = server, thread
         return self
 
-    @staticmethod
-    async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+    async def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.app.stopping = asyncio.Event()
         try:
             await server.serve(sockets=[sock])
         finally:
@@ -102,10 +104,12 @@ class Emulator:
         if self._thread is None or self._server is None:
             return
         self.store.close_watchers()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.app.stopping.set)
         self._server.should_exit = True
         self._server.force_exit = True  # do not wait for delayed (fault) requests to finish
         self._thread.join(10)
-        self._server, self._thread = None, None
+        self._server, self._thread, self._loop = None, None, None
 
     def __enter__(self) -> "Emulator":
         return self.start()

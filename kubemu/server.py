@@ -147,6 +147,7 @@ class KubeApp:
         self.token = token
         self.admission = admission
         self.bookmark_interval = bookmark_interval
+        self.stopping = asyncio.Event()  # replaced per serving loop by Emulator; set on stop()
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -174,8 +175,11 @@ class KubeApp:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             if fault := self.faults.take(info.method, info.verb, info.path):
                 if fault.delay_seconds:
-                    await asyncio.sleep(fault.delay_seconds)
-                if fault.close_connection:
+                    try:  # a stopping server drops delayed requests instead of finishing them
+                        await asyncio.wait_for(self.stopping.wait(), fault.delay_seconds)
+                    except asyncio.TimeoutError:
+                        pass
+                if fault.close_connection or self.stopping.is_set():
                     record(0)
                     await self._drop_connection(send)
                     return

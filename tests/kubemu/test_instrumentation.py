@@ -181,6 +181,30 @@ def test_two_emulators_and_restart_on_same_port() -> None:
         with pytest.raises(urllib3.exceptions.MaxRetryError) as err:
             core.list_namespaced_config_map("default", _request_timeout=1)
         assert "refused" in str(err.value.reason).lower()
+        with Emulator(port=port):  # the port is free again for a brand-new emulator
+            assert core.list_namespaced_config_map("default").items == []
         mgmt.start()
         assert mgmt.port == port
         assert [c.metadata.name for c in core.list_namespaced_config_map("default").items] == ["only-mgmt"]
+
+
+def test_stop_drops_delayed_requests_promptly() -> None:
+    emu = Emulator().start()
+    core = client.CoreV1Api(emu.api_client())
+    emu.add_fault(Fault(delay_seconds=10))
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            core.list_namespace(_request_timeout=15)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    emu.stop()
+    caller.join(5)
+    assert time.monotonic() - started < 1.0
+    assert len(outcome) == 1 and isinstance(outcome[0], urllib3.exceptions.HTTPError)
