@@ -180,23 +180,30 @@ def _root_cause(exc: BaseException) -> str:
     return str(reason or exc)
 
 
-def local_client(kubeconfig: str | None = None) -> KubeClient:
+def _named(api_client: k8s.ApiClient, user_agent: str) -> k8s.ApiClient:
+    """Say who calls: API server audit logs (and the test emulator) attribute calls by User-Agent."""
+    api_client.user_agent = user_agent
+    return api_client
+
+
+def local_client(kubeconfig: str | None = None, user_agent: str = "slime") -> KubeClient:
     """The webhook's own cluster: an explicit kubeconfig, else in-cluster, else ~/.kube/config."""
     if kubeconfig:
-        return KubeClient(k8s_config.new_client_from_config(config_file=kubeconfig), "local")
+        return KubeClient(_named(k8s_config.new_client_from_config(config_file=kubeconfig), user_agent), "local")
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         configuration = k8s.Configuration()
         k8s_config.load_incluster_config(client_configuration=configuration)
-        return KubeClient(k8s.ApiClient(configuration), "local")
-    return KubeClient(k8s_config.new_client_from_config(), "local")
+        return KubeClient(_named(k8s.ApiClient(configuration), user_agent), "local")
+    return KubeClient(_named(k8s_config.new_client_from_config(), user_agent), "local")
 
 
-def client_from_kubeconfig(data: bytes, name: str) -> KubeClient:
+def client_from_kubeconfig(data: bytes, name: str, user_agent: str = "slime") -> KubeClient:
     """A workload cluster, from the bytes of a CAPI ``<cluster>-kubeconfig`` Secret."""
     try:
         document = yaml.load(data, Loader=yaml.CSafeLoader)
         if not isinstance(document, dict):
             raise ValueError("not a kubeconfig document")
-        return KubeClient(k8s_config.new_client_from_config_dict(document, persist_config=False), name)
+        api_client = k8s_config.new_client_from_config_dict(document, persist_config=False)
+        return KubeClient(_named(api_client, user_agent), name)
     except (yaml.YAMLError, ValueError, KeyError, TypeError, k8s_config.ConfigException) as exc:
         raise KubeError(0, "InvalidKubeconfig", f"kubeconfig for cluster {name} is not usable: {type(exc).__name__}") from None

@@ -5,19 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.cli import run_service
-from common.kube import local_client
+from common.kube import client_from_kubeconfig, local_client
 from common.metrics import WebhookMetrics
 from common.serving import Readiness, ServiceRunner, ServingCertificate
 from injection_webhook.app import create_app
 from injection_webhook.resolver import InjectionResolver
 from injection_webhook.settings import InjectionSettings
 
+USER_AGENT = "slime-injection-webhook"
+
 
 def build(settings: InjectionSettings) -> ServiceRunner:
     """Wire the service; nothing runs until ``serve``/``run`` (tests call this too)."""
     metrics = WebhookMetrics()
     resolver = InjectionResolver(
-        local_client(settings.kubeconfig), settings.controller_selector, settings.cache_sync_timeout_seconds
+        local_client(settings.kubeconfig, USER_AGENT),
+        settings.controller_selector,
+        settings.cache_sync_timeout_seconds,
+        workload_client=lambda data, name: client_from_kubeconfig(data, name, USER_AGENT),
     )
     resolver.start()
     readiness = Readiness()

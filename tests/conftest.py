@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kubemu import Emulator
+from kubemu import Emulator, RecordedRequest
 from tests.support.pki import Pki, make_pki
+
+# Every API call made to a *management-cluster* emulator during this run. The RBAC audit
+# (tests/test_zz_rbac_audit.py) checks each one the services made against the rendered chart.
+RECORDED_CALLS: list[RecordedRequest] = []
 
 
 @pytest.fixture
@@ -19,16 +23,19 @@ def pki(tmp_path: Path) -> Pki:
 @pytest.fixture
 def emulator_factory(tmp_path: Path) -> Iterator[Callable[..., Emulator]]:
     """Start emulators (a management and a workload cluster, say); all stop after the test."""
-    started: list[Emulator] = []
+    started: list[tuple[Emulator, bool]] = []
 
-    def start(**options: object) -> Emulator:
+    def start(workload: bool = False, **options: object) -> Emulator:
+        """``workload=True``: a CAPI workload cluster, whose RBAC comes from its kubeconfig, not our chart."""
         emulator = Emulator(**options).start()  # type: ignore[arg-type]
-        started.append(emulator)
+        started.append((emulator, workload))
         return emulator
 
     yield start
-    for emulator in started:
+    for emulator, workload in started:
         emulator.stop()
+        if not workload:
+            RECORDED_CALLS.extend(emulator.requests)
 
 
 @pytest.fixture

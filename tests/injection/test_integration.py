@@ -120,7 +120,7 @@ def test_already_injected_sends_no_patch(emulator: Emulator, start_injection: St
 
 def test_workload_cluster_through_kubeconfig_secret(emulator_factory: Any, start_injection: StartInjection) -> None:
     management: Emulator = emulator_factory()
-    workload: Emulator = emulator_factory(token="workload-token")
+    workload: Emulator = emulator_factory(token="workload-token", workload=True)
     seed_slinky(management, host_ip="198.51.100.1")  # a decoy: must not be used
     slurm = seed_slinky(workload, host_ip="203.0.113.7")
     seed_nodeport(workload, "slurm", "slurm", node_port=32000)
@@ -157,7 +157,7 @@ def test_cluster_label_override_names_missing_kubeconfig(emulator: Emulator, sta
 
 def test_unreachable_workload_cluster_is_denied_within_budget(emulator_factory: Any, start_injection: StartInjection) -> None:
     management: Emulator = emulator_factory()
-    gone: Emulator = emulator_factory()
+    gone: Emulator = emulator_factory(workload=True)
     kubeconfig = gone.kubeconfig()
     gone.stop()
     _, data = seed_metal3(management, template_labels=OPT_IN)
