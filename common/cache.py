@@ -192,10 +192,14 @@ class Informer:
 
 
 class InformerSet:
-    """Informers of one cluster, created on first use and shared by key."""
+    """Informers of one cluster, created on first use and shared by key.
 
-    def __init__(self, client: KubeClient) -> None:
+    ``on_change`` is called after any change in any of them (derived-data caches use it).
+    """
+
+    def __init__(self, client: KubeClient, on_change: Callable[[], None] | None = None) -> None:
         self.client = client
+        self.on_change = on_change
         self._informers: dict[tuple[str, str | None, str | None], Informer] = {}
         self._lock = threading.Lock()
 
@@ -216,6 +220,8 @@ class InformerSet:
                     self.client, path, label_selector=label_selector, field_selector=field_selector,
                     transform=transform, description=description,
                 )
+                if self.on_change is not None:
+                    informer.add_listener(self.on_change)
                 self._informers[key] = informer.start()
         return informer
 

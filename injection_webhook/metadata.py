@@ -4,13 +4,14 @@ CAPM3 renders it with ``yaml.Marshal(map[string]string)``: block style, one ``ke
 line. Every existing key and its text are kept. When none of our keys is present and the text
 is a plain block map, the new lines are appended, so the old bytes stay exactly as they were.
 Anything else (our keys with stale values, flow style, directives, an empty map) is merged and
-re-rendered. Either way the result is checked by tests against a full parse.
+re-rendered with a YAML dump. Either way the result is checked by tests against a full parse.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Mapping
 
 import yaml
@@ -35,6 +36,12 @@ def join_entries(host: str, port: int, key_base64: str) -> dict[str, str]:
 def _dump(entries: Mapping[str, object]) -> str:
     # width=inf: the ~1.4 kB key must stay on one line, as cloud-init's YAML reader expects.
     return yaml.dump(dict(entries), Dumper=yaml.CSafeDumper, sort_keys=False, default_flow_style=False, width=2**31 - 1)
+
+
+def _lines(entries: Mapping[str, str]) -> str:
+    """``key: "value"`` lines. A JSON string is a valid YAML double-quoted scalar, and rendering
+    four lines this way is several times cheaper than a YAML dump on the admission hot path."""
+    return "".join(f"{key}: {json.dumps(value)}\n" for key, value in entries.items())
 
 
 def _appendable(text: str) -> bool:
@@ -67,7 +74,7 @@ def merged_metadata(encoded: str, entries: Mapping[str, str]) -> str | None:
         return None
     if _appendable(text) and not any(k in document for k in entries):
         separator = "" if text.endswith("\n") else "\n"
-        rendered = text + separator + _dump(entries)
+        rendered = text + separator + _lines(entries)
     else:
         rendered = _dump({**document, **entries})
     return base64.b64encode(rendered.encode("utf-8")).decode("ascii")

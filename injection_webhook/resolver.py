@@ -131,11 +131,12 @@ class ClusterView:
 
     client: KubeClient
     controller_selector: str
+    on_change: Callable[[], None] | None = None
     informers: InformerSet = field(init=False)
     _slinky: ResourcePath | None = None
 
     def __post_init__(self) -> None:
-        self.informers = InformerSet(self.client)
+        self.informers = InformerSet(self.client, self.on_change)
 
     @property
     def name(self) -> str:
@@ -189,8 +190,13 @@ class InjectionResolver:
         sync_timeout: float = 5.0,
         workload_client: Callable[[bytes, str], KubeClient] = client_from_kubeconfig,
     ) -> None:
-        self.local = ClusterView(local, controller_selector)
+        self.local = ClusterView(local, controller_selector, self._caches_changed)
         self.controller_selector = controller_selector
+        # Resolutions computed from caches alone, valid until any cache changes. Warm
+        # admissions then cost a dict lookup instead of walking the whole chain again.
+        self._memo: dict[tuple[str, str, str], Resolution] = {}
+        self._memo_generation = 0
+        self._generation = 0
         self.sync_timeout = sync_timeout
         self._workload_client = workload_client
         self._workloads: dict[tuple[str, str], tuple[str, ClusterView]] = {}
@@ -280,11 +286,26 @@ class InjectionResolver:
 
     # --- resolution --------------------------------------------------------------------------
 
+    MEMO_LIMIT = 10_000
+
+    def _caches_changed(self) -> None:
+        self._generation += 1
+
     def resolve(self, secret: MetaDataSecret, wait: bool = False) -> Resolution:
+        key = (secret.namespace, secret.metal3data, secret.cluster_name)
+        generation = self._generation
+        if generation != self._memo_generation or len(self._memo) >= self.MEMO_LIMIT:
+            self._memo = {}
+            self._memo_generation = generation
+        elif not wait and (known := self._memo.get(key)) is not None:
+            return known
         try:
-            return self._resolve(secret, wait)
+            resolution = self._resolve(secret, wait)
         except _Missing as missing:
-            return Unresolved(missing.reason)
+            resolution = Unresolved(missing.reason)
+        if not wait and generation == self._generation:  # read from caches only, none changed meanwhile
+            self._memo[key] = resolution
+        return resolution
 
     def _resolve(self, secret: MetaDataSecret, wait: bool) -> Resolution:
         ns = secret.namespace
@@ -341,7 +362,8 @@ class InjectionResolver:
             raise _Missing(f"Secret {namespace}/{cluster}-kubeconfig has no valid base64 key 'value'") from None
         except KubeError as exc:
             raise _Missing(f"{exc.message} (from Secret {namespace}/{cluster}-kubeconfig)") from None
-        view = ClusterView(client, self.controller_selector)
+        view = ClusterView(client, self.controller_selector, self._caches_changed)
+        self._caches_changed()
         with self._workloads_lock:
             replaced = self._workloads.get(key)
             self._workloads[key] = (fingerprint, view)
