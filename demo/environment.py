@@ -1,0 +1,217 @@
+"""Everything the demo runs, up and wired: kubemu, dev PKI, both webhooks, the admission chain.
+
+:class:`DemoEnvironment` is a context manager. On enter it renders the chart, seeds the emulator,
+writes the PKI and a kubeconfig under ``workdir``, starts both webhooks over TLS on 127.0.0.1
+(port 0, each with its own thread and event loop), waits until both are ready, and installs
+the chart's webhook configurations as the emulator's admission chain, pointed at the local
+URLs and the dev CA. On exit it stops all of it. The service logs (JSON) go to
+``workdir/webhooks.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from certs.devcerts import CertificateAuthority, create_ca, issue_serving_cert
+from common.logs import configure_logging
+from common.serving import ServiceRunner
+from demo import chart, cluster
+from demo.admission_chain import AdmissionChain, point_to_local
+from injection_webhook.main import build as build_injection
+from injection_webhook.settings import InjectionSettings
+from kubemu import Emulator
+from kubemu.admission import AdmissionAttributes
+from scaling_webhook.main import ScalingService, build_service as build_scaling
+from scaling_webhook.settings import ScalingSettings
+
+INJECTION_WEBHOOK = "injection.webhook.slime"
+SCALING_WEBHOOK = "scaling.webhook.slime"
+
+
+class DemoError(RuntimeError):
+    """A failed expectation; the message says what was expected and what happened."""
+
+
+def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``condition()`` until truthy; DemoError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Service:
+    """A ServiceRunner serving in its own thread and event loop."""
+
+    name: str
+    runner: ServiceRunner
+    thread: threading.Thread
+    errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.runner.bound_ports[0]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.runner.bound_ports[1]}"
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.metrics_url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        self.runner.request_stop()
+        self.thread.join(timeout=15)
+
+
+def serve_in_thread(name: str, runner: ServiceRunner) -> Service:
+    """Serve ``runner`` on 127.0.0.1, ports chosen by the OS; return once both ports listen."""
+    runner.host, runner.port, runner.metrics_port = "127.0.0.1", 0, 0
+    service = Service(name, runner, threading.Thread())
+
+    def serve() -> None:
+        try:
+            asyncio.run(runner.serve())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            service.errors.append(exc)
+
+    service.thread = threading.Thread(target=serve, name=f"demo-{name}", daemon=True)
+    service.thread.start()
+    if not runner.started.wait(15):
+        raise DemoError(f"{name} did not start: {service.errors or 'no error reported'}")
+    return service
+
+
+class DemoEnvironment:
+    def __init__(self, workdir: Path, resync_seconds: float = 1.0, log_level: str = "INFO") -> None:
+        self.workdir = workdir
+        self.resync_seconds = resync_seconds
+        self.log_level = log_level
+        self.log_file = workdir / "webhooks.log"
+        self.kubeconfig = workdir / "kubeconfig"
+        self.ca: CertificateAuthority | None = None
+        self.rendered: list[dict[str, Any]] = []
+        self.emulator: Emulator | None = None
+        self.seeded: cluster.SeededCluster | None = None
+        self.chain: AdmissionChain | None = None
+        self.injection: Service | None = None
+        self.scaling: Service | None = None
+        self.scaling_service: ScalingService | None = None
+        self._log_stream: Any = None
+        self._saved_logging: tuple[list[logging.Handler], int] | None = None
+
+    # --- the emulator's admission hook: the chain, once the webhooks are up -------------------
+
+    def _admit(self, attrs: AdmissionAttributes) -> dict[str, Any] | None:
+        chain = self.chain
+        return chain(attrs) if chain is not None else None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> DemoEnvironment:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.rendered = chart.render(cluster.chart_values(), cluster.SLIME_NAMESPACE)
+        configurations = chart.webhook_configurations(self.rendered)
+        if {c["kind"] for c in configurations} != {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}:
+            raise DemoError("the rendered chart lacks a Mutating or a Validating WebhookConfiguration")
+
+        tls = self.workdir / "tls"
+        self.ca = create_ca(tls, common_name="slime-demo-ca", days=1)
+        pairs = {}
+        for component in ("injection", "scaling"):
+            svc = f"{chart.RELEASE}-{component}-webhook"
+            cert, key = tls / component / "tls.crt", tls / component / "tls.key"
+            issue_serving_cert(self.ca, cert, key,
+                               [f"{svc}.{cluster.SLIME_NAMESPACE}.svc", f"{svc}.{cluster.SLIME_NAMESPACE}.svc.cluster.local"],
+                               ["127.0.0.1"], days=1)
+            pairs[component] = (str(cert), str(key))
+
+        self.emulator = Emulator(admission=self._admit).start()
+        self._route_logs()  # after the emulator: its uvicorn config resets uvicorn's loggers
+        self.seeded = cluster.seed(self.emulator, self.rendered)
+        self.emulator.write_kubeconfig(self.kubeconfig)
+
+        common = {"KUBECONFIG": str(self.kubeconfig), "log_level": self.log_level, "cert_poll_seconds": 10}
+        injection = build_injection(InjectionSettings(cert_file=pairs["injection"][0], key_file=pairs["injection"][1], **common))
+        self.injection = serve_in_thread("injection-webhook", injection)
+        self.scaling_service = build_scaling(ScalingSettings(
+            cert_file=pairs["scaling"][0], key_file=pairs["scaling"][1], namespace=cluster.SLIME_NAMESPACE,
+            resync_seconds=self.resync_seconds, patch_timeout_seconds=2, **common))
+        self.scaling = serve_in_thread("scaling-webhook", self.scaling_service.runner)
+        for service in (self.injection, self.scaling):
+            wait_for(service.ready, 15, f"{service.name} /readyz")
+
+        urls = {INJECTION_WEBHOOK: self.injection.url, SCALING_WEBHOOK: self.scaling.url}
+        local = [point_to_local(c, urls, self.ca.pem) for c in configurations]
+        self.chain = AdmissionChain(local, namespace_labels=self._namespace_labels,
+                                    user_info={"username": "kubernetes-admin", "groups": ["system:masters"]})
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        assert self.emulator is not None
+        ns = self.emulator.get("v1", "Namespace", "", namespace)
+        return None if ns is None else (ns["metadata"].get("labels") or {})
+
+    def stop(self) -> None:
+        if self.chain is not None:
+            self.chain.close()  # first: open keep-alive connections would delay the servers' shutdown
+        for service in (self.scaling, self.injection):
+            if service is not None:
+                service.stop()
+        self.scaling = self.injection = None
+        if self.emulator is not None:
+            self.emulator.stop()
+        self._restore_logs()
+
+    # --- logs: JSON into a file, so the narrative stays readable ---------------------------------
+
+    def _route_logs(self) -> None:
+        root = logging.getLogger()
+        self._saved_logging = (list(root.handlers), root.level)
+        self._log_stream = open(self.log_file, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        configure_logging(self.log_level, stream=self._log_stream)
+
+    def _restore_logs(self) -> None:
+        if self._saved_logging is not None:
+            root = logging.getLogger()
+            handlers, level = self._saved_logging
+            for handler in root.handlers:
+                handler.flush()
+            root.handlers[:] = handlers
+            root.setLevel(level)
+            self._saved_logging = None
+        if self._log_stream is not None:
+            self._log_stream.close()
+            self._log_stream = None
+
+    # --- convenience for the story and for tests -------------------------------------------------
+
+    def api_client(self) -> Any:
+        assert self.emulator is not None
+        return self.emulator.api_client()

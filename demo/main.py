@@ -1,0 +1,369 @@
+"""``slime-demo``: the whole SliMe story on one machine, with no cluster.
+
+An emulated management cluster (kubemu), both webhooks over TLS, and the API server's admission
+chain played from the rendered chart. Then: (1) CAPM3 creates a worker's metaData Secret and
+the injection webhook adds the Slurm join data; (2) KEDA scales the mirror 0 -> 3 -> 1 and the
+MachineDeployment follows; (3) drift (a direct edit, and a scale while the mapping is
+removed) is healed by the reconciler. Exit 0 when every expectation held, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from demo import cluster
+from demo.chart import ChartError, chart_dir
+from demo.environment import INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError, wait_for
+from demo.helm import HelmUnavailable, helm_binary
+
+INJECTED_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
+CAPI_GROUP, CAPI_VERSION = cluster.CAPI_VERSION.split("/")
+HEAL_DEADLINE_SECONDS = 10.0
+
+
+class Narrator:
+    """Prints the narrative and keeps it, so the demo can prove the key never appeared."""
+
+    def __init__(self, out: Callable[[str], None]) -> None:
+        self._out = out
+        self.lines: list[str] = []
+
+    def __call__(self, text: str = "") -> None:
+        self.lines.append(text)
+        self._out(text)
+
+    def section(self, title: str) -> None:
+        self("")
+        self(title)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _api_error(exc: ApiException) -> str:
+    try:
+        import json
+
+        return json.loads(exc.body).get("message") or str(exc.reason)
+    except (ValueError, TypeError, AttributeError):
+        return f"HTTP {exc.status} {exc.reason}"
+
+
+class Story:
+    def __init__(self, env: DemoEnvironment, say: Narrator) -> None:
+        self.env = env
+        self.say = say
+        api = env.api_client()
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def calls_since(self, start: int, webhook: str | None = None) -> list[Any]:
+        assert self.env.chain is not None
+        return [c for c in self.env.chain.calls[start:] if webhook is None or c.webhook == webhook]
+
+    def mark(self) -> int:
+        assert self.env.chain is not None
+        return len(self.env.chain.calls)
+
+    def md_replicas(self) -> int | None:
+        md = self.custom.get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE,
+                                                      "machinedeployments", cluster.MACHINE_DEPLOYMENT)
+        return (md.get("spec") or {}).get("replicas")
+
+    def mirror_replicas(self) -> int:
+        scale = self.apps.read_namespaced_deployment_scale(cluster.MIRROR, cluster.SLIME_NAMESPACE)
+        return scale.spec.replicas
+
+    def keda_scale(self, replicas: int) -> None:
+        """What KEDA's HPA does: PATCH the mirror's /scale subresource."""
+        try:
+            self.apps.patch_namespaced_deployment_scale(cluster.MIRROR, cluster.SLIME_NAMESPACE, {"spec": {"replicas": replicas}})
+        except ApiException as exc:
+            raise DemoError(f"scaling the mirror to {replicas} was rejected: {_api_error(exc)}") from None
+
+    def set_mapping(self, text: str) -> None:
+        try:
+            self.core.patch_namespaced_config_map("scaling-webhook-configmap", cluster.SLIME_NAMESPACE, {"data": {"mappings": text}})
+        except ApiException as exc:
+            raise DemoError(f"cannot update the scaling ConfigMap: {_api_error(exc)}") from None
+
+    def describe_call(self, start: int, webhook: str) -> str:
+        calls = self.calls_since(start, webhook)
+        if not calls:
+            return f"{webhook} was not called"
+        call = calls[-1]
+        text = f"{webhook} {call.outcome} in {call.seconds * 1000:.0f} ms"
+        return f"{text}: {call.message}" if call.message else text
+
+    # --- the acts -------------------------------------------------------------------------------
+
+    def setup_summary(self) -> None:
+        env, say = self.env, self.say
+        assert env.emulator and env.injection and env.scaling and env.chain
+        say(f"  chart     {chart_dir()} rendered with `helm template` ({helm_binary()})")
+        for hook in env.chain.webhooks:
+            kind = "mutating" if hook.mutating else "validating"
+            rules = ", ".join(f"{'/'.join(r.get('apiGroups') or [''])  or 'core'} {','.join(r['resources'])} "
+                              f"{','.join(r['operations'])}" for r in hook.spec.get("rules") or [])
+            say(f"            {kind} {hook.name}: {rules}; failurePolicy {hook.failure_policy}, "
+                f"timeout {hook.timeout_seconds:g} s, {len(hook.spec.get('matchConditions') or [])} matchConditions")
+        say(f"  cluster   kubemu at {env.emulator.url}")
+        say(f"            Slinky Controller {cluster.SLURM_NAMESPACE}/{cluster.CONTROLLER}; slurmctld pod on hostIP "
+            f"{cluster.HOST_IP}, NodePort {cluster.NODE_PORT}; key Secret {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}")
+        say(f"            Metal3DataTemplate {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE} "
+            f"(slurm-controller-namespace={cluster.SLURM_NAMESPACE}), Metal3Data {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE}-0")
+        say(f"            MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT} ({CAPI_GROUP}/{CAPI_VERSION}), "
+            f"mirror Deployment {cluster.SLIME_NAMESPACE}/{cluster.MIRROR}, ConfigMap {cluster.SLIME_NAMESPACE}/scaling-webhook-configmap")
+        say(f"  webhooks  injection-webhook {env.injection.url}/mutate, scaling-webhook {env.scaling.url}/validate "
+            "(TLS; the chain trusts only the demo CA)")
+
+    def act_injection(self) -> None:
+        say, env = self.say, self.env
+        assert env.seeded is not None and env.emulator is not None
+        say.section("1. A bare-metal worker gets its Slurm join data")
+        secret = cluster.metadata_secret(env.seeded.metal3_data)
+        name, ns = secret["metadata"]["name"], secret["metadata"]["namespace"]
+        sent = yaml.safe_load(base64.b64decode(secret["data"]["metaData"]))
+        say(f"  CAPM3 creates Secret {ns}/{name} (owned by Metal3Data {ns}/{env.seeded.metal3_data['metadata']['name']}) "
+            f"with metaData keys {', '.join(sent)}")
+        start = self.mark()
+        try:
+            self.core.create_namespaced_secret(ns, secret)
+        except ApiException as exc:
+            raise DemoError(f"the metaData Secret was rejected: {_api_error(exc)}") from None
+        say(f"  admission: {self.describe_call(start, INJECTION_WEBHOOK)}")
+        stored = self.core.read_namespaced_secret(name, ns)
+        meta = yaml.safe_load(base64.b64decode(stored.data["metaData"]))
+        missing = [k for k in INJECTED_KEYS if k not in meta]
+        if missing:
+            raise DemoError(f"the stored Secret lacks the injected key(s) {', '.join(missing)}")
+        for key, value in sent.items():
+            if meta.get(key) != value:
+                raise DemoError(f"the stored Secret changed the existing key {key!r}")
+        say("  stored metaData:")
+        width = max(len(k) for k in meta) + 1
+        for key, value in meta.items():
+            if key == "slurm_key_base64":
+                shown = self._redacted(str(value))
+            else:
+                shown = str(value)
+            mark = "   (added)" if key not in sent else ""
+            say(f"    {key + ':':<{width}} {shown}{mark}")
+        expected = {"slurm_controller_host": cluster.HOST_IP, "slurm_controller_port": str(cluster.NODE_PORT),
+                    "slurm_conf_server": f"{cluster.HOST_IP}:{cluster.NODE_PORT}"}
+        for key, value in expected.items():
+            if str(meta[key]) != value:
+                raise DemoError(f"{key} is {meta[key]!r}, expected {value!r}")
+        try:
+            decoded = base64.b64decode(str(meta["slurm_key_base64"]), validate=True)
+        except ValueError:
+            raise DemoError("slurm_key_base64 is not valid base64") from None
+        if decoded != env.seeded.slurm_key:
+            raise DemoError(f"slurm_key_base64 does not decode to slurm.key of {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}")
+        say(f"  slurm_key_base64 decodes to the {len(decoded)} bytes of slurm.key in "
+            f"{cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}; cloud-init can now run "
+            f"`slurmd -Z --conf-server {meta['slurm_conf_server']}`")
+
+        # The matchConditions (CEL) keep other Secrets away from the webhook.
+        start = self.mark()
+        plain = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bmc-credentials", "namespace": ns},
+                 "data": {"username": cluster.b64("admin")}}
+        self.core.create_namespaced_secret(ns, plain)
+        if self.calls_since(start, INJECTION_WEBHOOK):
+            raise DemoError("a Secret not owned by a Metal3Data reached the injection webhook")
+        say(f"  An ordinary Secret ({ns}/bmc-credentials) is stored as sent: the chart's matchConditions "
+            "(CEL) keep it away from the webhook.")
+
+    @staticmethod
+    def _redacted(value: str) -> str:
+        digest = hashlib.sha256(value.encode()).hexdigest()[:12]
+        return f"<redacted: {len(value)} base64 characters, sha256 {digest}...>"
+
+    def act_scaling(self) -> None:
+        say = self.say
+        say.section("2. KEDA scales the mirror; the MachineDeployment follows")
+        md_ref = f"MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT}"
+        say(f"  now: mirror {cluster.SLIME_NAMESPACE}/{cluster.MIRROR} = {self.mirror_replicas()}, {md_ref} = {self.md_replicas()}")
+        if self.md_replicas() != 0:
+            raise DemoError(f"{md_ref} should start at 0, it is {self.md_replicas()}")
+        for replicas in (3, 1):
+            start = self.mark()
+            self.keda_scale(replicas)
+            say(f"  KEDA: PATCH deployments/{cluster.MIRROR}/scale to {replicas}")
+            say(f"    admission: {self.describe_call(start, SCALING_WEBHOOK)}")
+            wait_for(lambda r=replicas: self.md_replicas() == r, 5, f"{md_ref} to reach {replicas}")
+            say(f"    {md_ref} spec.replicas = {self.md_replicas()}")
+        say("  MachineDeployment replicas: 0 -> 3 -> 1, following the mirror.")
+
+    def act_healing(self) -> None:
+        say, env = self.say, self.env
+        assert env.scaling_service is not None
+        md_ref = f"MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT}"
+        say.section(f"3. Drift is healed (the reconciler runs every {env.resync_seconds:g} s and on mapping changes)")
+
+        mirror = self.mirror_replicas()
+        say(f"  a) Someone scales {md_ref} to 5 by hand (not through the mirror, which says {mirror}).")
+        try:
+            self.custom.patch_namespaced_custom_object_scale(CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE,
+                                                             "machinedeployments", cluster.MACHINE_DEPLOYMENT,
+                                                             {"spec": {"replicas": 5}})
+        except ApiException as exc:
+            raise DemoError(f"cannot scale the MachineDeployment by hand: {_api_error(exc)}") from None
+        started = time.monotonic()
+        wait_for(lambda: self.md_replicas() == 5, 2, f"{md_ref} to show the drift (5)")
+        wait_for(lambda: self.md_replicas() == mirror, HEAL_DEADLINE_SECONDS, f"the reconciler to heal {md_ref} back to {mirror}")
+        say(f"     healed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
+        self._show_event("DriftCorrected", since=started)
+
+        configmap = self.core.read_namespaced_config_map("scaling-webhook-configmap", cluster.SLIME_NAMESPACE)
+        original = configmap.data["mappings"]
+        say("  b) The mapping is removed from ConfigMap scaling-webhook-configmap for a moment.")
+        self.set_mapping("[]\n")
+        source = env.scaling_service.source
+        wait_for(lambda: len(source.table) == 0, 5, "the scaling webhook to drop the mapping")
+        start = self.mark()
+        self.keda_scale(2)
+        say(f"     KEDA scales the mirror to 2; admission: {self.describe_call(start, SCALING_WEBHOOK)}")
+        stuck = self.md_replicas()
+        if stuck != mirror:
+            raise DemoError(f"with no mapping, {md_ref} should have stayed at {mirror}, it is {stuck}")
+        say(f"     no mapping, so nothing follows: {md_ref} stays at {stuck} while the mirror says 2")
+        started = time.monotonic()
+        self.set_mapping(original)
+        say("     the mapping is restored")
+        wait_for(lambda: self.md_replicas() == 2, HEAL_DEADLINE_SECONDS, f"the reconciler to bring {md_ref} to 2")
+        say(f"     healed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
+
+    def _show_event(self, reason: str, since: float) -> None:
+        def found() -> Any:
+            events = self.core.list_namespaced_event(cluster.METAL3_NAMESPACE).items
+            return [e for e in events if e.reason == reason and e.involved_object.name == cluster.MACHINE_DEPLOYMENT]
+
+        try:
+            events = wait_for(found, 3, f"a {reason} Event")
+        except DemoError:
+            return  # Events are best effort (sent off the hot path); the heal itself was checked
+        say = self.say
+        say(f"     Event {reason} on the MachineDeployment: {events[-1].message}")
+
+    def check_no_key(self) -> None:
+        env = self.env
+        assert env.seeded is not None
+        key = env.seeded.slurm_key.decode()
+        key_b64 = base64.b64encode(env.seeded.slurm_key).decode()
+        if key in self.say.text or key_b64 in self.say.text:
+            raise DemoError("slurm.key appeared in the demo output")
+        for handler in __import__("logging").getLogger().handlers:
+            handler.flush()
+        lines = env.log_file.read_text(encoding="utf-8").splitlines() if env.log_file.exists() else []
+        if any(key in line or key_b64 in line for line in lines):
+            raise DemoError(f"slurm.key appeared in the webhooks' log ({env.log_file})")
+        self.say.section(f"slurm.key appears nowhere in this output, nor in the {len(lines)} lines the webhooks logged.")
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slime-demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep-running", action="store_true",
+                        help="leave the emulator and both webhooks up after the story, until Ctrl-C")
+    parser.add_argument("--resync-seconds", type=float, default=1.0,
+                        help="the scaling reconciler's period (default 1 s in the demo)")
+    return parser.parse_args(argv)
+
+
+def _wait_for_interrupt(say: Narrator) -> None:
+    stop = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    say("")
+    say("stopping")
+
+
+def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None = None,
+         inspect: Callable[[DemoEnvironment], None] | None = None) -> int:
+    """Run the demo; 0 when every step did what it should, 1 otherwise.
+
+    ``out`` receives each narrative line (default: print). ``inspect`` is called with the
+    running environment after the story (tests read the emulator through it).
+    """
+    options = _parse(argv)
+    say = Narrator(out or (lambda line: print(line, flush=True)))
+    began = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="slime-demo-"))
+    say("SliMe local demo: an emulated cluster, both webhooks over TLS, and the API server's")
+    say("admission chain played from the rendered Helm chart.")
+    say.section("Setting up")
+    story: Story | None = None
+    try:
+        with DemoEnvironment(workdir, resync_seconds=options.resync_seconds) as env:
+            story = Story(env, say)
+            story.setup_summary()
+            story.act_injection()
+            story.act_scaling()
+            story.act_healing()
+            story.check_no_key()
+            if inspect is not None:
+                inspect(env)
+            say("")
+            say(f"Demo complete in {time.monotonic() - began:.1f} s: every step did what it should.")
+            if options.keep_running:
+                assert env.emulator and env.injection and env.scaling and env.ca
+                say.section("Everything stays up until Ctrl-C:")
+                say(f"  KUBECONFIG={env.kubeconfig}   (kubemu at {env.emulator.url}; e.g. kubectl get machinedeployments -A)")
+                say(f"  injection webhook  {env.injection.url}/mutate   (metrics {env.injection.metrics_url}/metrics)")
+                say(f"  scaling webhook    {env.scaling.url}/validate   (metrics {env.scaling.metrics_url}/metrics)")
+                say(f"  CA bundle          {env.ca.cert_file}")
+                say(f"  webhook logs       {env.log_file}")
+                say("  Writes through the kubeconfig run the same admission chain. Files are removed on exit.")
+                _wait_for_interrupt(say)
+        return 0
+    except (DemoError, ChartError, HelmUnavailable) as exc:
+        print(f"slime-demo: FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("slime-demo: interrupted", file=sys.stderr, flush=True)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a demo reports, it does not dump a bare traceback
+        print(f"slime-demo: FAILED: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        traceback.print_exc(file=sys.stderr)
+        return 1
+    finally:
+        if story is not None:
+            story.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
