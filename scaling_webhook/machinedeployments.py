@@ -1,0 +1,146 @@
+"""Setting a MachineDeployment's replicas through its ``/scale`` subresource, in one call.
+
+The admission hot path makes exactly one API call: a merge patch ``{"spec":{"replicas":N}}`` on
+``/apis/cluster.x-k8s.io/<v>/namespaces/<ns>/machinedeployments/<name>/scale``. It is an
+absolute set, with no read before it, so two replicas of the webhook (or the webhook and its
+reconciler) can never combine into a wrong value: the last writer wins with a value taken from
+the mirror. The served version (v1beta2 preferred, else v1beta1) is discovered once and
+cached. If a 404 says the path is not served (the cluster was upgraded or downgraded), we
+forget it and retry once with the version served now.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from common.kube import KubeClient, KubeError, ResourcePath
+
+log = logging.getLogger("slime.scaling.machinedeployments")
+
+CAPI_GROUP = "cluster.x-k8s.io"
+MACHINEDEPLOYMENTS = "machinedeployments"
+CAPI_VERSIONS = ("v1beta2", "v1beta1")
+MERGE_PATCH = "application/merge-patch+json"
+DEPLOYMENTS = ResourcePath("apps", "v1", "deployments")
+
+
+class ScaleError(Exception):
+    """A failed scale or read, with a cause fit for an admission message and an HTTP code."""
+
+    def __init__(self, cause: str, code: int = 503) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.code = code
+
+
+def _object_missing(exc: KubeError) -> bool:
+    """A 404 about the object itself ("... \\"name\\" not found"), not about an unserved path."""
+    return exc.status == 404 and exc.message.rstrip().endswith("not found") and '"' in exc.message
+
+
+class MachineDeploymentScaler:
+    """Reads and sets MachineDeployment replicas on one cluster. Thread-safe."""
+
+    def __init__(self, client: KubeClient, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+        self._path: ResourcePath | None = None
+        self._lock = threading.Lock()
+
+    # --- discovery ---------------------------------------------------------------------------
+
+    def resource_path(self) -> ResourcePath:
+        """The MachineDeployment resource at the newest supported served version (cached)."""
+        path = self._path
+        if path is not None:
+            return path
+        with self._lock:
+            if self._path is None:
+                try:
+                    self._path = self.client.resource(CAPI_GROUP, MACHINEDEPLOYMENTS, CAPI_VERSIONS)
+                except KubeError as exc:
+                    raise self._error(exc, "", "", self.timeout) from None
+                log.info("MachineDeployment API version discovered", extra={"api_version": self.api_version})
+            return self._path
+
+    @property
+    def api_version(self) -> str:
+        path = self._path
+        return f"{CAPI_GROUP}/{path.version}" if path is not None else ""
+
+    def forget_version(self) -> None:
+        with self._lock:
+            self._path = None
+        self.client.forget_discovery(CAPI_GROUP)
+
+    # --- calls -------------------------------------------------------------------------------
+
+    def set_replicas(self, namespace: str, name: str, replicas: int, timeout: float | None = None) -> None:
+        """Set ``spec.replicas`` with one merge patch on ``/scale``; raise :class:`ScaleError`."""
+        budget = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        body = {"spec": {"replicas": replicas}}
+        for attempt in (1, 2):
+            path = self.resource_path().item(namespace, name, "scale")
+            remaining = max(0.05, deadline - time.monotonic())
+            try:
+                self.client.request("PATCH", path, body=body, content_type=MERGE_PATCH, timeout=remaining)
+                return
+            except KubeError as exc:
+                if exc.status == 404 and not _object_missing(exc) and attempt == 1:
+                    log.warning("MachineDeployment path not served; rediscovering the version", extra={"path": path})
+                    self.forget_version()
+                    continue
+                raise self._error(exc, namespace, name, budget) from None
+
+    def get_replicas(self, namespace: str, name: str) -> int | None:
+        """The MachineDeployment's ``spec.replicas`` (None when unset); raise :class:`ScaleError`."""
+        obj = self._get(lambda: self.resource_path().item(namespace, name), namespace, name, "MachineDeployment")
+        replicas = (obj.get("spec") or {}).get("replicas")
+        return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+
+    def get_mirror(self, namespace: str, name: str) -> tuple[str, int] | None:
+        """The mirror Deployment's (resourceVersion, ``spec.replicas``); None when it does not exist."""
+        try:
+            obj = self.client.request("GET", DEPLOYMENTS.item(namespace, name), timeout=self.timeout * 5)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise self._error(exc, namespace, name, self.timeout * 5, kind="Deployment") from None
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        replicas = (obj.get("spec") or {}).get("replicas")
+        # The API server defaults an absent spec.replicas to 1; a served object always has it.
+        return version, replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 1
+
+    def _get(self, path_of: Any, namespace: str, name: str, kind: str) -> dict[str, Any]:
+        for attempt in (1, 2):
+            path = path_of()
+            try:
+                return self.client.request("GET", path, timeout=self.timeout * 5)
+            except KubeError as exc:
+                if exc.status == 404 and not _object_missing(exc) and attempt == 1:
+                    self.forget_version()
+                    continue
+                raise self._error(exc, namespace, name, self.timeout * 5, kind=kind) from None
+        raise AssertionError("unreachable")
+
+    # --- errors ------------------------------------------------------------------------------
+
+    def _error(self, exc: KubeError, namespace: str, name: str, budget: float, kind: str = "MachineDeployment") -> ScaleError:
+        status = exc.status
+        if status == 0:
+            if "timed out" in exc.message.lower() or "timeout" in exc.message.lower():
+                return ScaleError(f"the API server did not answer within {budget:g}s", 503)
+            return ScaleError(exc.message, 503)
+        if status == 404:
+            if not name:
+                return ScaleError(exc.message, 404)
+            detail = "" if _object_missing(exc) else f" ({exc.message})"
+            return ScaleError(f"{kind} {namespace}/{name} not found{detail}", 404)
+        if status == 403:
+            return ScaleError(f"forbidden: {exc.message}", 403)
+        code = status if 400 <= status < 500 else 503
+        return ScaleError(f"the API server answered {status} {exc.reason}: {exc.message}", code)

@@ -1,0 +1,91 @@
+"""``scaling-webhook``: serve the validating webhook that scales MachineDeployments from mirrors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.cli import run_service
+from common.kube import KubeClient, local_client
+from common.metrics import WebhookMetrics
+from common.serving import Readiness, ServiceRunner, ServingCertificate
+from scaling_webhook.app import create_app, make_handler
+from scaling_webhook.events import EventRecorder
+from scaling_webhook.machinedeployments import MachineDeploymentScaler
+from scaling_webhook.mappings import MappingSource, MappingTable
+from scaling_webhook.metrics import ScalingMetrics
+from scaling_webhook.reconciler import Reconciler
+from scaling_webhook.settings import ScalingSettings
+
+
+@dataclass
+class ScalingService:
+    """The wired parts, for tests and tools; ``runner`` is what ``main`` runs."""
+
+    runner: ServiceRunner
+    client: KubeClient
+    source: MappingSource
+    scaler: MachineDeploymentScaler
+    events: EventRecorder
+    reconciler: Reconciler
+    metrics: ScalingMetrics
+
+    def reconcile_once(self) -> list:
+        return self.reconciler.reconcile_once()
+
+
+def build_service(settings: ScalingSettings) -> ScalingService:
+    """Wire the service; informer and event threads start here, the server on ``serve``/``run``."""
+    webhook_metrics = WebhookMetrics()
+    metrics = ScalingMetrics(webhook_metrics)
+    client = local_client(settings.kubeconfig)
+    scaler = MachineDeploymentScaler(client, settings.patch_timeout_seconds)
+    events = EventRecorder(client, metrics.event_result)
+    source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
+    reconciler = Reconciler(source, scaler, events, metrics, settings.resync_seconds)
+
+    def on_change(table: MappingTable) -> None:
+        metrics.mappings.set(len(table))
+        reconciler.trigger()
+
+    source.add_listener(on_change)
+    readiness = Readiness()
+    readiness.add("configmap", source.not_ready_reason)
+
+    def stop() -> None:
+        source.stop()
+        events.stop()
+        events.flush(2.0)
+
+    runner = ServiceRunner(
+        webhook_app=create_app(
+            make_handler(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds),
+            webhook_metrics,
+            settings.max_body_bytes,
+        ),
+        certificate=ServingCertificate(settings.cert_file, settings.key_file, webhook_metrics, settings.cert_poll_seconds),
+        metrics=webhook_metrics,
+        readiness=readiness,
+        host=settings.host,
+        port=settings.port,
+        metrics_port=settings.metrics_port,
+        shutdown_delay_seconds=settings.shutdown_delay_seconds,
+        background=[reconciler.run],
+        on_stop=[stop],
+    )
+    events.start()
+    source.start()
+    return ScalingService(runner, client, source, scaler, events, reconciler, metrics)
+
+
+def build(settings: ScalingSettings) -> ServiceRunner:
+    """Wire the service; nothing serves until ``serve``/``run`` (tests call this too)."""
+    return build_service(settings).runner
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_service(ScalingSettings, "scaling-webhook", build, argv)
+
+
+if __name__ == "__main__":
+    main()

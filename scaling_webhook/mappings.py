@@ -1,0 +1,302 @@
+"""Mirror Deployment -> MachineDeployment mappings, read from the scaling ConfigMap.
+
+Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
+
+* the thesis form: ``machineDeploymentName`` and ``machineDeploymentNamespace``, plus optional
+  ``mirrorDeploymentName`` (default ``mirror-deployment``) and ``mirrorDeploymentNamespace``
+  (default: the webhook's namespace);
+* ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``.
+
+:func:`parse_mappings` is pure and strict: every problem raises :class:`MappingError` naming
+the key and what is wrong. :class:`MappingSource` follows the ConfigMap through an informer,
+keeps the last good table when a new version is invalid, and tells listeners about changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping as AnyMapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from common.cache import Informer
+from common.kube import KubeClient, ResourcePath
+
+log = logging.getLogger("slime.scaling.mappings")
+
+Ref = tuple[str, str]  # (namespace, name)
+
+DEFAULT_MIRROR_NAME = "mirror-deployment"
+THESIS_KEYS = ("machineDeploymentName", "machineDeploymentNamespace", "mirrorDeploymentName", "mirrorDeploymentNamespace")
+MAPPINGS_KEY = "mappings"
+ITEM_KEYS = ("mirror", "machineDeployment")
+# Reserved for per-mapping options (safe scale-in settings); rejected until they are implemented.
+OPTION_KEYS: tuple[str, ...] = ()
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class MappingError(ValueError):
+    """The ConfigMap cannot be used; the message names the key and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One mirror Deployment driving one MachineDeployment."""
+
+    mirror: Ref
+    machine_deployment: Ref
+    options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
+
+    @property
+    def mirror_ref(self) -> str:
+        return f"{self.mirror[0]}/{self.mirror[1]}"
+
+    @property
+    def machine_deployment_ref(self) -> str:
+        return f"{self.machine_deployment[0]}/{self.machine_deployment[1]}"
+
+
+class MappingTable:
+    """An immutable lookup from mirror (namespace, name) to its :class:`Mapping`."""
+
+    __slots__ = ("_by_mirror",)
+
+    def __init__(self, mappings: tuple[Mapping, ...] = ()) -> None:
+        self._by_mirror: AnyMapping[Ref, Mapping] = MappingProxyType({m.mirror: m for m in mappings})
+
+    def get(self, namespace: str, name: str) -> Mapping | None:
+        return self._by_mirror.get((namespace, name))
+
+    def __iter__(self) -> Iterator[Mapping]:
+        return iter(self._by_mirror.values())
+
+    def __len__(self) -> int:
+        return len(self._by_mirror)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MappingTable) and dict(self._by_mirror) == dict(other._by_mirror)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._by_mirror.items())))
+
+    def __repr__(self) -> str:
+        pairs = ", ".join(f"{m.mirror_ref} -> {m.machine_deployment_ref}" for m in self)
+        return f"MappingTable({pairs})"
+
+
+EMPTY = MappingTable()
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _check_namespace(value: str, where: str) -> str:
+    if len(value) > 63 or not _DNS1123_LABEL.match(value):
+        raise MappingError(f"{where}: namespace {value!r} is not a valid DNS-1123 label")
+    return value
+
+
+def _check_name(value: str, where: str) -> str:
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+        raise MappingError(f"{where}: name {value!r} is not a valid DNS-1123 subdomain")
+    return value
+
+
+def _ref(value: Any, where: str) -> Ref:
+    if not isinstance(value, str):
+        raise MappingError(f"{where}: expected a string <namespace>/<name>, got {type(value).__name__}")
+    parts = value.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise MappingError(f"{where}: {value!r} is not of the form <namespace>/<name>")
+    return _check_namespace(parts[0], where), _check_name(parts[1], where)
+
+
+def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
+    present = [k for k in THESIS_KEYS if k in data]
+    if not present:
+        return None
+    for key in ("machineDeploymentName", "machineDeploymentNamespace"):
+        if key not in data:
+            raise MappingError(f"{key}: missing (needed with {', '.join(present)})")
+    values = {}
+    for key in present:
+        value = data[key]
+        if not isinstance(value, str) or not value.strip():
+            raise MappingError(f"{key}: must be a non-empty string")
+        values[key] = value.strip()
+    md = (
+        _check_namespace(values["machineDeploymentNamespace"], "machineDeploymentNamespace"),
+        _check_name(values["machineDeploymentName"], "machineDeploymentName"),
+    )
+    mirror = (
+        _check_namespace(values.get("mirrorDeploymentNamespace", namespace), "mirrorDeploymentNamespace"),
+        _check_name(values.get("mirrorDeploymentName", DEFAULT_MIRROR_NAME), "mirrorDeploymentName"),
+    )
+    return Mapping(mirror=mirror, machine_deployment=md, source="thesis keys")
+
+
+def _list_mappings(text: Any) -> list[Mapping]:
+    if not isinstance(text, str):
+        raise MappingError(f"{MAPPINGS_KEY}: must be a string holding a YAML list")
+    try:
+        items = yaml.load(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise MappingError(f"{MAPPINGS_KEY}: invalid YAML{where}: {problem}") from None
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise MappingError(f"{MAPPINGS_KEY}: must be a YAML list, got {type(items).__name__}")
+    mappings = []
+    for index, item in enumerate(items):
+        where = f"{MAPPINGS_KEY}[{index}]"
+        if not isinstance(item, dict):
+            raise MappingError(f"{where}: must be a map with keys {', '.join(ITEM_KEYS)}")
+        unknown = sorted(str(k) for k in item if k not in ITEM_KEYS and k not in OPTION_KEYS)
+        if unknown:
+            raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(ITEM_KEYS + OPTION_KEYS)}")
+        for key in ITEM_KEYS:
+            if key not in item:
+                raise MappingError(f"{where}: missing key {key}")
+        options = MappingProxyType({k: item[k] for k in OPTION_KEYS if k in item})
+        mappings.append(
+            Mapping(
+                mirror=_ref(item["mirror"], f"{where}.mirror"),
+                machine_deployment=_ref(item["machineDeployment"], f"{where}.machineDeployment"),
+                options=options,
+                source=where,
+            )
+        )
+    return mappings
+
+
+def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> MappingTable:
+    """The table described by a ConfigMap's ``data``; ``namespace`` is the webhook's own."""
+    data = data or {}
+    mappings: list[Mapping] = []
+    thesis = _thesis_mapping(data, namespace)
+    if thesis is not None:
+        mappings.append(thesis)
+    if MAPPINGS_KEY in data:
+        mappings.extend(_list_mappings(data[MAPPINGS_KEY]))
+    seen: dict[Ref, Mapping] = {}
+    for mapping in mappings:
+        first = seen.get(mapping.mirror)
+        if first is not None:
+            raise MappingError(
+                f"{mapping.source}: mirror {mapping.mirror_ref} is already mapped by {first.source} "
+                f"(to MachineDeployment {first.machine_deployment_ref}); a mirror may drive only one MachineDeployment"
+            )
+        seen[mapping.mirror] = mapping
+    return MappingTable(tuple(mappings))
+
+
+# --- the live source -----------------------------------------------------------------------------
+
+CONFIGMAPS = ResourcePath("", "v1", "configmaps")
+
+
+class MappingSource:
+    """The current table, kept in step with the ConfigMap by an informer.
+
+    ``table`` is a plain attribute read (one assignment replaces it), so the admission path
+    never locks. ``on_error`` / ``on_valid`` let the app count errors and set its gauge.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        config_map: str,
+        on_status: Callable[[bool, str], None] | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.config_map = config_map
+        self.table: MappingTable = EMPTY
+        self.last_error = ""
+        self._on_status = on_status
+        self._listeners: list[Callable[[MappingTable], None]] = []
+        self._seen: tuple[str, str] | None = None  # (uid, resourceVersion) last parsed; ("", "") = absent
+        self._lock = threading.Lock()
+        self.informer = Informer(
+            client,
+            CONFIGMAPS.collection(namespace),
+            field_selector=f"metadata.name={config_map}",
+            description=f"configmap {namespace}/{config_map}",
+        )
+        self.informer.add_listener(self._refresh)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.config_map}"
+
+    def add_listener(self, callback: Callable[[MappingTable], None]) -> None:
+        """Called with the new table after every change (on the informer thread)."""
+        self._listeners.append(callback)
+
+    def start(self) -> MappingSource:
+        self.informer.start()
+        return self
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+    def not_ready_reason(self) -> str | None:
+        """Readiness: the ConfigMap was listed once (a missing ConfigMap counts: the list succeeded)."""
+        if self.informer.synced and self._seen is not None:
+            return None
+        return f"ConfigMap {self.ref} not listed yet" + (f": {self.informer.last_error}" if self.informer.last_error else "")
+
+    def _refresh(self) -> None:
+        with self._lock:
+            obj = self.informer.get(self.namespace, self.config_map)
+            metadata = (obj or {}).get("metadata") or {}
+            stamp = (str(metadata.get("uid") or ""), str(metadata.get("resourceVersion") or "")) if obj else ("", "")
+            if stamp == self._seen:
+                return  # a relist or an unrelated notification: nothing new to parse
+            self._seen = stamp
+            if obj is None:
+                log.warning("scaling ConfigMap not found; no mirror is mapped", extra={"configmap": self.ref})
+                self._apply(EMPTY)
+                return
+            try:
+                table = parse_mappings(obj.get("data"), self.namespace)
+            except MappingError as exc:
+                self.last_error = str(exc)
+                log.error(
+                    "scaling ConfigMap is invalid; keeping the last good mappings",
+                    extra={"configmap": self.ref, "error": self.last_error, "mappings": len(self.table)},
+                )
+                self._status(False)
+                return
+            self._apply(table)
+
+    def _apply(self, table: MappingTable) -> None:
+        self.last_error = ""
+        self._status(True)
+        if table == self.table:
+            return
+        self.table = table
+        log.info(
+            "scaling mappings loaded",
+            extra={"configmap": self.ref, "mappings": [f"{m.mirror_ref} -> {m.machine_deployment_ref}" for m in table]},
+        )
+        for callback in self._listeners:
+            try:
+                callback(table)
+            except Exception:  # noqa: BLE001 - one listener must not stop the others
+                log.exception("mapping listener failed", extra={"configmap": self.ref})
+
+    def _status(self, valid: bool) -> None:
+        if self._on_status is not None:
+            self._on_status(valid, self.last_error)

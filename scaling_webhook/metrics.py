@@ -1,0 +1,68 @@
+"""The scaling webhook's own instruments, registered on the service's WebhookMetrics registry."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from common.metrics import LATENCY_BUCKETS, WebhookMetrics
+
+DECISION_OUTCOMES = ("scaled", "dry_run", "unmapped", "denied")
+
+
+class ScalingMetrics:
+    def __init__(self, metrics: WebhookMetrics) -> None:
+        registry = metrics.registry
+        self.webhook = metrics
+        self.decisions = Counter(
+            "slime_scaling_decisions_total",
+            "Scale admissions by outcome (scaled, dry_run, unmapped, denied).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.outcome = {o: self.decisions.labels(o) for o in DECISION_OUTCOMES}
+        self.patch_seconds = Histogram(
+            "slime_scaling_patch_seconds",
+            "Time of the MachineDeployment /scale patch made on the admission path.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.drift_corrections = Counter(
+            "slime_scaling_drift_corrections_total",
+            "MachineDeployments the reconciler set back to their mirror's replicas.",
+            registry=registry,
+        )
+        self.reconcile_errors = Counter(
+            "slime_scaling_reconcile_errors_total",
+            "Mappings the reconciler could not check or correct (API errors).",
+            registry=registry,
+        )
+        self.config_valid = Gauge(
+            "slime_scaling_config_valid",
+            "1 when the scaling ConfigMap was parsed, 0 when it is invalid (the last good mappings stay in use).",
+            registry=registry,
+        )
+        self.config_errors = Counter(
+            "slime_scaling_config_errors_total",
+            "Invalid versions of the scaling ConfigMap seen.",
+            registry=registry,
+        )
+        self.mappings = Gauge(
+            "slime_scaling_mappings",
+            "Mirror -> MachineDeployment mappings in use.",
+            registry=registry,
+        )
+        self.events = Counter(
+            "slime_scaling_events_total",
+            "Kubernetes Events recorded on MachineDeployments, by result (success, failure).",
+            ["result"],
+            registry=registry,
+        )
+        self.config_valid.set(1)
+
+    def config_status(self, valid: bool, _error: str) -> None:
+        self.config_valid.set(1 if valid else 0)
+        if not valid:
+            self.config_errors.inc()
+
+    def event_result(self, ok: bool) -> None:
+        self.events.labels("success" if ok else "failure").inc()
