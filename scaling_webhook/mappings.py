@@ -52,7 +52,7 @@ class Mapping:
 
     mirror: Ref
     machine_deployment: Ref
-    options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
 
     @property
@@ -85,7 +85,7 @@ class MappingTable:
         return isinstance(other, MappingTable) and dict(self._by_mirror) == dict(other._by_mirror)
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self._by_mirror.items())))
+        return hash(frozenset(self._by_mirror.items()))
 
     def __repr__(self) -> str:
         pairs = ", ".join(f"{m.mirror_ref} -> {m.machine_deployment_ref}" for m in self)

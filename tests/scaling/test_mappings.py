@@ -1,0 +1,129 @@
+"""Parsing the scaling ConfigMap: both forms, their combination, defaults and every error."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaling_webhook.mappings import Mapping, MappingError, MappingTable, parse_mappings
+
+
+def pairs(table: MappingTable) -> set[tuple[str, str]]:
+    return {(m.mirror_ref, m.machine_deployment_ref) for m in table}
+
+
+def test_empty_and_missing_data() -> None:
+    assert len(parse_mappings(None, "slime")) == 0
+    assert len(parse_mappings({}, "slime")) == 0
+    assert len(parse_mappings({"mappings": ""}, "slime")) == 0
+    assert len(parse_mappings({"unrelated": "x"}, "slime")) == 0
+
+
+def test_thesis_form_with_defaults() -> None:
+    table = parse_mappings({"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}, "slime")
+    assert pairs(table) == {("slime/mirror-deployment", "metal3/md-slurm-workers")}
+    mapping = table.get("slime", "mirror-deployment")
+    assert isinstance(mapping, Mapping) and mapping.source == "thesis keys" and dict(mapping.options) == {}
+
+
+def test_thesis_form_explicit_mirror() -> None:
+    table = parse_mappings(
+        {
+            "machineDeploymentName": "md",
+            "machineDeploymentNamespace": "metal3",
+            "mirrorDeploymentName": "m",
+            "mirrorDeploymentNamespace": "keda",
+        },
+        "slime",
+    )
+    assert pairs(table) == {("keda/m", "metal3/md")}
+
+
+def test_list_form() -> None:
+    text = """
+- mirror: slime/mirror-partition-a
+  machineDeployment: metal3/md-partition-a
+- mirror: slime/mirror-partition-b
+  machineDeployment: metal3-b/md-partition-b
+"""
+    table = parse_mappings({"mappings": text}, "ignored")
+    assert pairs(table) == {
+        ("slime/mirror-partition-a", "metal3/md-partition-a"),
+        ("slime/mirror-partition-b", "metal3-b/md-partition-b"),
+    }
+    assert table.get("slime", "mirror-partition-b").source == "mappings[1]"  # type: ignore[union-attr]
+
+
+def test_interfaces_example_combined() -> None:
+    data = {
+        "machineDeploymentName": "md-slurm-workers",
+        "machineDeploymentNamespace": "metal3",
+        "mirrorDeploymentName": "mirror-deployment",
+        "mirrorDeploymentNamespace": "slime",
+        "mappings": "- mirror: slime/mirror-partition-a\n  machineDeployment: metal3/md-partition-a\n"
+        "- mirror: slime/mirror-partition-b\n  machineDeployment: metal3-b/md-partition-b\n",
+    }
+    assert len(parse_mappings(data, "slime")) == 3
+
+
+def test_two_mirrors_may_drive_one_machine_deployment_only_if_distinct() -> None:
+    table = parse_mappings({"mappings": "- {mirror: a/m1, machineDeployment: x/md}\n- {mirror: a/m2, machineDeployment: x/md}"}, "s")
+    assert len(table) == 2
+
+
+def test_table_is_immutable_and_comparable() -> None:
+    one = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: x/md}"}, "s")
+    two = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: x/md}"}, "s")
+    assert one == two and hash(one) == hash(two)
+    with pytest.raises(TypeError):
+        one._by_mirror[("a", "n")] = None  # type: ignore[index]  # noqa: SLF001
+
+
+THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"machineDeploymentName": "md"}, "machineDeploymentNamespace: missing (needed with machineDeploymentName)"),
+        ({"mirrorDeploymentName": "m"}, "machineDeploymentName: missing (needed with mirrorDeploymentName)"),
+        ({**THESIS, "machineDeploymentName": ""}, "machineDeploymentName: must be a non-empty string"),
+        ({**THESIS, "machineDeploymentName": "MD_1"}, "machineDeploymentName: name 'MD_1' is not a valid DNS-1123 subdomain"),
+        ({**THESIS, "machineDeploymentNamespace": "a.b"}, "machineDeploymentNamespace: namespace 'a.b' is not a valid DNS-1123 label"),
+        ({**THESIS, "mirrorDeploymentNamespace": "-x"}, "mirrorDeploymentNamespace: namespace '-x' is not a valid DNS-1123 label"),
+        ({**THESIS, "mirrorDeploymentName": "a" * 254}, f"mirrorDeploymentName: name '{'a' * 254}' is not a valid DNS-1123 subdomain"),
+        ({"mappings": "- mirror: [unclosed"}, "mappings: invalid YAML at line 2, column 1: did not find expected ',' or ']'"),
+        ({"mappings": "a: 1"}, "mappings: must be a YAML list, got dict"),
+        ({"mappings": "- just-a-string"}, "mappings[0]: must be a map with keys mirror, machineDeployment"),
+        ({"mappings": "- {mirror: a/m}"}, "mappings[0]: missing key machineDeployment"),
+        ({"mappings": "- {machineDeployment: a/md}"}, "mappings[0]: missing key mirror"),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: x/md, replicas: 3, Extra: 1}"},
+            "mappings[0]: unknown key(s) Extra, replicas; allowed: mirror, machineDeployment",
+        ),
+        ({"mappings": "- {mirror: m, machineDeployment: x/md}"}, "mappings[0].mirror: 'm' is not of the form <namespace>/<name>"),
+        ({"mappings": "- {mirror: a/b/c, machineDeployment: x/md}"}, "mappings[0].mirror: 'a/b/c' is not of the form <namespace>/<name>"),
+        ({"mappings": "- {mirror: /m, machineDeployment: x/md}"}, "mappings[0].mirror: '/m' is not of the form <namespace>/<name>"),
+        ({"mappings": "- {mirror: a/m, machineDeployment: 3}"}, "mappings[0].machineDeployment: expected a string <namespace>/<name>, got int"),
+        ({"mappings": "- {mirror: a/m, machineDeployment: X/md}"}, "mappings[0].machineDeployment: namespace 'X' is not a valid DNS-1123 label"),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: x/md}\n- {mirror: a/m, machineDeployment: y/md}"},
+            "mappings[1]: mirror a/m is already mapped by mappings[0] (to MachineDeployment x/md); "
+            "a mirror may drive only one MachineDeployment",
+        ),
+        (
+            {**THESIS, "mappings": "- {mirror: slime/mirror-deployment, machineDeployment: x/md}"},
+            "mappings[0]: mirror slime/mirror-deployment is already mapped by thesis keys (to MachineDeployment metal3/md); "
+            "a mirror may drive only one MachineDeployment",
+        ),
+    ],
+    ids=[
+        "thesis-no-namespace", "thesis-mirror-only", "thesis-empty", "thesis-bad-name", "thesis-bad-namespace",
+        "thesis-bad-mirror-namespace", "thesis-name-too-long", "yaml-error", "not-a-list", "item-not-a-map",
+        "missing-md", "missing-mirror", "unknown-keys", "no-slash", "two-slashes", "empty-namespace", "ref-not-string",
+        "ref-uppercase", "duplicate-in-list", "duplicate-across-forms",
+    ],
+)
+def test_errors(data: dict[str, str], message: str) -> None:
+    with pytest.raises(MappingError) as error:
+        parse_mappings(data, "slime")
+    assert str(error.value) == message
