@@ -1,0 +1,93 @@
+"""After everything else in this folder: no ``slurm.key`` in any log line, metrics page or error text.
+
+This module sorts last in the folder, so :data:`EVIDENCE` holds every JSON log line (through
+``common.logs.JsonFormatter``), every metrics page and every denial message of the reliability
+run, plus the logs of the killed ``scaling-webhook`` process. It first runs its own scenario at
+DEBUG level (the most talkative setting), with requests that carry the key themselves, so the
+check means something even when this module runs alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubemu import Emulator
+from tests.injection.cluster import admission_request, b64, metadata_secret, seed_metal3
+from tests.reliability.conftest import EVIDENCE, Services, seed_injection_cluster, seed_scaling_cluster
+from tests.scaling.conftest import NAMESPACE, scale_request
+from tests.support.pki import Pki
+
+
+def _forms(key: bytes) -> list[str]:
+    """The ways a key could show up: raw, base64, and the base64 split as YAML or JSON would not."""
+    return [key.decode(), base64.b64encode(key).decode()]
+
+
+def _review(service: Any, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    response = service.review("/mutate", admission_request(secret, operation))
+    if response.get("status", {}).get("message"):
+        EVIDENCE.add_text("injection answer", response["status"]["message"])
+    return response
+
+
+def test_no_slurm_key_in_logs_metrics_or_errors(emulator: Emulator, pki: Pki, tmp_path: Path, figures: dict[str, Any]) -> None:
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    services = Services(pki, tmp_path)
+    try:
+        slurm, data = seed_injection_cluster(emulator)
+        seed_scaling_cluster(emulator)
+        injection = services.injection(emulator, log_level="DEBUG")
+        scaling = services.scaling(emulator, log_level="DEBUG")
+        secret = metadata_secret(data)
+        first = _review(injection, secret)
+        assert first["patchType"] == "JSONPatch"
+
+        # Requests that carry the key: an already injected Secret (UPDATE), one with stale values, one
+        # whose metaData is broken YAML around the key, and the key where a name should be.
+        key64 = b64(slurm.key)
+        injected = metadata_secret(data, extra={"slurm_controller_host": "192.0.2.10", "slurm_controller_port": "30817",
+                                                "slurm_conf_server": "192.0.2.10:30817", "slurm_key_base64": key64})
+        assert "patch" not in _review(injection, injected, "UPDATE")
+        stale = metadata_secret(data, extra={"slurm_controller_host": "198.51.100.9", "slurm_key_base64": key64})
+        assert _review(injection, stale, "UPDATE")["patchType"] == "JSONPatch"
+        broken = metadata_secret(data)
+        broken["data"]["metaData"] = b64(f"local-hostname: m3m-0\nslurm_key_base64: [{key64}\n: {slurm.key.decode()}")
+        assert _review(injection, broken)["status"]["code"] == 400
+        named = metadata_secret(data)
+        named["metadata"]["ownerReferences"][0]["name"] = key64[:200]
+        assert _review(injection, named)["allowed"] is False
+        # A template that opts in to a controller that does not exist: a denial naming what is missing.
+        _, other = seed_metal3(emulator, template="other-workers", index=9,
+                               template_labels={"slurm-controller-namespace": "slurm", "slurm-controller-name": "missing"})
+        assert _review(injection, metadata_secret(other, machine="m3m-9"))["allowed"] is False
+        # The scaling webhook never sees the key, but its logs are part of the check too.
+        assert scaling.review(scale_request(NAMESPACE, "mirror-a", 3))["allowed"] is True
+        assert yaml.safe_load(base64.b64decode(json.loads(base64.b64decode(first["patch"]))[0]["value"]))["slurm_key_base64"] == key64
+    finally:
+        services.close()  # keeps each service's metrics page as evidence
+        root.setLevel(level)
+
+    assert EVIDENCE.keys, "no key was registered"
+    leaks: list[str] = []
+    for key in EVIDENCE.keys:
+        for form in _forms(key):
+            leaks += [f"log line: {line[:300]}" for line in EVIDENCE.log_lines if form in line]
+            leaks += [f"{where}: {text[:300]}" for where, text in EVIDENCE.texts if form in text]
+    redacted = sum("[REDACTED]" in line for line in EVIDENCE.log_lines)
+    figures["secrets"] = {
+        "keys_checked": len(EVIDENCE.keys),
+        "log_lines_scanned": len(EVIDENCE.log_lines),
+        "metrics_pages_and_error_texts_scanned": len(EVIDENCE.texts),
+        "log_lines_redacted_by_the_redactor": redacted,
+        "leaks": len(leaks),
+    }
+    assert not leaks, "\n".join(leaks[:10])
+    assert any('"logger":"slime.admission"' in line for line in EVIDENCE.log_lines), "the admission logs were captured"
