@@ -36,6 +36,7 @@ class ScaleEvent:
     api_version: str
     reason: str
     message: str
+    type: str = "Normal"  # or "Warning"
 
 
 def event_body(event: ScaleEvent, instance: str, now: datetime) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def event_body(event: ScaleEvent, instance: str, now: datetime) -> dict[str, Any
         },
         "reason": event.reason,
         "message": event.message,
-        "type": "Normal",
+        "type": event.type,
         "action": "Scale",
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,

@@ -15,6 +15,7 @@ from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingSource, MappingTable
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.reconciler import Reconciler
+from scaling_webhook.safe_scale_in import SafeScaleIn
 from scaling_webhook.settings import ScalingSettings
 
 
@@ -29,6 +30,7 @@ class ScalingService:
     events: EventRecorder
     reconciler: Reconciler
     metrics: ScalingMetrics
+    safe: SafeScaleIn | None = None
 
     def reconcile_once(self) -> list:
         return self.reconciler.reconcile_once()
@@ -42,7 +44,8 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     scaler = MachineDeploymentScaler(client, settings.patch_timeout_seconds)
     events = EventRecorder(client, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
-    reconciler = Reconciler(source, scaler, events, metrics, settings.resync_seconds)
+    safe = SafeScaleIn(client, scaler, events, metrics)  # used only by mappings with safeScaleIn
+    reconciler = Reconciler(source, scaler, events, metrics, settings.resync_seconds, safe=safe)
 
     def on_change(table: MappingTable) -> None:
         metrics.mappings.set(len(table))
@@ -56,10 +59,11 @@ def build_service(settings: ScalingSettings) -> ScalingService:
         source.stop()
         events.stop()
         events.flush(2.0)
+        safe.close()
 
     runner = ServiceRunner(
         webhook_app=create_app(
-            make_handler(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds),
+            make_handler(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds, safe),
             webhook_metrics,
             settings.max_body_bytes,
         ),
@@ -75,7 +79,7 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     )
     events.start()
     source.start()
-    return ScalingService(runner, client, source, scaler, events, reconciler, metrics)
+    return ScalingService(runner, client, source, scaler, events, reconciler, metrics, safe)
 
 
 def build(settings: ScalingSettings) -> ServiceRunner:

@@ -35,8 +35,12 @@ DEFAULT_MIRROR_NAME = "mirror-deployment"
 THESIS_KEYS = ("machineDeploymentName", "machineDeploymentNamespace", "mirrorDeploymentName", "mirrorDeploymentNamespace")
 MAPPINGS_KEY = "mappings"
 ITEM_KEYS = ("mirror", "machineDeployment")
-# Reserved for per-mapping options (safe scale-in settings); rejected until they are implemented.
-OPTION_KEYS: tuple[str, ...] = ()
+# Per-mapping options: ``safeScaleIn`` (docs/scaling.md, "Safe scale-in").
+SAFE_SCALE_IN_KEY = "safeScaleIn"
+OPTION_KEYS: tuple[str, ...] = (SAFE_SCALE_IN_KEY,)
+SLURM_API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42")  # newest first: the probe order
+OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
+SAFE_SCALE_IN_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "drainTimeoutSeconds", "tokenUser")
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -47,6 +51,18 @@ class MappingError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class SafeScaleIn:
+    """The opt-in of one mapping to Slurm-aware scale-in (validated)."""
+
+    slurmrestd: str  # base URL, http(s)://host:port
+    jwt_secret: Ref  # (namespace, name) of the Secret holding the HS256 signing key
+    jwt_key: str = "jwt_hs256.key"
+    api_version: str | None = None  # None: probe newest first
+    drain_timeout_seconds: float = 3600.0
+    token_user: str = "slurm"
+
+
+@dataclass(frozen=True, slots=True)
 class Mapping:
     """One mirror Deployment driving one MachineDeployment."""
 
@@ -54,6 +70,12 @@ class Mapping:
     machine_deployment: Ref
     options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
+
+    @property
+    def safe_scale_in(self) -> SafeScaleIn | None:
+        """The safe scale-in settings, or None when this mapping did not opt in."""
+        value = self.options.get(SAFE_SCALE_IN_KEY)
+        return value if isinstance(value, SafeScaleIn) else None
 
     @property
     def mirror_ref(self) -> str:
@@ -119,6 +141,41 @@ def _ref(value: Any, where: str) -> Ref:
     return _check_namespace(parts[0], where), _check_name(parts[1], where)
 
 
+def _safe_scale_in(value: Any, where: str) -> SafeScaleIn:
+    if not isinstance(value, dict):
+        raise MappingError(f"{where}: must be a map with keys {', '.join(SAFE_SCALE_IN_KEYS)}")
+    unknown = sorted(str(k) for k in value if k not in SAFE_SCALE_IN_KEYS)
+    if unknown:
+        raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SAFE_SCALE_IN_KEYS)}")
+    for key in ("slurmrestd", "jwtSecret"):
+        if key not in value:
+            raise MappingError(f"{where}: missing key {key}")
+    for key in ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "tokenUser"):
+        if key in value and (not isinstance(value[key], str) or not value[key].strip()):
+            raise MappingError(f"{where}.{key}: must be a non-empty string")
+    url = value["slurmrestd"].strip().rstrip("/")
+    if not re.match(r"^https?://[^/\s:]+(:\d{1,5})?(/\S*)?$", url):
+        raise MappingError(f"{where}.slurmrestd: {url!r} is not an http:// or https:// URL")
+    secret = _ref(value["jwtSecret"].strip(), f"{where}.jwtSecret")
+    jwt_key = value.get("jwtKey", "jwt_hs256.key").strip()
+    if not re.match(r"^[-._a-zA-Z0-9]+$", jwt_key):
+        raise MappingError(f"{where}.jwtKey: {jwt_key!r} is not a valid Secret key")
+    version = value.get("apiVersion")
+    if version is not None and version.strip() not in SLURM_API_VERSIONS:
+        raise MappingError(f"{where}.apiVersion: {version!r} is not supported; use one of {', '.join(sorted(SLURM_API_VERSIONS))}")
+    timeout = value.get("drainTimeoutSeconds", 3600)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise MappingError(f"{where}.drainTimeoutSeconds: must be a positive number of seconds, got {timeout!r}")
+    return SafeScaleIn(
+        slurmrestd=url,
+        jwt_secret=secret,
+        jwt_key=jwt_key,
+        api_version=version.strip() if version is not None else None,
+        drain_timeout_seconds=float(timeout),
+        token_user=value.get("tokenUser", "slurm").strip(),
+    )
+
+
 def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
     present = [k for k in THESIS_KEYS if k in data]
     if not present:
@@ -164,11 +221,17 @@ def _list_mappings(text: Any) -> list[Mapping]:
             raise MappingError(f"{where}: must be a map with keys {', '.join(ITEM_KEYS)}")
         unknown = sorted(str(k) for k in item if k not in ITEM_KEYS and k not in OPTION_KEYS)
         if unknown:
-            raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(ITEM_KEYS + OPTION_KEYS)}")
+            raise MappingError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(ITEM_KEYS)}"
+                + (f" (optional: {', '.join(OPTION_KEYS)})" if any(k.lower() in OPTION_KEYS_LOWER for k in unknown) else "")
+            )
         for key in ITEM_KEYS:
             if key not in item:
                 raise MappingError(f"{where}: missing key {key}")
-        options = MappingProxyType({k: item[k] for k in OPTION_KEYS if k in item})
+        options = MappingProxyType(
+            {SAFE_SCALE_IN_KEY: _safe_scale_in(item[SAFE_SCALE_IN_KEY], f"{where}.{SAFE_SCALE_IN_KEY}")}
+            if SAFE_SCALE_IN_KEY in item else {}
+        )
         mappings.append(
             Mapping(
                 mirror=_ref(item["mirror"], f"{where}.mirror"),
@@ -228,6 +291,7 @@ class MappingSource:
         self._listeners: list[Callable[[MappingTable], None]] = []
         self._seen: tuple[str, str] | None = None  # (uid, resourceVersion) last parsed; ("", "") = absent
         self._lock = threading.Lock()
+        self._loaded = threading.Event()  # the first listing has been turned into a table
         self.informer = Informer(
             client,
             CONFIGMAPS.collection(namespace),
@@ -253,11 +317,23 @@ class MappingSource:
 
     def not_ready_reason(self) -> str | None:
         """Readiness: the ConfigMap was listed once (a missing ConfigMap counts: the list succeeded)."""
-        if self.informer.synced and self._seen is not None:
+        if self.loaded:
             return None
         return f"ConfigMap {self.ref} not listed yet" + (f": {self.informer.last_error}" if self.informer.last_error else "")
 
+    @property
+    def loaded(self) -> bool:
+        """True once the first listing (ConfigMap present or not) has been turned into a table."""
+        return self._loaded.is_set()
+
     def _refresh(self) -> None:
+        try:
+            self._refresh_locked()
+        finally:
+            if self.informer.synced:
+                self._loaded.set()
+
+    def _refresh_locked(self) -> None:
         with self._lock:
             obj = self.informer.get(self.namespace, self.config_map)
             metadata = (obj or {}).get("metadata") or {}

@@ -57,6 +57,27 @@ class ScalingMetrics:
             ["result"],
             registry=registry,
         )
+        # Safe scale-in (opt-in per mapping).
+        self.scale_in_victims = Counter(
+            "slime_scaling_scale_in_victims_total",
+            "Machines drained in Slurm and marked for deletion (cluster.x-k8s.io/delete-machine) by safe scale-in.",
+            registry=registry,
+        )
+        self.scale_in_deferred = Counter(
+            "slime_scaling_scale_in_deferred_total",
+            "Replicas a scale-down could not remove yet because too few Slurm nodes were idle.",
+            registry=registry,
+        )
+        self.reclaimed = Counter(
+            "slime_scaling_reclaimed_total",
+            "Machines marked for deletion that a scale-up took back (undrained, mark removed).",
+            registry=registry,
+        )
+        self.slurm_errors = Counter(
+            "slime_scaling_slurm_errors_total",
+            "Failed slurmrestd calls (unreachable, errors, signing key unreadable).",
+            registry=registry,
+        )
         self.config_valid.set(1)
 
     def config_status(self, valid: bool, _error: str) -> None:

@@ -23,11 +23,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scaling_webhook.events import REASON_DRIFT, EventRecorder, ScaleEvent
 from scaling_webhook.machinedeployments import MachineDeploymentScaler, ScaleError
 from scaling_webhook.mappings import Mapping, MappingSource
 from scaling_webhook.metrics import ScalingMetrics
+
+if TYPE_CHECKING:
+    from scaling_webhook.safe_scale_in import SafeScaleIn
 
 log = logging.getLogger("slime.scaling.reconciler")
 
@@ -49,7 +53,9 @@ class Reconciler:
         metrics: ScalingMetrics,
         resync_seconds: float,
         settle_seconds: float = 1.0,
+        safe: SafeScaleIn | None = None,
     ) -> None:
+        self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
         self.source = source
         self.scaler = scaler
         self.events = events
@@ -66,6 +72,8 @@ class Reconciler:
     def reconcile_once(self) -> list[Drift]:
         """Check every mapping now; return the drifts corrected."""
         with self._lock:
+            for mapping in self.source.table:
+                self._maintain(mapping)
             drifts = [d for m in self.source.table if (d := self._observe(m)) is not None]
             corrected = []
             if drifts and self.settle_seconds:
@@ -112,6 +120,13 @@ class Reconciler:
             current = self.scaler.get_replicas(*mapping.machine_deployment)
             if current == mirror[1]:
                 return False
+            if self.safe is not None and mapping.safe_scale_in is not None:
+                outcome = self.safe.apply(mapping, mirror[1])
+                if outcome.replicas is None:
+                    return False  # deferred or Slurm unusable: the Events say why; next pass
+                self.metrics.drift_corrections.inc()
+                log.info("safe scale-in reconcile", extra={"machinedeployment": mapping.machine_deployment_ref, "outcome": outcome.message})
+                return True
             self.scaler.set_replicas(*mapping.machine_deployment, mirror[1], timeout=max(self.scaler.timeout, 5.0))
         except ScaleError as exc:
             self._failed(mapping, exc)
@@ -138,6 +153,15 @@ class Reconciler:
         )
         return True
 
+    def _maintain(self, mapping: Mapping) -> None:
+        """Safe scale-in: pre-drain hooks and deleting Machines (every pass, drift or not)."""
+        if self.safe is None or mapping.safe_scale_in is None:
+            return
+        try:
+            self.safe.maintain(mapping)
+        except ScaleError as exc:
+            self._failed(mapping, exc)
+
     def _failed(self, mapping: Mapping, exc: ScaleError) -> None:
         self.metrics.reconcile_errors.inc()
         log.warning(
@@ -158,7 +182,7 @@ class Reconciler:
         """A ServiceRunner background task: a pass at start, on triggers and every resync period."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        while not stop.is_set() and not self.source.informer.synced:
+        while not stop.is_set() and not self.source.loaded:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
         while not stop.is_set():

@@ -391,3 +391,22 @@ def test_end_to_end_keda_scales_mirror(emulator_factory: Callable[..., Emulator]
         assert emulator.get("apps/v1", "Deployment", NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 4
     finally:
         api.close()
+
+
+def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from scaling_webhook.main import build
+    from scaling_webhook.settings import ScalingSettings
+    from tests.support.service import start_service
+
+    fault = emulator.add_fault(Fault(method="GET", path_regex=r"/configmaps$", status=500))
+    settings = ScalingSettings(cert_file=str(pki.cert_file), key_file=str(pki.key_file), namespace=NAMESPACE,
+                               KUBECONFIG=emulator.write_kubeconfig(tmp_path / "kc"))  # type: ignore[call-arg]
+    running = start_service(build(settings), pki.ca_file)
+    try:
+        answer = httpx.get(f"{running.metrics_url}/readyz")
+        assert answer.status_code == 503
+        assert "ConfigMap slime/scaling-webhook-configmap not listed yet" in answer.json()["failed"]["configmap"]
+        fault.remove()
+        wait_for(lambda: httpx.get(f"{running.metrics_url}/readyz").status_code == 200, what="readiness")
+    finally:
+        running.stop()

@@ -1,0 +1,219 @@
+"""A small synchronous slurmrestd client for safe scale-in (Slurm API v0.0.42 to v0.0.44).
+
+Authentication is Slinky's: an HS256 JWT signed with the ``jwt_hs256.key`` held in a Kubernetes
+Secret, with claims ``sun`` (the Slurm user), ``iat`` and ``exp`` (60 s later), sent in the
+``X-SLURM-USER-TOKEN`` header. The key is read once through the webhook's KubeClient and cached;
+a 401 from slurmrestd drops it so the next call reads the Secret again (key rotation).
+
+Every failure raises :class:`SlurmUnavailable` with a message fit for an Event. Neither the
+token nor the key ever appears in a message or a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from base64 import b64decode
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import jwt
+
+from common.kube import KubeClient, KubeError, ResourcePath
+from scaling_webhook.mappings import SLURM_API_VERSIONS, SafeScaleIn
+
+log = logging.getLogger("slime.scaling.slurmrestd")
+
+SECRETS = ResourcePath("", "v1", "secrets")
+TOKEN_LIFETIME_SECONDS = 60
+TIMEOUT_SECONDS = 2.0
+BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
+class SlurmUnavailable(Exception):
+    """slurmrestd (or the signing key) cannot be used now; ``cause`` says why."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    name: str
+    hostname: str = ""
+    address: str = ""
+    states: frozenset[str] = field(default_factory=frozenset)
+    reason: str = ""
+    # Earliest end (epoch seconds) of the jobs running there, when known; slurmrestd's node
+    # list does not carry it, so it is None there and busy nodes are simply ineligible.
+    earliest_job_end: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.states & BUSY_STATES)
+
+    @property
+    def drained(self) -> bool:
+        """Slurm's own test (and Slinky's): DRAIN and nothing running or completing."""
+        return "DRAIN" in self.states and not self.busy
+
+
+def _states(value: Any) -> frozenset[str]:
+    if isinstance(value, str):
+        value = value.replace("+", " ").split()
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(str(s).upper() for s in value if isinstance(s, str))
+
+
+def parse_node(raw: dict[str, Any]) -> SlurmNode:
+    end = raw.get("slime_earliest_job_end")  # not a Slurm field; only test doubles set it
+    return SlurmNode(
+        name=str(raw.get("name") or ""),
+        hostname=str(raw.get("hostname") or ""),
+        address=str(raw.get("address") or ""),
+        states=_states(raw.get("state")),
+        reason=str(raw.get("reason") or ""),
+        earliest_job_end=float(end) if isinstance(end, (int, float)) and not isinstance(end, bool) else None,
+    )
+
+
+class SlurmClient:
+    """One slurmrestd endpoint with its signing key. Thread-safe."""
+
+    def __init__(self, kube: KubeClient, config: SafeScaleIn, timeout: float = TIMEOUT_SECONDS) -> None:
+        self.kube = kube
+        self.config = config
+        self.timeout = timeout
+        self._key: bytes | None = None
+        self._version: str | None = config.api_version
+        self._lock = threading.Lock()
+        self._http = httpx.Client(base_url=config.slurmrestd, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    @property
+    def where(self) -> str:
+        return f"slurmrestd {self.config.slurmrestd}"
+
+    # --- auth --------------------------------------------------------------------------------
+
+    def _signing_key(self) -> bytes:
+        key = self._key
+        if key is not None:
+            return key
+        namespace, name = self.config.jwt_secret
+        try:
+            secret = self.kube.request("GET", SECRETS.item(namespace, name), timeout=5.0)
+        except KubeError as exc:
+            raise SlurmUnavailable(f"cannot read the JWT signing key Secret {namespace}/{name}: {exc.status or ''} {exc.reason}".replace("  ", " ")) from None
+        encoded = (secret.get("data") or {}).get(self.config.jwt_key)
+        if not isinstance(encoded, str) or not encoded:
+            raise SlurmUnavailable(f"Secret {namespace}/{name} has no key {self.config.jwt_key!r}")
+        try:
+            key = b64decode(encoded, validate=True)
+        except ValueError:
+            raise SlurmUnavailable(f"Secret {namespace}/{name} key {self.config.jwt_key!r} is not valid base64") from None
+        self._key = key
+        return key
+
+    def _token(self) -> str:
+        now = int(time.time())
+        claims = {"sun": self.config.token_user, "iat": now, "exp": now + TOKEN_LIFETIME_SECONDS}
+        return jwt.encode(claims, self._signing_key(), algorithm="HS256")
+
+    # --- transport ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None, ok404: bool = False) -> dict[str, Any]:
+        for attempt in (1, 2):
+            headers = {"X-SLURM-USER-TOKEN": self._token(), "Accept": "application/json"}
+            try:
+                response = self._http.request(method, path, headers=headers, json=body)
+            except httpx.TimeoutException:
+                raise SlurmUnavailable(f"{self.where} did not answer {method} {path} within {self.timeout:g}s") from None
+            except httpx.HTTPError as exc:
+                raise SlurmUnavailable(f"cannot reach {self.where}: {type(exc).__name__}: {exc}") from None
+            if response.status_code == 401 and attempt == 1:
+                log.warning("slurmrestd refused the token; reading the signing key again", extra={"slurmrestd": self.config.slurmrestd})
+                self._key = None
+                continue
+            if response.status_code == 404 and ok404:
+                return {}
+            if not 200 <= response.status_code <= 299:
+                raise SlurmUnavailable(f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}")
+            try:
+                data = response.json() if response.content else {}
+            except ValueError:
+                raise SlurmUnavailable(f"{self.where} answered {method} {path} with a body that is not JSON") from None
+            problems = _errors_of(data)
+            if problems:
+                raise SlurmUnavailable(f"{self.where} reported errors for {method} {path}: {problems}")
+            return data if isinstance(data, dict) else {}
+        raise SlurmUnavailable(f"{self.where} refused the JWT (401) twice; check jwtSecret/jwtKey/tokenUser")
+
+    def version(self) -> str:
+        """The API version to use: the configured one, else the newest that answers ``/ping``."""
+        version = self._version
+        if version is not None:
+            return version
+        with self._lock:
+            if self._version is None:
+                tried = []
+                for candidate in SLURM_API_VERSIONS:
+                    try:
+                        self._call("GET", f"/slurm/{candidate}/ping")
+                    except SlurmUnavailable as exc:
+                        tried.append(f"{candidate}: {exc.cause}")
+                        if "cannot reach" in exc.cause or "did not answer" in exc.cause:
+                            raise
+                        continue
+                    self._version = candidate
+                    log.info("slurmrestd API version discovered", extra={"slurmrestd": self.config.slurmrestd, "api_version": candidate})
+                    break
+                else:
+                    raise SlurmUnavailable(f"{self.where} serves none of {', '.join(SLURM_API_VERSIONS)} ({'; '.join(tried)})")
+            return self._version  # type: ignore[return-value]
+
+    # --- calls -------------------------------------------------------------------------------
+
+    def nodes(self) -> list[SlurmNode]:
+        data = self._call("GET", f"/slurm/{self.version()}/nodes/")
+        raw = data.get("nodes")
+        if not isinstance(raw, list):
+            raise SlurmUnavailable(f"{self.where} answered GET nodes without a nodes list")
+        return [parse_node(n) for n in raw if isinstance(n, dict) and n.get("name")]
+
+    def drain(self, name: str, reason: str) -> None:
+        self._call("POST", f"/slurm/{self.version()}/node/{quote(name)}", {"state": ["DRAIN"], "reason": reason})
+
+    def undrain(self, name: str) -> None:
+        """Remove the DRAIN flag (``UNDRAIN``, accepted by slurmrestd since v0.0.40)."""
+        self._call("POST", f"/slurm/{self.version()}/node/{quote(name)}", {"state": ["UNDRAIN"]})
+
+    def delete(self, name: str) -> None:
+        """Delete a dynamic node; a node already gone is fine."""
+        self._call("DELETE", f"/slurm/{self.version()}/node/{quote(name)}", ok404=True)
+
+
+def _errors_of(data: Any) -> str:
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if not isinstance(errors, list) or not errors:
+        return ""
+    parts = []
+    for error in errors[:3]:
+        if isinstance(error, dict):
+            parts.append(str(error.get("description") or error.get("error") or error)[:200])
+    return "; ".join(parts)
+
+
+def _errors(response: httpx.Response) -> str:
+    try:
+        text = _errors_of(response.json())
+    except ValueError:
+        text = ""
+    return f": {text}" if text else ""
