@@ -54,9 +54,16 @@ def test_select_matches_owner_by_kind_and_group_any_version(api_version: str) ->
         lambda r: r["object"]["metadata"].update(ownerReferences=[{**OWNER, "apiVersion": "v1"}]),
         lambda r: r["object"]["metadata"].update(ownerReferences="garbage"),
         lambda r: r["object"].update(metadata="garbage"),
+        lambda r: r["object"]["metadata"].update(ownerReferences=7),
+        lambda r: r["object"]["metadata"].update(ownerReferences=True),
+        lambda r: r["object"]["metadata"].update(ownerReferences=[{**OWNER, "name": ""}]),
+        lambda r: r["object"]["metadata"].update(ownerReferences=[{**OWNER, "name": "\ud800"}]),
+        lambda r: r.update(namespace="\ud800"),
+        lambda r: r.update(namespace="Not_A_Namespace"),
     ],
     ids=["delete", "connect", "configmap", "other-group", "no-object", "string-object", "no-data", "no-metaData",
-         "metaData-not-string", "no-owners", "other-owner-kind", "other-owner-group", "core-owner", "owners-not-list", "metadata-not-map"],
+         "metaData-not-string", "no-owners", "other-owner-kind", "other-owner-group", "core-owner", "owners-not-list", "metadata-not-map",
+         "owners-number", "owners-bool", "owner-empty-name", "owner-surrogate-name", "namespace-surrogate", "namespace-invalid"],
 )
 def test_select_ignores_everything_else(mutate) -> None:  # type: ignore[no-untyped-def]
     request = admission_request(secret())
