@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import json
+import logging
 import shutil
 import signal
 import sys
@@ -59,8 +61,6 @@ class Narrator:
 
 def _api_error(exc: ApiException) -> str:
     try:
-        import json
-
         return json.loads(exc.body).get("message") or str(exc.reason)
     except (ValueError, TypeError, AttributeError):
         return f"HTTP {exc.status} {exc.reason}"
@@ -274,7 +274,7 @@ class Story:
         key_b64 = base64.b64encode(env.seeded.slurm_key).decode()
         if key in self.say.text or key_b64 in self.say.text:
             raise DemoError("slurm.key appeared in the demo output")
-        for handler in __import__("logging").getLogger().handlers:
+        for handler in logging.getLogger().handlers:
             handler.flush()
         lines = env.log_file.read_text(encoding="utf-8").splitlines() if env.log_file.exists() else []
         if any(key in line or key_b64 in line for line in lines):
