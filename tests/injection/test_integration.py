@@ -223,6 +223,12 @@ def test_zero_api_calls_per_warm_admission(emulator: Emulator, start_injection: 
     _, data = seed_metal3(emulator, template_labels=OPT_IN)
     service = start_injection(emulator)
     injected(mutate(service, metadata_secret(data)))  # warms the per-namespace caches
+    # Each cache lists, then opens its watch from its own thread; let every watch be open
+    # before counting, since a watch opening is the cache's work, not an admission's.
+    deadline = time.monotonic() + 5
+    while emulator.count_requests(verb="watch") < emulator.count_requests(verb="list"):
+        assert time.monotonic() < deadline, "caches did not open their watches"
+        time.sleep(0.01)
     emulator.clear_requests()
     for i in range(20):
         injected(mutate(service, metadata_secret(data, machine=f"m3m-{i}")))
