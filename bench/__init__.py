@@ -1,0 +1,1 @@
+"""SliMe benchmark: ``python3 -m bench`` (see ``bench/run.py`` and ``docs/performance.md``)."""
