@@ -18,6 +18,8 @@ from scaling_webhook.reconciler import Reconciler
 from scaling_webhook.safe_scale_in import SafeScaleIn
 from scaling_webhook.settings import ScalingSettings
 
+USER_AGENT = "slime-scaling-webhook"
+
 
 @dataclass
 class ScalingService:
@@ -40,7 +42,7 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     """Wire the service; informer and event threads start here, the server on ``serve``/``run``."""
     webhook_metrics = WebhookMetrics()
     metrics = ScalingMetrics(webhook_metrics)
-    client = local_client(settings.kubeconfig)
+    client = local_client(settings.kubeconfig, USER_AGENT)
     scaler = MachineDeploymentScaler(client, settings.patch_timeout_seconds)
     events = EventRecorder(client, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)

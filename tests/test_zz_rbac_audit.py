@@ -61,7 +61,9 @@ def scaling_values(calls: list[ApiRequest]) -> dict:
         md = mds[i] if i < len(mds) else (mds or [("default", "unobserved-md")])[0]
         mappings.append({"mirror": {"namespace": mirror[0], "name": mirror[1]},
                          "machineDeployment": {"namespace": md[0], "name": md[1]}})
-    return {"scaling": {"mappings": mappings, "safeScaleIn": {"enabled": True}}}
+    jwt_secrets = sorted({(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name})
+    safe_scale_in = {"enabled": True, "jwtSecrets": [{"namespace": ns, "name": name} for ns, name in jwt_secrets]}
+    return {"scaling": {"mappings": mappings, "safeScaleIn": safe_scale_in}}
 
 
 def test_injection_rbac_covers_every_recorded_call(tmp_path: Path) -> None:
@@ -76,7 +78,10 @@ def test_scaling_rbac_covers_every_recorded_call(tmp_path: Path) -> None:
     if not calls:
         pytest.skip("no scaling-webhook API calls were recorded in this run (run the whole suite)")
     values = scaling_values(calls)
-    # The ConfigMap Role lives in the release namespace, which is where each test ran the service.
-    for namespace in sorted({c.namespace for c in calls if c.resource == "configmaps"}) or [NAMESPACE]:
-        own = [c for c in calls if c.resource != "configmaps" or c.namespace == namespace]
-        assert_rbac_covers(render(values, tmp_path, namespace), f"{RELEASE}-scaling-webhook", namespace, own)
+    # Each test ran the service in some namespace with some ConfigMap name: render the release
+    # there with that name (``scaling.configMapName``), as an operator's values would.
+    config_maps = sorted({(c.namespace, c.name) for c in calls if c.resource == "configmaps"}) or [(NAMESPACE, "")]
+    for namespace, config_map in config_maps:
+        own = [c for c in calls if c.resource != "configmaps" or (c.namespace, c.name) == (namespace, config_map)]
+        release_values = {"scaling": {**values["scaling"], **({"configMapName": config_map} if config_map else {})}}
+        assert_rbac_covers(render(release_values, tmp_path, namespace), f"{RELEASE}-scaling-webhook", namespace, own)
