@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from common.metrics import WebhookMetrics
+from common.settings import ServiceSettings
 
 log = logging.getLogger("slime.serving")
 
@@ -264,3 +265,27 @@ class ServiceRunner:
             await self.serve()
 
         asyncio.run(main())
+
+
+def runner_for(
+    settings: ServiceSettings,
+    webhook_app: Any,
+    metrics: WebhookMetrics,
+    readiness: Readiness,
+    *,
+    background: list[Callable[[asyncio.Event], Any]] | None = None,
+    on_stop: list[Callable[[], None]] | None = None,
+) -> ServiceRunner:
+    """A runner configured from the settings every service shares (ports, certificate, shutdown)."""
+    return ServiceRunner(
+        webhook_app=webhook_app,
+        certificate=ServingCertificate(settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds),
+        metrics=metrics,
+        readiness=readiness,
+        host=settings.host,
+        port=settings.port,
+        metrics_port=settings.metrics_port,
+        shutdown_delay_seconds=settings.shutdown_delay_seconds,
+        background=background or [],
+        on_stop=on_stop or [],
+    )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from common.cli import run_service
 from common.kube import client_from_kubeconfig, local_client
 from common.metrics import WebhookMetrics
-from common.serving import Readiness, ServiceRunner, ServingCertificate
+from common.serving import Readiness, ServiceRunner, runner_for
 from injection_webhook.app import create_app
 from injection_webhook.resolver import InjectionResolver
 from injection_webhook.settings import InjectionSettings
@@ -27,16 +27,8 @@ def build(settings: InjectionSettings) -> ServiceRunner:
     resolver.start()
     readiness = Readiness()
     readiness.add("caches", resolver.not_ready_reason)
-    return ServiceRunner(
-        webhook_app=create_app(resolver, metrics, settings.max_body_bytes),
-        certificate=ServingCertificate(settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds),
-        metrics=metrics,
-        readiness=readiness,
-        host=settings.host,
-        port=settings.port,
-        metrics_port=settings.metrics_port,
-        shutdown_delay_seconds=settings.shutdown_delay_seconds,
-        on_stop=[resolver.stop],
+    return runner_for(
+        settings, create_app(resolver, metrics, settings.max_body_bytes), metrics, readiness, on_stop=[resolver.stop]
     )
 
 

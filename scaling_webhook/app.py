@@ -97,12 +97,9 @@ def make_handler(
         outcome["scaled"].inc()
         mapping = intent.mapping
         events.record(
-            ScaleEvent(
-                namespace=intent.namespace,
-                name=intent.name,
-                api_version=scaler.api_version,
-                reason=REASON_SCALED,
-                message=f"Set replicas to {intent.replicas} from mirror Deployment {mapping.mirror_ref}",
+            ScaleEvent.on(
+                mapping.machine_deployment, scaler.api_version, REASON_SCALED,
+                f"Set replicas to {intent.replicas} from mirror Deployment {mapping.mirror_ref}",
             )
         )
         return respond(intent)

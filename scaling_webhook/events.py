@@ -38,6 +38,13 @@ class ScaleEvent:
     message: str
     type: str = "Normal"  # or "Warning"
 
+    @classmethod
+    def on(cls, machine_deployment: tuple[str, str], api_version: str, reason: str, message: str,
+           warning: bool = False) -> ScaleEvent:
+        """An Event about the MachineDeployment ``(namespace, name)``."""
+        namespace, name = machine_deployment
+        return cls(namespace, name, api_version, reason, message, "Warning" if warning else "Normal")
+
 
 def event_body(event: ScaleEvent, instance: str, now: datetime) -> dict[str, Any]:
     """A core v1 Event in the new style (eventTime + reporting fields), valid for the API server."""

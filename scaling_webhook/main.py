@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from common.cli import run_service
 from common.kube import KubeClient, local_client
 from common.metrics import WebhookMetrics
-from common.serving import Readiness, ServiceRunner, ServingCertificate
+from common.serving import Readiness, ServiceRunner, runner_for
 from scaling_webhook.app import create_app, make_handler
 from scaling_webhook.events import EventRecorder
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
@@ -63,22 +63,12 @@ def build_service(settings: ScalingSettings) -> ScalingService:
         events.flush(2.0)
         safe.close()
 
-    runner = ServiceRunner(
-        webhook_app=create_app(
-            make_handler(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds, safe),
-            webhook_metrics,
-            settings.max_body_bytes,
-        ),
-        certificate=ServingCertificate(settings.cert_file, settings.key_file, webhook_metrics, settings.cert_poll_seconds),
-        metrics=webhook_metrics,
-        readiness=readiness,
-        host=settings.host,
-        port=settings.port,
-        metrics_port=settings.metrics_port,
-        shutdown_delay_seconds=settings.shutdown_delay_seconds,
-        background=[reconciler.run],
-        on_stop=[stop],
+    app = create_app(
+        make_handler(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds, safe),
+        webhook_metrics,
+        settings.max_body_bytes,
     )
+    runner = runner_for(settings, app, webhook_metrics, readiness, background=[reconciler.run], on_stop=[stop])
     events.start()
     source.start()
     return ScalingService(runner, client, source, scaler, events, reconciler, metrics, safe)

@@ -142,12 +142,9 @@ class Reconciler:
             },
         )
         self.events.record(
-            ScaleEvent(
-                namespace=mapping.machine_deployment[0],
-                name=mapping.machine_deployment[1],
-                api_version=self.scaler.api_version,
-                reason=REASON_DRIFT,
-                message=f"Set replicas to {mirror[1]} (was {current if current is not None else 'unset'}) "
+            ScaleEvent.on(
+                mapping.machine_deployment, self.scaler.api_version, REASON_DRIFT,
+                f"Set replicas to {mirror[1]} (was {current if current is not None else 'unset'}) "
                 f"to match mirror Deployment {mapping.mirror_ref}",
             )
         )

@@ -116,14 +116,7 @@ class SafeScaleIn:
 
     def _event(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
         self.events.record(
-            ScaleEvent(
-                namespace=mapping.machine_deployment[0],
-                name=mapping.machine_deployment[1],
-                api_version=self.scaler.api_version,
-                reason=reason,
-                message=message,
-                type="Warning" if warning else "Normal",
-            )
+            ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning)
         )
 
     def _slurm_failed(self, mapping: Mapping, exc: SlurmUnavailable, doing: str) -> None:
