@@ -123,6 +123,7 @@ def render(results: dict[str, Any]) -> str:
         "injection + envelope": "the same + `decode_review` of the body + `encode_review` of the answer",
         "scaling": "scaling: `scale_intent` + `respond` (mapped; the PATCH round trip excluded)",
         "scaling unmapped": "scaling: `scale_intent` of an unmapped Deployment",
+        "log line": "one INFO admission log line (`common.logs.JsonFormatter` to a file), written for every patched or denied admission",
     }
     for key, label in labels.items():
         if key in h:
@@ -131,96 +132,153 @@ def render(results: dict[str, Any]) -> str:
 
     # --- memory -----------------------------------------------------------------------------
     rss = results["rss"]
-    out += ["## Memory of the injection service", "", "| Metal3Data | Metal3DataTemplates | RSS MiB | peak RSS MiB | ready after s |",
-            "|---:|---:|---:|---:|---:|"]
-    out += [f"| {r['metal3data']:,} | {r['templates']:,} | {r['rss_mib']:.1f} | {r['peak_rss_mib']:.1f} | {r['ready_s']:.2f} |" for r in rss]
+    out += ["## Memory of the injection service", "",
+            "RSS and peak RSS (`VmRSS`, `VmHWM`) are read from the service process once it is ready. \"Held by the resolver\" is "
+            "measured separately with `tracemalloc` on a resolver in the bench process, after `gc.collect()`: what the caches "
+            "(and the client) keep, without the allocator's slack.", "",
+            "| Metal3Data | Metal3DataTemplates | RSS MiB | peak RSS MiB | held by the resolver MiB (peak) | ready after s |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {r['metal3data']:,} | {r['templates']:,} | {r['rss_mib']:.1f} | {r['peak_rss_mib']:.1f} | "
+            f"{r.get('traced_mib', float('nan')):.1f} ({r.get('traced_peak_mib', float('nan')):.1f}) | {r['ready_s']:.2f} |" for r in rss]
     out.append("")
-    if len(rss) >= 2:
-        growth = rss[-1]["rss_mib"] - rss[0]["rss_mib"]
-        objects = 2 * (rss[-1]["metal3data"] - rss[0]["metal3data"])
-        out += ["", f"Growth from {rss[0]['metal3data']:,} to {rss[-1]['metal3data']:,}: {growth:.1f} MiB, "
+    same = [r for r in rss if r["templates"] == r["metal3data"]]
+    if len(same) >= 2:
+        growth = same[-1]["rss_mib"] - same[0]["rss_mib"]
+        objects = 2 * (same[-1]["metal3data"] - same[0]["metal3data"])
+        out += [f"Growth from {same[0]['metal3data']:,} to {same[-1]['metal3data']:,} (as many templates): {growth:.1f} MiB, "
                 f"about {growth * 1024 * 1024 / max(objects, 1):,.0f} bytes per cached object.", ""]
 
 
     # --- targets ----------------------------------------------------------------------------
     out += ["## Targets (issues #2, #3, #5)", "", "| target | goal | measured | |", "|---|---|---|---|"]
     checks = _targets(results, measured, rps)
-    for goal, target, measured_text, met in checks:
-        out.append(f"| {goal} | {target} | {measured_text} | {'met' if met else '**missed**' if met is False else 'n/a'} |")
+    for goal, target, measured_text, met, _name in checks:
+        out.append(f"| {goal} | {target} | {measured_text} | {'met' if met else '**missed**' if met is False else '–'} |")
     missed = [c for c in checks if c[3] is False]
     out += ["", "### Missed targets: what was measured and why", ""]
     if not missed:
         out.append("None.")
-    for goal, _target, _measured, _met in missed:
-        out.append(f"- **{goal}**: {_why(goal, results, measured, rps)}")
+    for goal, _target, _measured, _met, name in missed:
+        out.append(f"- **{goal}**: {_why(goal, name, results, measured, rps)}")
     out.append("")
     return "\n".join(out)
 
 
-def _targets(results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> list[tuple[str, str, str, bool | None]]:
+def _targets(results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> list[tuple[str, str, str, bool | None, str]]:
     h = results["handlers"]
-    checks: list[tuple[str, str, str, bool | None]] = [
-        ("injection handler median", "< 50 µs", f"{h['injection']['median_us']:.1f} µs", h["injection"]["median_us"] < 50),
-        ("scaling handler median", "< 25 µs", f"{h['scaling']['median_us']:.1f} µs", h["scaling"]["median_us"] < 25),
+    checks: list[tuple[str, str, str, bool | None, str]] = [
+        ("injection handler median", "< 50 µs", f"{h['injection']['median_us']:.1f} µs", h["injection"]["median_us"] < 50, ""),
+        ("scaling handler median", "< 25 µs", f"{h['scaling']['median_us']:.1f} µs", h["scaling"]["median_us"] < 25, ""),
     ]
     fastapi, kopf = rps.get("bare FastAPI"), rps.get("kopf")
     for name in ("injection (warm, patched)", "scaling (unmapped)", "scaling (mapped: 1 PATCH)"):
         if name not in rps:
             continue
+        # Issue #2 sets the throughput targets for the injection webhook; issue #3 sets none for scaling,
+        # so the scaling ratios are shown against the same bars, for information.
+        judged = name.startswith("injection")
+        label = "" if judged else " (informative: #3 sets no throughput target)"
         if fastapi:
             ratio = rps[name] / fastapi
-            checks.append((f"{name}: throughput vs bare FastAPI", "≥ 0.5×", f"{ratio:.2f}× ({rps[name]:,.0f} vs {fastapi:,.0f} req/s)", ratio >= 0.5))
+            checks.append((f"{name}: throughput vs bare FastAPI{label}", "≥ 0.5×", f"{ratio:.2f}× ({rps[name]:,.0f} vs {fastapi:,.0f} req/s)",
+                           (ratio >= 0.5) if judged else None, name))
         if kopf:
             ratio = rps[name] / kopf
-            checks.append((f"{name}: throughput vs kopf", "≥ 2×", f"{ratio:.2f}× ({rps[name]:,.0f} vs {kopf:,.0f} req/s)", ratio >= 2))
+            checks.append((f"{name}: throughput vs kopf{label}", "≥ 2×", f"{ratio:.2f}× ({rps[name]:,.0f} vs {kopf:,.0f} req/s)",
+                           (ratio >= 2) if judged else None, name))
     if "kopf" not in rps:
-        checks.append(("throughput vs kopf", "≥ 2×", "kopf not measured (see its row)", None))
+        checks.append(("throughput vs kopf", "≥ 2×", "kopf not measured (see its row)", None, ""))
     injection = measured.get("injection (warm, patched)")
     if injection:
         calls = _calls(injection)
         total = sum(calls.values())
         checks.append(("API calls per warm injection admission", "0", f"{total:.4f} (HTTP runs) and {h['injection_api_calls']} (handler loop)",
-                       total == 0 and h["injection_api_calls"] == 0))
+                       total == 0 and h["injection_api_calls"] == 0, "injection (warm, patched)"))
     scaling = measured.get("scaling (mapped: 1 PATCH)")
     if scaling:
         p99 = _median(scaling["latency"], "p99_ms")
-        checks.append(("scaling admission p99 incl. the MachineDeployment PATCH (1 conn)", "≤ 20 ms", f"{p99:.2f} ms", p99 <= 20))
+        checks.append(("scaling admission p99 incl. the MachineDeployment PATCH (1 conn)", "≤ 20 ms", f"{p99:.2f} ms", p99 <= 20, "scaling (mapped: 1 PATCH)"))
         hot = sum(v for k, v in _calls(scaling).items() if not k.startswith("create events"))
-        checks.append(("API calls per mapped scaling admission (hot path)", "1", f"{hot:.3f}", abs(hot - 1) < 0.01))
-    rss = {r["metal3data"]: r for r in results["rss"]}
+        checks.append(("API calls per mapped scaling admission (hot path)", "1", f"{hot:.3f}", abs(hot - 1) < 0.01, "scaling (mapped: 1 PATCH)"))
+    rss = {r["metal3data"]: r for r in results["rss"] if r["templates"] == r["metal3data"]}
     if 10_000 in rss:
         checks.append(("injection RSS with 10,000 Metal3Data (+ 10,000 templates)", "≤ 100 MB", f"{rss[10_000]['rss_mib']:.1f} MiB",
-                       rss[10_000]["rss_mib"] * 1.048576 <= 100))
+                       rss[10_000]["rss_mib"] * 1.048576 <= 100, ""))
     return checks
 
 
-def _why(goal: str, results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> str:
-    """A data-backed explanation for a missed target (the numbers come from this run)."""
+def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> str:
+    """A data-backed explanation for a missed target (every number comes from this run)."""
     h = results["handlers"]
     if "throughput" in goal:
-        name = goal.split(":")[0]
         ours = measured[name]
         ref = "bare FastAPI" if "FastAPI" in goal else "kopf"
         if ref not in measured:
             return "the reference was not measured."
         cpu_ours = _median(ours["throughput"], "cpu_us_per_request")
         cpu_ref = _median(measured[ref]["throughput"], "cpu_us_per_request")
-        handler = h["injection + envelope"]["median_us"] if name.startswith("injection") else h["scaling"]["median_us"]
-        extra = cpu_ours - cpu_ref
-        text = (f"{name} costs {cpu_ours:,.0f} µs of server CPU per request against {cpu_ref:,.0f} µs for {ref}, "
-                f"so {extra:,.0f} µs more. The decision code with the JSON decode/encode accounts for about {handler:,.0f} µs of that "
-                f"(handler-only figure). The rest is the shared transport: the body read, the envelope checks, the "
-                f"Prometheus histogram and counters, and the JSON log line.")
-        if "mapped" in name:
-            text += (" On top of that, each admission makes a synchronous PATCH to the API emulator (through the `kubernetes` client in a "
-                     "worker thread), and the emulator shares CPU 1 with wrk, so this row measures the round trip more than the webhook.")
+        text = (f"the server is CPU-bound on its one core, so throughput follows CPU per request: {cpu_ours:,.0f} µs for {name} "
+                f"against {cpu_ref:,.0f} µs for {ref}. ")
+        if name.startswith("injection"):
+            parts = [("the decision (select + resolve + respond: YAML edit, base64, JSONPatch)", h["injection"]["median_us"]),
+                     ("the JSON decode of the review and encode of the answer",
+                      h["injection + envelope"]["median_us"] - h["injection"]["median_us"])]
+            if "log line" in h:
+                parts.append(("the INFO log line every patched admission writes (JsonFormatter + stream write)", h["log line"]["median_us"]))
+            known = sum(v for _, v in parts)
+            text += ("Measured separately in this run: " + "; ".join(f"{label} {v:,.0f} µs" for label, v in parts)
+                     + f". Together about {known:,.0f} µs")
+            if ref == "bare FastAPI":
+                rest = cpu_ours - cpu_ref - known
+                text += (f", and about {max(rest, 0):,.0f} µs remain for the rest of the shared transport (body read loop, "
+                         "Prometheus histogram, counters and in-flight gauge, the larger response). ")
+            else:
+                text += ". "
+            if ref == "bare FastAPI":
+                text += ("Bare FastAPI does none of this: it returns a fixed answer without parsing the body. The handler is well "
+                         "inside its own target; the gap is the work around it.")
+            else:
+                need = cpu_ref / 2
+                text += (f"kopf parses the review and runs its handler machinery ({cpu_ref:,.0f} µs per request) for a handler that "
+                         f"allows without reading the object; ours does the full mutation in {cpu_ours:,.0f} µs. To be 2× kopf, "
+                         f"the injection path would have to fit in about {need:,.0f} µs per request, which is near the bare FastAPI "
+                         f"floor measured here ({_median(measured['bare FastAPI']['throughput'], 'cpu_us_per_request'):,.0f} µs) "
+                         f"plus the {known:,.0f} µs of work listed above." if "bare FastAPI" in measured else "")
+        elif "mapped" in name:
+            text += ("Each mapped admission makes a synchronous PATCH to the API server through the `kubernetes` client in a worker "
+                     "thread (request building, urllib3, JSON), and the Event recorder posts one Event per scale in the background. "
+                     "That client work is server CPU the baselines never spend. The emulator runs on CPU 1 next to wrk, so the round trip "
+                     "also waits for that core. This row measures the API round trip more than the webhook.")
+        else:
+            text += "The unmapped path does no API call; the difference is the shared transport (JSON decode/encode, metrics, logging at debug)."
         return text
     if "handler" in goal:
         return "see the handler-only table; the figure is the median of individually timed calls on this machine."
     if "RSS" in goal:
-        return "see the memory table: growth per cached object times the object count."
+        rss = [r for r in results["rss"] if r["templates"] == r["metal3data"]]
+        base, top = rss[0], rss[-1]
+        objects = 2 * (top["metal3data"] - base["metal3data"])
+        per_rss = (top["rss_mib"] - base["rss_mib"]) * 2**20 / max(1, objects)
+        text = (f"the process already uses {base['rss_mib']:.0f} MiB with {base['metal3data']} objects: Python, FastAPI/Starlette, "
+                f"uvicorn, the `kubernetes` client, cryptography and prometheus_client are loaded before anything is cached. "
+                f"With {top['metal3data']:,} Metal3Data and as many templates, RSS grows by {top['rss_mib'] - base['rss_mib']:.0f} MiB "
+                f"(about {per_rss:,.0f} bytes per object).")
+        if "traced_mib" in top and "traced_mib" in base:
+            held = top["traced_mib"] - base["traced_mib"]
+            text += (f" Of that, the resolver holds {held:.0f} MiB (tracemalloc: about {held * 2**20 / max(1, objects):,.0f} bytes per "
+                     f"object, slim dicts of name, namespace, labels, owner references, resourceVersion and the template name). The "
+                     f"rest is allocator memory left over from decoding the initial lists (peak RSS {top['peak_rss_mib']:.0f} MiB), "
+                     f"which CPython's allocator and glibc keep rather than return to the system.")
+        realistic = [r for r in results["rss"] if r["templates"] != r["metal3data"]]
+        if realistic:
+            r = realistic[-1]
+            text += (f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
+                     f"{r['rss_mib']:.0f} MiB, which also misses the 100 MB budget.") if r["rss_mib"] * 1.048576 > 100 else (
+                     f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
+                     f"{r['rss_mib']:.0f} MiB, within the budget.")
+        return text
     if "p99" in goal:
-        scaling = measured["scaling (mapped: 1 PATCH)"]
+        scaling = measured[name]
         return (f"with one connection the p50 is {_median(scaling['latency'], 'p50_ms'):.2f} ms and the p99 "
                 f"{_median(scaling['latency'], 'p99_ms'):.2f} ms; the tail comes from the emulator's PATCH and the noisy shared CPU.")
     return "see the tables above."

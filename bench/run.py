@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -413,13 +413,36 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     assert scaling().allowed and scale_intent(unmapped, table) is None
     results["scaling"] = per_call(scaling, calls)
     results["scaling unmapped"] = per_call(lambda: scale_intent(unmapped, table), calls)
+    results["log line"] = log_line_cost(workdir, calls)
     return results
+
+
+def log_line_cost(workdir: Path, calls: int) -> dict[str, float]:
+    """One INFO admission log line as ``common.webhook`` writes it, through ``JsonFormatter`` to a file."""
+    import logging
+
+    from common.logs import JsonFormatter
+
+    logger = logging.getLogger("bench.admission")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    with (workdir / "log-line.jsonl").open("w") as sink:
+        handler = logging.StreamHandler(sink)
+        handler.setFormatter(JsonFormatter())
+        logger.addHandler(handler)
+        fields = {"webhook": "injection", "uid": "0b5c3f0e-bench", "decision": "patched", "duration_ms": 0.312, "kind": "Secret",
+                  "namespace": "metal3", "name": "m3m-0-metadata", "operation": "CREATE", "dry_run": False}
+        try:
+            return per_call(lambda: logger.info("admission", extra={"fields": fields}), calls)
+        finally:
+            logger.removeHandler(handler)
 
 
 # --- memory -------------------------------------------------------------------------------------
 
 
-def rss_for(count: int, workdir: Path, cert: Path, key: Path) -> dict[str, Any]:
+def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | None = None) -> dict[str, Any]:
+    """RSS once ready with ``count`` Metal3Data spread over ``templates`` templates (default: one each)."""
     from kubemu import Emulator
     from tests.injection.cluster import seed_metal3, seed_slinky
 
@@ -427,8 +450,9 @@ def rss_for(count: int, workdir: Path, cert: Path, key: Path) -> dict[str, Any]:
     tcp_nodelay(emu)
     try:
         seed_slinky(emu)
+        templates = count if templates is None else templates
         for i in range(count):
-            seed_metal3(emu, template=f"tmpl-{i}", index=i, template_labels={"slurm-controller-namespace": "slurm"})
+            seed_metal3(emu, template=f"tmpl-{i % templates}", index=i, template_labels={"slurm-controller-namespace": "slurm"})
         kubeconfig = emu.write_kubeconfig(workdir / f"kubeconfig-rss-{count}")
         port, metrics = free_port(), free_port()
         server = start_server(f"injection-rss-{count}", [
@@ -443,10 +467,38 @@ def rss_for(count: int, workdir: Path, cert: Path, key: Path) -> dict[str, Any]:
             values = memory(server.process.pid)
         finally:
             server.stop()
+        retained, retained_peak = retained_by_caches(kubeconfig)
     finally:
         emu.stop()
-    return {"metal3data": count, "templates": count, "rss_mib": round(values["VmRSS"], 1), "peak_rss_mib": round(values["VmHWM"], 1),
-            "ready_s": round(ready_after, 2)}
+    return {"metal3data": count, "templates": templates, "rss_mib": round(values["VmRSS"], 1), "peak_rss_mib": round(values["VmHWM"], 1),
+            "ready_s": round(ready_after, 2), "traced_mib": round(retained, 1), "traced_peak_mib": round(retained_peak, 1)}
+
+
+def retained_by_caches(kubeconfig: str) -> tuple[float, float]:
+    """Python memory a resolver keeps once its caches synced, and its peak (tracemalloc, after gc), in MiB.
+
+    Runs in this process, so it counts what the caches hold without the allocator's slack, which
+    RSS also contains. The first figure includes the client objects; compare across counts.
+    """
+    import gc
+    import tracemalloc
+
+    from common.kube import local_client
+    from injection_webhook.resolver import InjectionResolver
+    from injection_webhook.settings import InjectionSettings
+
+    gc.collect()
+    tracemalloc.start()
+    resolver = InjectionResolver(local_client(kubeconfig), InjectionSettings.model_fields["controller_selector"].default, 3.0)
+    resolver.start()
+    try:
+        wait_until(lambda: resolver.not_ready_reason() is None, 300, "the in-process resolver caches")
+        gc.collect()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        resolver.stop()
+        tracemalloc.stop()
+    return current / 2**20, peak / 2**20
 
 
 # --- environment ---------------------------------------------------------------------------------
@@ -546,14 +598,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of unmeasured load first (default 2)")
     parser.add_argument("--connections", type=int, default=8, help="wrk connections for throughput (default 8)")
     parser.add_argument("--handler-calls", type=int, default=50_000, help="timed calls per handler-only figure")
-    parser.add_argument("--rss-counts", default="10,1000,10000", help="Metal3Data counts for the RSS figures")
+    parser.add_argument("--rss-counts", default="10,1000,10000,10000/100",
+                        help="Metal3Data counts for the RSS figures; N means N Metal3Data and N templates, N/T spreads N over T templates")
     parser.add_argument("--no-extras", action="store_true", help="skip the informative rows (uvloop, kubemu as shipped)")
     parser.add_argument("--kubemu-as-shipped", action="store_true", help="do not set TCP_NODELAY on the emulator (see tcp_nodelay)")
-    parser.add_argument("--only", default="", help="comma-separated target names to run (default: all)")
+    parser.add_argument("--only", default="", help="';'-separated target names to run (default: all)")
     parser.add_argument("--output", default=str(REPO / "docs" / "performance.md"), help="Markdown report ('-' for none)")
     parser.add_argument("--json", default="", help="also write the raw results here")
     parser.add_argument("--quick", action="store_true", help="1 run of 3 s per target, 5k handler calls, RSS at 10 and 1000 (a smoke test)")
+    parser.add_argument("--render-only", metavar="RESULTS_JSON", help="re-render the report from a saved results.json; measure nothing")
     args = parser.parse_args(argv)
+    if args.render_only:
+        sys.path.insert(0, str(REPO))
+        write_report(json.loads(Path(args.render_only).read_text()), args.output)
+        return
     if args.quick:
         args.duration, args.latency_duration, args.repeats, args.warmup = 3.0, 2.0, 1, 1.0
         args.handler_calls = 5000
@@ -590,7 +648,7 @@ def main(argv: list[str] | None = None) -> None:
             shipped_target = (shipped, shipped.write_kubeconfig(workdir / "kubeconfig-shipped"))
         chosen = targets(cert, key, kubeconfig, secret, kopf_version, not args.no_extras, shipped_target)
         if args.only:
-            wanted = {name.strip() for name in args.only.split(",")}
+            wanted = {name.strip() for name in args.only.split(";")}
             chosen = [t for t in chosen if t.name in wanted]
         measured: list[TargetResult] = []
         for target in chosen:
@@ -612,18 +670,26 @@ def main(argv: list[str] | None = None) -> None:
         if shipped is not None:
             shipped.stop()
     results["rss"] = []
-    for count in [int(c) for c in args.rss_counts.split(",") if c]:
-        say(f"RSS with {count} Metal3Data and {count} templates")
-        results["rss"].append(rss_for(count, workdir, cert, key))
+    for spec in [c for c in args.rss_counts.split(",") if c]:
+        count, _, spread = spec.partition("/")
+        templates = int(spread) if spread else int(count)
+        say(f"RSS with {int(count)} Metal3Data and {templates} templates")
+        results["rss"].append(rss_for(int(count), workdir, cert, key, templates))
         say(json.dumps(results["rss"][-1]))
+    (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    say(f"raw results in {workdir / 'results.json'}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    write_report(results, args.output)
+
+
+def write_report(results: dict[str, Any], output: str) -> None:
     from bench.report import render
 
     text = render(results)
-    if args.output != "-":
-        Path(args.output).write_text(text)
-        say(f"wrote {args.output}")
+    if output != "-":
+        Path(output).write_text(text)
+        say(f"wrote {output}")
     print(text)
 
 
