@@ -163,20 +163,24 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, server:
 
 
 def tcp_nodelay(emu: Any) -> bool:
-    """Set TCP_NODELAY on the emulator's listening socket (accepted sockets inherit it on Linux).
+    """Make sure the emulator's listening socket has TCP_NODELAY (accepted sockets inherit it on Linux).
 
-    kubemu binds a socket created with ``proto=0``, so asyncio does not set TCP_NODELAY on its
-    connections; its responses (headers, then body) then meet Nagle + delayed ACK and every API
-    call takes ~40 ms. kube-apiserver (Go) sets TCP_NODELAY on every connection, so the bench
-    sets it too, unless ``--kubemu-as-shipped``; the "as shipped" row shows the difference.
+    Returns True when the bench had to set it. kubemu before commit 48c5a41 bound a socket created
+    with ``proto=0``, so asyncio did not set TCP_NODELAY on its connections; its responses (headers,
+    then body) met Nagle + delayed ACK and every API call took ~40 ms. kube-apiserver (Go) sets
+    TCP_NODELAY on every connection, so the bench sets it when kubemu does not, unless
+    ``--kubemu-as-shipped``; the "as shipped" row then shows the difference.
     """
+    changed = False
     try:
         for server in emu._server.servers:
             for sock in server.sockets:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return True
+                if not sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    changed = True
     except (AttributeError, OSError):
         return False
+    return changed
 
 
 def seed_cluster(emu: Any) -> dict[str, Any]:
@@ -525,7 +529,20 @@ def environment(wrk: str, kopf_version: str | None) -> dict[str, str]:
         "wrk": wrk_version(wrk),
         **packages,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": git_state(),
     }
+
+
+def git_state() -> str:
+    """The commit measured, and whether the working tree differed from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True,
+                                 check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    files = [line[3:] for line in changed if line.strip()]
+    return head + (f" + uncommitted changes in {', '.join(files)}" if files else "")
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -638,7 +655,7 @@ def main(argv: list[str] | None = None) -> None:
     shipped = Emulator().start() if nodelay and not args.no_extras else None
     results: dict[str, Any] = {"environment": environment(wrk, kopf_version), "command": command, "kubemu_nodelay": nodelay,
                                "settings": {k: v for k, v in vars(args).items() if k not in ("output", "json")}}
-    results["environment"]["API server"] = "kubemu in the bench process" + (", TCP_NODELAY set by the bench" if nodelay else ", as shipped")
+    results["environment"]["API server"] = "kubemu in the bench process" + (", TCP_NODELAY set by the bench" if nodelay else "")
     try:
         secret = seed_cluster(emu)
         kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
