@@ -25,6 +25,7 @@ log = logging.getLogger("slime.cache")
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 Key = tuple[str, str]
 MAX_BACKOFF_SECONDS = 5.0
+LIST_PAGE_SIZE = 500  # client-go's default page size
 WATCH_TIMEOUT_SECONDS = 240  # servers end watches anyway; reconnect before idle proxies cut us
 
 
@@ -138,15 +139,26 @@ class Informer:
         self.last_error = message
 
     def _relist(self) -> str:
-        data = self.client.request("GET", self.path, query=self._selectors())
+        """List in pages, as client-go does, so a large collection never sits decoded at once."""
         fresh = {}
-        for item in data.get("items") or []:
-            fresh[object_key(item)] = self.transform(item)
+        continue_token = ""
+        while True:
+            query = self._selectors() + [("limit", str(LIST_PAGE_SIZE))]
+            if continue_token:
+                query.append(("continue", continue_token))
+            data = self.client.request("GET", self.path, query=query)
+            for item in data.get("items") or []:
+                fresh[object_key(item)] = self.transform(item)
+            metadata = data.get("metadata") or {}
+            continue_token = metadata.get("continue") or ""
+            if not continue_token:
+                break
+            del data
         self._objects = fresh  # one assignment: readers see the old or the new map, never a mix
         self._synced.set()
         self.last_error = ""
         self._notify()
-        return str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return str(metadata.get("resourceVersion") or "")
 
     def _follow(self, resource_version: str) -> None:
         watch = Watch()

@@ -18,6 +18,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,9 +62,27 @@ def _slim_metadata(obj: dict[str, Any], *extra: str) -> dict[str, Any]:
     return {k: metadata[k] for k in keep if k in metadata}
 
 
-def _slim_metal3data(obj: dict[str, Any]) -> dict[str, Any]:
-    template = (obj.get("spec") or {}).get("template")
-    return {"metadata": _slim_metadata(obj), "spec": {"template": template} if template else {}}
+def _metal3data_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """All resolution needs of a Metal3Data: its template's name and its cluster.
+
+    Clusters hold thousands of these, so the cache keeps two interned strings, not the object.
+    The template comes from the owner reference (CAPM3 <= 1.13), else ``spec.template.name``.
+    """
+    template = _owner(obj, "Metal3DataTemplate", METAL3_GROUP) or ((obj.get("spec") or {}).get("template") or {}).get("name")
+    cluster = _labels(obj).get(CLUSTER_NAME_LABEL)
+    return {
+        "template": sys.intern(template) if isinstance(template, str) and template else None,
+        "cluster": sys.intern(cluster) if isinstance(cluster, str) and cluster else None,
+    }
+
+
+_TEMPLATE_LABELS = (OPT_IN_LABEL, CLUSTER_OVERRIDE_LABEL, CONTROLLER_NAME_LABEL)
+
+
+def _template_record(obj: dict[str, Any]) -> dict[str, str]:
+    """A Metal3DataTemplate as resolution reads it: only SliMe's own labels."""
+    labels = _labels(obj)
+    return {k: sys.intern(labels[k]) for k in _TEMPLATE_LABELS if isinstance(labels.get(k), str)}
 
 
 def _slim_template(obj: dict[str, Any]) -> dict[str, Any]:
@@ -224,10 +243,10 @@ class InjectionResolver:
                 delay = min(delay * 2, 5.0)
         templates = ResourcePath(METAL3_GROUP, self._metal3.version, "metal3datatemplates")
         self._templates = self.local.informers.informer(
-            templates.collection(), transform=_slim_template, description="metal3datatemplates",
+            templates.collection(), transform=_template_record, description="metal3datatemplates",
         )
         self._metal3data = self.local.informers.informer(
-            self._metal3.collection(), transform=_slim_metal3data, description="metal3datas",
+            self._metal3.collection(), transform=_metal3data_record, description="metal3datas",
         )
         self.startup_error = ""
 
@@ -266,7 +285,7 @@ class InjectionResolver:
         return informer
 
     def _metal3_object(self, informer: Informer | None, plural: str, namespace: str, name: str, wait: bool) -> dict[str, Any] | None:
-        """A Metal3 object from the cache; on a miss, one live read (it may be seconds old)."""
+        """A Metal3 record from the cache; on a miss, one live read (it may be seconds old)."""
         if informer is None or self._metal3 is None:
             if not wait:
                 raise NeedsWait
@@ -278,7 +297,7 @@ class InjectionResolver:
             raise NeedsWait
         path = ResourcePath(METAL3_GROUP, self._metal3.version, plural).item(namespace, name)
         try:
-            return self.local.client.request("GET", path)
+            return informer.transform(self.local.client.request("GET", path))
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -312,19 +331,17 @@ class InjectionResolver:
         metal3data = self._metal3_object(self._metal3data, "metal3datas", ns, secret.metal3data, wait)
         if metal3data is None:
             raise _Missing(f"its owner Metal3Data {ns}/{secret.metal3data} does not exist")
-        template_name = _owner(metal3data, "Metal3DataTemplate", METAL3_GROUP) or (
-            (metal3data.get("spec") or {}).get("template") or {}
-        ).get("name")
+        template_name = metal3data["template"]
         if not template_name:
             raise _Missing(f"Metal3Data {ns}/{secret.metal3data} names no Metal3DataTemplate (no owner reference, no spec.template.name)")
         template = self._metal3_object(self._templates, "metal3datatemplates", ns, template_name, wait)
         if template is None:
             raise _Missing(f"Metal3DataTemplate {ns}/{template_name} (template of Metal3Data {ns}/{secret.metal3data}) does not exist")
-        labels = _labels(template)
+        labels = template
         slurm_namespace = labels.get(OPT_IN_LABEL)
         if not slurm_namespace:
             return NotOptedIn()
-        cluster_name = _labels(metal3data).get(CLUSTER_NAME_LABEL) or secret.cluster_name
+        cluster_name = metal3data["cluster"] or secret.cluster_name
         view = self._target_cluster(ns, cluster_name, labels.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
         return self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), wait)
 

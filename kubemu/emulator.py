@@ -194,7 +194,7 @@ class Emulator:
     def list(self, api_version: str, kind_or_plural: str, namespace: str = "",
              label_selector: str = "", field_selector: str = "") -> list[Obj]:
         res = self.registry.find(api_version, kind_or_plural)
-        items, _ = self.store.list(res, namespace, LabelSelector(label_selector),
+        items, _, _ = self.store.list(res, namespace, LabelSelector(label_selector),
                                    FieldSelector(field_selector, res.field_labels))
         return [self._as(o, api_version) for o in items]
 

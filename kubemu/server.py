@@ -7,6 +7,7 @@ streams need the raw `send`/`receive`, and dropping a connection needs uvicorn's
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import logging
@@ -99,6 +100,37 @@ def parse_request_info(method: str, path: str, query: dict[str, str]) -> Request
         "DELETE": "delete" if info.name else "deletecollection",
     }.get(method, method.lower())
     return info
+
+
+def _paging(query: dict[str, str]) -> tuple[tuple[str, str] | None, int, str]:
+    """``limit``/``continue``. The token carries the last key served and the first page's
+    resourceVersion. That is not a consistent snapshot as etcd gives, but a watch from that
+    resourceVersion replays whatever changed between pages."""
+    limit_text = query.get("limit", "")
+    if limit_text and not limit_text.isdigit():
+        raise ApiError(400, "BadRequest", f"invalid limit {limit_text!r}")
+    token = query.get("continue", "")
+    if not token:
+        return None, int(limit_text or 0), ""
+    try:
+        state = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return (str(state["after"][0]), str(state["after"][1])), int(limit_text or 0), str(state["rv"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise ApiError(400, "BadRequest", "invalid continue token") from None
+
+
+def _page_metadata(items: list[Obj], rv: str, remaining: int) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"resourceVersion": rv}
+    if remaining:
+        metadata["remainingItemCount"] = remaining
+        state = {"after": list(_key(items[-1])), "rv": rv}
+        metadata["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+    return metadata
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
 
 
 def _not_found() -> ApiError:
@@ -242,9 +274,11 @@ class KubeApp:
             if info.verb == "watch":
                 await self._watch(info, res, ns, labels, fields, send, receive)
                 return
-            items, rv = self.store.list(res, ns, labels, fields)
+            after, limit, first_rv = _paging(info.query)
+            items, rv, remaining = self.store.list(res, ns, labels, fields, after, limit)
+            metadata = _page_metadata(items, first_rv or rv, remaining)
             await self._respond(send, 200, {"kind": f"{res.kind}List", "apiVersion": res.api_version(info.version),
-                                            "metadata": {"resourceVersion": rv},
+                                            "metadata": metadata,
                                             "items": [self._out(o, res, info.version) for o in items]})
             return
         handler = {"get": self._get, "create": self._create, "update": self._update,

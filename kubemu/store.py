@@ -118,12 +118,16 @@ class Store:
             return copy.deepcopy(self._current(res, namespace, name))
 
     def list(self, res: Resource, namespace: str = "", labels: LabelSelector | None = None,
-             fields: FieldSelector | None = None) -> tuple[list[Obj], str]:
-        """Matching objects (sorted by namespace/name) and the list resourceVersion."""
+             fields: FieldSelector | None = None, after: tuple[str, str] | None = None,
+             limit: int = 0) -> tuple[list[Obj], str, int]:
+        """Matching objects sorted by namespace/name (only those past ``after``, at most ``limit``),
+        the list resourceVersion, and how many more match beyond the limit."""
         w = Watcher(res, namespace, labels or LabelSelector(), fields or FieldSelector(), lambda _: None)
         with self._lock:
-            items = [copy.deepcopy(o) for _, o in sorted(self._bucket(res).items()) if w.matches(o)]
-            return items, str(self._rv)
+            matching = [o for key, o in sorted(self._bucket(res).items()) if (after is None or key > after) and w.matches(o)]
+            remaining = max(0, len(matching) - limit) if limit else 0
+            page = matching[:limit] if limit else matching
+            return [copy.deepcopy(o) for o in page], str(self._rv), remaining
 
     # --- writes --------------------------------------------------------------------------
 

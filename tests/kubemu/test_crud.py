@@ -170,3 +170,16 @@ def test_direct_store_access_round_trip(emu: Emulator, ns: str) -> None:
     assert [p["metadata"]["name"] for p in emu.list("v1", "Pod", ns, label_selector="a=b")] == ["p"]
     assert emu.delete("v1", "Pod", ns, "p")["metadata"]["name"] == "p"
     assert emu.get("v1", "Pod", ns, "p") is None and emu.delete("v1", "Pod", ns, "p") is None
+
+
+def test_list_pages_with_limit_and_continue(emu: Emulator, api: client.ApiClient, ns: str) -> None:
+    for i in range(5):
+        emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{i}", "namespace": ns}})
+    core = client.CoreV1Api(api)
+    first = core.list_namespaced_config_map(ns, limit=2)
+    assert [c.metadata.name for c in first.items] == ["cm-0", "cm-1"]
+    assert first.metadata.remaining_item_count == 3 and first.metadata._continue
+    second = core.list_namespaced_config_map(ns, limit=2, _continue=first.metadata._continue)
+    third = core.list_namespaced_config_map(ns, limit=2, _continue=second.metadata._continue)
+    assert [c.metadata.name for c in second.items + third.items] == ["cm-2", "cm-3", "cm-4"]
+    assert third.metadata._continue is None and third.metadata.resource_version == first.metadata.resource_version
