@@ -7,19 +7,16 @@ between them (``resolver.py``) is the only part that knows about clusters.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny, patch_response
+from common.meta import is_dns1123_label, owner_name
 from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
 
 METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 METADATA_KEY = "metaData"
-# A DNS-1123 subdomain: what the API server allows for a namespace or an owner's name. Anything
-# else cannot name a real Metal3Data, so such a request is not ours (and never reaches a URL).
-_KUBE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,28 +62,12 @@ class Unresolved:
 Resolution = JoinInfo | NotOptedIn | Unresolved
 
 
-def _group(api_version: Any) -> str:
-    return api_version.split("/", 1)[0] if isinstance(api_version, str) and "/" in api_version else ""
-
-
-def _kube_name(value: Any) -> bool:
-    return isinstance(value, str) and _KUBE_NAME.fullmatch(value) is not None
-
-
 def metal3data_owner(metadata: dict[str, Any]) -> str | None:
-    """Name of the Metal3Data owning this object, matched by kind and group, any version."""
-    owners = metadata.get("ownerReferences")
-    if not isinstance(owners, list):
-        return None
-    for owner in owners:
-        if (
-            isinstance(owner, dict)
-            and owner.get("kind") == "Metal3Data"
-            and _group(owner.get("apiVersion")) == METAL3_GROUP
-            and _kube_name(owner.get("name"))
-        ):
-            return owner["name"]
-    return None
+    """Name of the Metal3Data owning this object, matched by kind and group, any version.
+
+    An owner whose name the API server would not accept cannot be a real Metal3Data, so the
+    request is not ours (and such a name never reaches a URL)."""
+    return owner_name(metadata, "Metal3Data", METAL3_GROUP)
 
 
 def select(request: dict[str, Any]) -> MetaDataSecret | None:
@@ -110,7 +91,7 @@ def select(request: dict[str, Any]) -> MetaDataSecret | None:
     labels = metadata.get("labels")
     cluster = labels.get(CLUSTER_NAME_LABEL) if isinstance(labels, dict) else None
     namespace = request.get("namespace") or metadata.get("namespace")
-    if not _kube_name(namespace):
+    if not is_dns1123_label(namespace):
         return None
     return MetaDataSecret(
         namespace=namespace,

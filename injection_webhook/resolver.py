@@ -27,6 +27,7 @@ from typing import Any
 from common.cache import Informer, InformerSet, strip_noise
 from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
 from common.logs import redactor
+from common.meta import owner_name
 from injection_webhook.handler import (
     CLUSTER_NAME_LABEL,
     METAL3_GROUP,
@@ -85,7 +86,7 @@ def _template_record(obj: dict[str, Any]) -> dict[str, str]:
     return {k: sys.intern(labels[k]) for k in _TEMPLATE_LABELS if isinstance(labels.get(k), str)}
 
 
-def _slim_template(obj: dict[str, Any]) -> dict[str, Any]:
+def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": _slim_metadata(obj)}
 
 
@@ -114,12 +115,7 @@ def _kubeconfig_secret(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _owner(obj: dict[str, Any], kind: str, group: str) -> str | None:
-    for owner in (obj.get("metadata") or {}).get("ownerReferences") or ():
-        api_version = owner.get("apiVersion") or ""
-        owner_group = api_version.split("/", 1)[0] if "/" in api_version else ""
-        if owner.get("kind") == kind and owner_group == group and owner.get("name"):
-            return owner["name"]
-    return None
+    return owner_name(obj.get("metadata"), kind, group)
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:
@@ -170,7 +166,7 @@ class ClusterView:
     def statefulsets(self, namespace: str) -> Informer:
         return self.informers.informer(
             f"/apis/apps/v1/namespaces/{namespace}/statefulsets", label_selector=self.controller_selector,
-            transform=_slim_template, description=f"slurmctld statefulsets in {namespace} ({self.name})",
+            transform=_slim_statefulset, description=f"slurmctld statefulsets in {namespace} ({self.name})",
         )
 
     def services(self, namespace: str) -> Informer:

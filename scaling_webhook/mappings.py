@@ -26,6 +26,7 @@ import yaml
 
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
+from common.meta import is_dns1123_label, is_dns1123_subdomain
 
 log = logging.getLogger("slime.scaling.mappings")
 
@@ -42,8 +43,6 @@ SLURM_API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42")  # newest first: the prob
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
 SAFE_SCALE_IN_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "drainTimeoutSeconds", "tokenUser")
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class MappingError(ValueError):
@@ -121,13 +120,13 @@ EMPTY = MappingTable()
 
 
 def _check_namespace(value: str, where: str) -> str:
-    if len(value) > 63 or not _DNS1123_LABEL.match(value):
+    if not is_dns1123_label(value):
         raise MappingError(f"{where}: namespace {value!r} is not a valid DNS-1123 label")
     return value
 
 
 def _check_name(value: str, where: str) -> str:
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+    if not is_dns1123_subdomain(value):
         raise MappingError(f"{where}: name {value!r} is not a valid DNS-1123 subdomain")
     return value
 
