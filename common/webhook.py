@@ -44,6 +44,7 @@ class AdmissionEndpoint:
         self.webhook = webhook
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self._too_large = f"request entity is too large; limit is {max_body_bytes} bytes"
         self._latency = metrics.latency.labels(webhook)
         self._in_flight = metrics.in_flight.labels(webhook)
         self._outcomes = {o: metrics.requests.labels(webhook, o) for o in ("allowed", "patched", "denied", "errored")}
@@ -80,16 +81,15 @@ class AdmissionEndpoint:
 
     async def _read_body(self, http_request: Request) -> bytes:
         """Read at most ``max_body_bytes``; stop as soon as the cap is passed."""
-        too_large = AdmissionError(413, f"request entity is too large; limit is {self.max_body_bytes} bytes")
         declared = http_request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise too_large
+            raise AdmissionError(413, self._too_large)
         chunks: list[bytes] = []
         size = 0
         async for chunk in http_request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise too_large
+                raise AdmissionError(413, self._too_large)
             chunks.append(chunk)
         return b"".join(chunks)
 
