@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -245,11 +244,3 @@ class InformerSet:
         for informer in self.all():
             informer.stop()
 
-
-def wait_all_synced(informers: list[Informer], timeout: float) -> Informer | None:
-    """Wait until every informer has synced; return the first that did not in time."""
-    deadline = time.monotonic() + timeout
-    for informer in informers:
-        if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
-            return informer
-    return None

@@ -263,9 +263,6 @@ class InjectionResolver:
         for view in views:
             view.stop()
 
-    def api_objects_cached(self) -> int:
-        return sum(len(i) for i in self.local.informers.all())
-
     # --- cache access ------------------------------------------------------------------------
 
     def _ready(self, informer: Informer, cluster: str, wait: bool) -> Informer:
