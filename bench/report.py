@@ -95,13 +95,13 @@ def render(results: dict[str, Any]) -> str:
         if target["skipped"]:
             out.append(f"| {name} | skipped: {target['skipped'][:200]} | | | | | | | |")
             continue
-        t, l = target["throughput"], target["latency"]
+        t, lat = target["throughput"], target["latency"]
         ratios = [f"{rps[name] / b:.2f}×" if b else "n/a" for b in base.values()]
-        errors = sum(r["errors"] for r in t + l)
+        errors = sum(r["errors"] for r in t + lat)
         error_note = f" ({errors} errors)" if errors else ""
         out.append(
             f"| {name}{error_note} | {_fmt(rps[name])} | {_median(t, 'p50_ms'):.2f} / {_median(t, 'p99_ms'):.2f} | "
-            f"{_median(l, 'p50_ms'):.2f} / {_median(l, 'p99_ms'):.2f} | {_fmt(_median(t, 'cpu_us_per_request'))} | "
+            f"{_median(lat, 'p50_ms'):.2f} / {_median(lat, 'p99_ms'):.2f} | {_fmt(_median(t, 'cpu_us_per_request'))} | "
             f"{_calls_text(_calls(target))} | {' | '.join(ratios)} |"
         )
     out += ["", "What each target does:", ""]

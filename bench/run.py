@@ -42,6 +42,8 @@ from typing import Any
 
 import httpx
 
+from testbed import reviews, world
+
 REPO = Path(__file__).resolve().parents[1]
 LUA = REPO / "bench" / "post.lua"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -185,42 +187,23 @@ def tcp_nodelay(emu: Any) -> bool:
 
 def seed_cluster(emu: Any) -> dict[str, Any]:
     """Slinky + an opted-in Metal3 template and Metal3Data + a mirror mapped to a MachineDeployment."""
-    from tests.injection.cluster import metadata_secret, seed_metal3, seed_nodeport, seed_slinky
-
-    seed_slinky(emu)
-    seed_nodeport(emu, "slurm", "slurm")
-    _, data = seed_metal3(emu, template_labels={"slurm-controller-namespace": "slurm"})
-    labels = {"app": "mirror-a"}
-    emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "slime"}})
+    world.seed_slinky(emu)
+    world.seed_nodeport(emu, "slurm", "slurm")
+    _, data = world.seed_metal3(emu, template_labels={"slurm-controller-namespace": "slurm"})
+    world.ensure_namespace(emu, world.SLIME_NAMESPACE)
     for name in ("mirror-a", "unmapped"):
-        emu.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "slime"},
-                    "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                             "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "p", "image": "pause"}]}}}})
-    emu.create({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineDeployment", "metadata": {"name": "md-a", "namespace": "metal3"},
-                "spec": {"replicas": 1, "clusterName": "bm-cluster"}})
-    emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "scaling-webhook-configmap", "namespace": "slime"},
-                "data": {"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"}})
-    return metadata_secret(data)
+        emu.create(world.mirror(name))
+    emu.create(world.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
+    emu.create(world.config_map({"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    return world.metadata_secret(data)
 
 
 def injection_request(secret: dict[str, Any]) -> dict[str, Any]:
-    from tests.injection.cluster import admission_request
-
-    return {"uid": "bench-injection", **admission_request(secret)}
+    return {"uid": "bench-injection", **reviews.secret_request(secret)}
 
 
 def scale_request(name: str, replicas: int) -> dict[str, Any]:
-    kind = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
-    resource = {"group": "apps", "version": "v1", "resource": "deployments"}
-
-    def scale(value: int) -> dict[str, Any]:
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": name, "namespace": "slime"},
-                "spec": {"replicas": value}, "status": {"replicas": 1, "selector": f"app={name}"}}
-
-    return {"uid": f"bench-{name}", "kind": kind, "resource": resource, "subResource": "scale", "requestKind": kind,
-            "requestResource": resource, "requestSubResource": "scale", "name": name, "namespace": "slime", "operation": "UPDATE",
-            "userInfo": {"username": "system:serviceaccount:keda:keda-operator"}, "object": scale(replicas),
-            "oldObject": scale(1), "dryRun": False, "options": {"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"}}
+    return {"uid": f"bench-{name}", **reviews.scale_request(world.SLIME_NAMESPACE, name, replicas)}
 
 
 def review(request: dict[str, Any]) -> bytes:
@@ -395,7 +378,7 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
             return injection_respond(found, resolver.resolve(found))  # type: ignore[arg-type]
 
         assert injection().outcome == "patched"
-        results = {"injection": per_call(injection, calls)}
+        results: dict[str, Any] = {"injection": per_call(injection, calls)}
         body = review(request)
 
         def with_envelope() -> bytes:  # + JSON decode and envelope checks, and the JSON encode of the answer
@@ -448,15 +431,14 @@ def log_line_cost(workdir: Path, calls: int) -> dict[str, float]:
 def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | None = None) -> dict[str, Any]:
     """RSS once ready with ``count`` Metal3Data spread over ``templates`` templates (default: one each)."""
     from kubemu import Emulator
-    from tests.injection.cluster import seed_metal3, seed_slinky
 
     emu = Emulator().start()
     tcp_nodelay(emu)
     try:
-        seed_slinky(emu)
+        world.seed_slinky(emu)
         templates = count if templates is None else templates
         for i in range(count):
-            seed_metal3(emu, template=f"tmpl-{i % templates}", index=i, template_labels={"slurm-controller-namespace": "slurm"})
+            world.seed_metal3(emu, template=f"tmpl-{i % templates}", index=i, template_labels={"slurm-controller-namespace": "slurm"})
         kubeconfig = emu.write_kubeconfig(workdir / f"kubeconfig-rss-{count}")
         port, metrics = free_port(), free_port()
         server = start_server(f"injection-rss-{count}", [
@@ -558,7 +540,7 @@ def targets(cert: Path, key: Path, kubeconfig: str, secret: dict[str, Any], kopf
             return True
 
     def metrics_ready(server: Server) -> bool:
-        args = list(server.process.args)  # type: ignore[arg-type]
+        args = [str(arg) for arg in server.process.args]  # type: ignore[union-attr]
         metrics_port = args[args.index("--metrics-port") + 1]
         return httpx.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2).status_code == 200
 

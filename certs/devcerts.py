@@ -36,7 +36,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -198,7 +198,7 @@ class Informer:
         for callback in self._listeners:
             try:
                 callback()
-            except Exception:  # noqa: BLE001 - one listener must not stop the cache
+            except Exception:
                 log.exception("cache listener failed", extra={"cache": self.description})
 
 

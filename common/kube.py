@@ -176,7 +176,7 @@ class KubeClient:
 def _root_cause(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     while isinstance(reason, BaseException) and getattr(reason, "reason", None) is not None:
-        reason = reason.reason
+        reason = getattr(reason, "reason", None)
     return str(reason or exc)
 
 

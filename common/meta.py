@@ -40,5 +40,5 @@ def owner_name(metadata: Any, kind: str, group: str) -> str | None:
             and api_group(owner.get("apiVersion")) == group
             and is_dns1123_subdomain(owner.get("name"))
         ):
-            return owner["name"]
+            return str(owner["name"])
     return None

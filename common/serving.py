@@ -211,7 +211,8 @@ class ServiceRunner:
     @property
     def bound_ports(self) -> tuple[int, int]:
         """The ports actually bound (useful with port 0 in tests)."""
-        return tuple(s.servers[0].sockets[0].getsockname()[1] for s in self._servers)  # type: ignore[return-value]
+        tls, health = (s.servers[0].sockets[0].getsockname()[1] for s in self._servers)
+        return int(tls), int(health)
 
     async def serve(self) -> None:
         self._loop = asyncio.get_running_loop()

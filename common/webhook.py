@@ -12,8 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from common.admission import (
     AdmissionError,
@@ -71,7 +73,7 @@ class AdmissionEndpoint:
         summary = RequestSummary.of(request)
         try:
             return summary.uid, await self.handler(request), summary
-        except Exception as exc:  # noqa: BLE001 - any failure must still answer with the uid
+        except Exception as exc:
             log.exception(
                 "handler failed",
                 extra={"webhook": self.webhook, "uid": summary.uid, "error_type": type(exc).__name__},
@@ -115,10 +117,8 @@ class AdmissionEndpoint:
         log.log(logging.DEBUG if quiet else logging.INFO, "admission", extra={"fields": fields})
 
 
-def admission_app(title: str, path: str, endpoint: AdmissionEndpoint) -> Any:
+def admission_app(title: str, path: str, endpoint: AdmissionEndpoint) -> ASGIApp:
     """A FastAPI app serving one admission path and nothing else (no docs pages on the TLS port)."""
-    from fastapi import FastAPI
-
     app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_route(path, endpoint.serve, methods=["POST"])
     return app

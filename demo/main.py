@@ -23,16 +23,17 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from demo import cluster
 from demo.chart import ChartError, chart_dir
-from demo.environment import INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError, wait_for
-from demo.helm import HelmUnavailable, helm_binary
+from demo.environment import INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError
+from testbed.helm import HelmUnavailable, helm_binary
+from testbed.wait import WaitTimeout, wait_for
 
 INJECTED_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
 CAPI_GROUP, CAPI_VERSION = cluster.CAPI_VERSION.split("/")
@@ -61,7 +62,7 @@ class Narrator:
 
 def _api_error(exc: ApiException) -> str:
     try:
-        return json.loads(exc.body).get("message") or str(exc.reason)
+        return json.loads(exc.body or "").get("message") or str(exc.reason)
     except (ValueError, TypeError, AttributeError):
         return f"HTTP {exc.status} {exc.reason}"
 
@@ -87,13 +88,16 @@ class Story:
         return len(self.env.chain.calls)
 
     def md_replicas(self) -> int | None:
-        md = self.custom.get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE,
+        md: Any = self.custom.get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE,
                                                       "machinedeployments", cluster.MACHINE_DEPLOYMENT)
         return (md.get("spec") or {}).get("replicas")
 
+    def _md_at(self, replicas: int) -> Callable[[], bool]:
+        return lambda: self.md_replicas() == replicas
+
     def mirror_replicas(self) -> int:
         scale = self.apps.read_namespaced_deployment_scale(cluster.MIRROR, cluster.SLIME_NAMESPACE)
-        return scale.spec.replicas
+        return int(scale.spec.replicas) if scale.spec is not None and scale.spec.replicas is not None else 0
 
     def keda_scale(self, replicas: int) -> None:
         """What KEDA's HPA does: PATCH the mirror's /scale subresource."""
@@ -120,7 +124,7 @@ class Story:
 
     def setup_summary(self) -> None:
         env, say = self.env, self.say
-        assert env.emulator and env.injection and env.scaling and env.chain
+        assert env.emulator and env.injection and env.scaling and env.chain and env.seeded
         say(f"  chart     {chart_dir()} rendered with `helm template` ({helm_binary()})")
         for hook in env.chain.webhooks:
             kind = "mutating" if hook.mutating else "validating"
@@ -149,12 +153,12 @@ class Story:
             f"with metaData keys {', '.join(sent)}")
         start = self.mark()
         try:
-            self.core.create_namespaced_secret(ns, secret)
+            self.core.create_namespaced_secret(ns, cast(Any, secret))  # the client sends dicts as they are
         except ApiException as exc:
             raise DemoError(f"the metaData Secret was rejected: {_api_error(exc)}") from None
         say(f"  admission: {self.describe_call(start, INJECTION_WEBHOOK)}")
         stored = self.core.read_namespaced_secret(name, ns)
-        meta = yaml.safe_load(base64.b64decode(stored.data["metaData"]))
+        meta = yaml.safe_load(base64.b64decode((stored.data or {})["metaData"]))
         missing = [k for k in INJECTED_KEYS if k not in meta]
         if missing:
             raise DemoError(f"the stored Secret lacks the injected key(s) {', '.join(missing)}")
@@ -189,7 +193,7 @@ class Story:
         start = self.mark()
         plain = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bmc-credentials", "namespace": ns},
                  "data": {"username": cluster.b64("admin")}}
-        self.core.create_namespaced_secret(ns, plain)
+        self.core.create_namespaced_secret(ns, cast(Any, plain))
         if self.calls_since(start, INJECTION_WEBHOOK):
             raise DemoError("a Secret not owned by a Metal3Data reached the injection webhook")
         say(f"  An ordinary Secret ({ns}/bmc-credentials) is stored as sent: the chart's matchConditions "
@@ -212,7 +216,7 @@ class Story:
             self.keda_scale(replicas)
             say(f"  KEDA: PATCH deployments/{cluster.MIRROR}/scale to {replicas}")
             say(f"    admission: {self.describe_call(start, SCALING_WEBHOOK)}")
-            wait_for(lambda r=replicas: self.md_replicas() == r, 5, f"{md_ref} to reach {replicas}")
+            wait_for(self._md_at(replicas), 5, f"{md_ref} to reach {replicas}")
             say(f"    {md_ref} spec.replicas = {self.md_replicas()}")
         say("  MachineDeployment replicas: 0 -> 3 -> 1, following the mirror.")
 
@@ -237,7 +241,7 @@ class Story:
         self._show_event("DriftCorrected", since=started)
 
         configmap = self.core.read_namespaced_config_map("scaling-webhook-configmap", cluster.SLIME_NAMESPACE)
-        original = configmap.data["mappings"]
+        original = (configmap.data or {})["mappings"]
         say("  b) The mapping is removed from ConfigMap scaling-webhook-configmap for a moment.")
         self.set_mapping("[]\n")
         source = env.scaling_service.source
@@ -262,7 +266,7 @@ class Story:
 
         try:
             events = wait_for(found, 3, f"a {reason} Event")
-        except DemoError:
+        except WaitTimeout:
             return  # Events are best effort (sent off the hot path); the heal itself was checked
         say = self.say
         say(f"     Event {reason} on the MachineDeployment: {events[-1].message}")
@@ -349,7 +353,7 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None
                 say("  Writes through the kubeconfig run the same admission chain. Files are removed on exit.")
                 _wait_for_interrupt(say)
         return 0
-    except (DemoError, ChartError, HelmUnavailable) as exc:
+    except (DemoError, WaitTimeout, ChartError, HelmUnavailable) as exc:
         print(f"slime-demo: FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

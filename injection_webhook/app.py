@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from starlette.types import ASGIApp
+
 from common.admission import AdmissionResponse, allow
 from common.metrics import WebhookMetrics
-from common.webhook import AdmissionEndpoint, admission_app
+from common.webhook import AdmissionEndpoint, AdmissionHandler, admission_app
 from injection_webhook.handler import respond, select
 from injection_webhook.resolver import InjectionResolver, NeedsWait
 
@@ -15,7 +17,7 @@ WEBHOOK_NAME = "injection"
 PATH = "/mutate"
 
 
-def make_handler(resolver: InjectionResolver) -> Any:
+def make_handler(resolver: InjectionResolver) -> AdmissionHandler:
     async def handle(request: dict[str, Any]) -> AdmissionResponse:
         secret = select(request)
         if secret is None:
@@ -29,6 +31,6 @@ def make_handler(resolver: InjectionResolver) -> Any:
     return handle
 
 
-def create_app(resolver: InjectionResolver, metrics: WebhookMetrics, max_body_bytes: int) -> Any:
+def create_app(resolver: InjectionResolver, metrics: WebhookMetrics, max_body_bytes: int) -> ASGIApp:
     endpoint = AdmissionEndpoint(WEBHOOK_NAME, make_handler(resolver), metrics, max_body_bytes)
     return admission_app("SliMe injection webhook", PATH, endpoint)

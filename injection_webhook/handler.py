@@ -91,11 +91,12 @@ def select(request: dict[str, Any]) -> MetaDataSecret | None:
     labels = metadata.get("labels")
     cluster = labels.get(CLUSTER_NAME_LABEL) if isinstance(labels, dict) else None
     namespace = request.get("namespace") or metadata.get("namespace")
-    if not is_dns1123_label(namespace):
+    if not isinstance(namespace, str) or not is_dns1123_label(namespace):
         return None
+    name = metadata.get("name")
     return MetaDataSecret(
         namespace=namespace,
-        name=metadata.get("name") if isinstance(metadata.get("name"), str) else "",
+        name=name if isinstance(name, str) else "",
         metal3data=owner,
         cluster_name=cluster if isinstance(cluster, str) else "",
         encoded_metadata=encoded,

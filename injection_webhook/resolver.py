@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.cache import Informer, InformerSet, strip_noise
+from common.cache import Informer, InformerSet
 from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
 from common.logs import redactor
 from common.meta import owner_name
@@ -135,8 +135,9 @@ def nodeport_for_slurmctld(services: list[dict[str, Any]], pod_labels: dict[str,
         for port in spec.get("ports") or ():
             target = port.get("targetPort", port.get("port"))
             exposes = target in (SLURMCTLD_PORT, str(SLURMCTLD_PORT), "slurmctld") or port.get("name") == "slurmctld"
-            if exposes and isinstance(port.get("nodePort"), int):
-                return port["nodePort"]
+            node_port = port.get("nodePort")
+            if exposes and isinstance(node_port, int):
+                return node_port
     return None
 
 

@@ -8,12 +8,14 @@ port with the same store, which lets tests simulate an API server outage.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import socket
 import tempfile
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import uvicorn
 import yaml
@@ -69,7 +71,7 @@ class Emulator:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._port}"
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         """Serve on 127.0.0.1 (the port chosen at the first start is kept across restarts)."""
         if self._thread is not None:
             raise RuntimeError("emulator already running")
@@ -114,7 +116,7 @@ class Emulator:
         self._thread.join(10)
         self._server, self._thread, self._loop = None, None, None
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -206,7 +208,7 @@ class Emulator:
         return self._as(updated, obj["apiVersion"])
 
     def patch(self, api_version: str, kind_or_plural: str, namespace: str, name: str,
-              patch: Obj | list[Any], content_type: str = MERGE_PATCH) -> Obj:
+              patch: Obj | builtins.list[Any], content_type: str = MERGE_PATCH) -> Obj:
         """Patch spec, metadata or status (merge patch by default; a list needs json-patch)."""
         res = self.registry.find(api_version, kind_or_plural)
         body = json.dumps(patch).encode()

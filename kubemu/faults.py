@@ -39,7 +39,7 @@ class Fault:
 class FaultHandle:
     """Returned by Emulator.add_fault; `remove()` withdraws the fault."""
 
-    def __init__(self, faults: "FaultSet", fault: Fault):
+    def __init__(self, faults: FaultSet, fault: Fault):
         self._faults = faults
         self.fault = fault
 

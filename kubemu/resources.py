@@ -8,8 +8,9 @@ is all the SliMe services need to tell v1beta1 from v1beta2 clusters apart.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
 _LEVEL = {None: 2, "beta": 1, "alpha": 0}

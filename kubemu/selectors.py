@@ -39,7 +39,9 @@ class Requirement:
 
 def _split_top_level(text: str) -> list[str]:
     """Split on commas that are not inside a parenthesised value set."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "(":
             depth += 1

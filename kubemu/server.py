@@ -11,8 +11,9 @@ import base64
 import copy
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qsl
 
 from .admission import AdmissionAttributes, AdmissionDenied, AdmissionHook
@@ -209,7 +210,7 @@ class KubeApp:
                 if fault.delay_seconds:
                     try:  # a stopping server drops delayed requests instead of finishing them
                         await asyncio.wait_for(self.stopping.wait(), fault.delay_seconds)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 if fault.close_connection or self.stopping.is_set():
                     record(0)
@@ -397,15 +398,16 @@ class KubeApp:
     async def _create(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
                       body: bytes, dry_run: bool) -> tuple[int, Obj]:
         obj = _decode(body)
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        raw_meta = obj.get("metadata")
+        meta: Obj = raw_meta if isinstance(raw_meta, dict) else {}
         if res.namespaced and meta.get("namespace") not in (None, "", ns):
             raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
                                               "the namespace sent on the request")
         obj.update(apiVersion=res.api_version(info.version), kind=obj.get("kind") or res.kind)
         if res.namespaced:
             obj["metadata"] = {**meta, "namespace": ns}
-        obj = await self._admit("CREATE", info, res, ns, meta.get("name", ""), obj, None, dry_run)
-        created = self.store.create(res, obj or {}, ns, dry_run=dry_run)
+        admitted = await self._admit("CREATE", info, res, ns, meta.get("name", ""), obj, None, dry_run)
+        created = self.store.create(res, admitted or {}, ns, dry_run=dry_run)
         return 201, self._out(created, res, info.version)
 
     async def _update(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
@@ -507,8 +509,8 @@ class KubeApp:
         disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
             await send(start)
-            for event in initial:
-                await write_event(event)
+            for first in initial:
+                await write_event(first)
             deadline = loop.time() + timeout
             next_bookmark = loop.time() + self.bookmark_interval
             while (remaining := deadline - loop.time()) > 0:

@@ -7,15 +7,17 @@ them), which lets events share them; everything handed out to callers is a deep 
 
 from __future__ import annotations
 
+import builtins
 import copy
 import random
 import re
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from .errors import ApiError
 from .resources import Resource
@@ -31,7 +33,7 @@ _UNVERSIONED = ("apiVersion", "kind", "metadata", "status")
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _spec_part(obj: Obj) -> Obj:
@@ -80,7 +82,7 @@ class Watcher:
         now_matches, matched = self.matches(ev.obj), ev.old is not None and self.matches(ev.old)
         if now_matches:
             return ("MODIFIED" if matched else "ADDED", ev.obj)
-        if matched:
+        if matched and ev.old is not None:
             return ("DELETED", _with_rv(ev.old, ev.rv))
         return None
 
@@ -273,7 +275,7 @@ class Store:
     # --- watches -------------------------------------------------------------------------
 
     def watch(self, res: Resource, namespace: str, labels: LabelSelector, fields: FieldSelector,
-              since: str | None, deliver: Deliver) -> tuple[list[WatchEvent], Watcher]:
+              since: str | None, deliver: Deliver) -> tuple[builtins.list[WatchEvent], Watcher]:
         """Register a watcher; returns the events to send first and the watcher (for unwatch).
 
         `since` unset or "0": synthetic ADDED for every matching object. Otherwise the history

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from common.kube import KubeClient, KubeError, ResourcePath
@@ -122,7 +122,7 @@ class EventRecorder:
                 self._queue.task_done()
 
     def _send(self, event: ScaleEvent) -> None:
-        body = event_body(event, self.instance, datetime.now(timezone.utc))
+        body = event_body(event, self.instance, datetime.now(UTC))
         try:
             self.client.request("POST", EVENTS.collection(event.namespace), body=body, content_type="application/json", timeout=5.0)
         except KubeError as exc:
@@ -132,7 +132,7 @@ class EventRecorder:
             )
             self._result(False)
             return
-        except Exception:  # noqa: BLE001 - the event thread must never die
+        except Exception:
             log.exception("cannot record event", extra={"machinedeployment": f"{event.namespace}/{event.name}"})
             self._result(False)
             return

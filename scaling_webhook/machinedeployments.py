@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from common.kube import KubeClient, KubeError, ResourcePath
+from scaling_webhook.errors import ScaleError, denial_code
 
 log = logging.getLogger("slime.scaling.machinedeployments")
 
@@ -25,15 +26,6 @@ MACHINEDEPLOYMENTS = "machinedeployments"
 CAPI_VERSIONS = ("v1beta2", "v1beta1")
 MERGE_PATCH = "application/merge-patch+json"
 DEPLOYMENTS = ResourcePath("apps", "v1", "deployments")
-
-
-class ScaleError(Exception):
-    """A failed scale or read, with a cause fit for an admission message and an HTTP code."""
-
-    def __init__(self, cause: str, code: int = 503) -> None:
-        super().__init__(cause)
-        self.cause = cause
-        self.code = code
 
 
 def _object_missing(exc: KubeError) -> bool:
@@ -142,5 +134,4 @@ class MachineDeploymentScaler:
             return ScaleError(f"{kind} {namespace}/{name} not found{detail}", 404)
         if status == 403:
             return ScaleError(f"forbidden: {exc.message}", 403)
-        code = status if 400 <= status < 500 else 503
-        return ScaleError(f"the API server answered {status} {exc.reason}: {exc.message}", code)
+        return ScaleError(f"the API server answered {status} {exc.reason}: {exc.message}", denial_code(status))

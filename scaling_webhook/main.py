@@ -9,13 +9,14 @@ from common.cli import run_service
 from common.kube import KubeClient, local_client
 from common.metrics import WebhookMetrics
 from common.serving import Readiness, ServiceRunner, runner_for
-from scaling_webhook.app import create_app, make_handler
+from scaling_webhook.app import create_app
 from scaling_webhook.events import EventRecorder
+from scaling_webhook.flow import ScaleAdmission
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingSource, MappingTable
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.reconciler import Reconciler
-from scaling_webhook.safe_scale_in import SafeScaleIn
+from scaling_webhook.reconciler import Drift, Reconciler
+from scaling_webhook.safe_scale_in.service import SafeScaleIn
 from scaling_webhook.settings import ScalingSettings
 
 USER_AGENT = "slime-scaling-webhook"
@@ -34,7 +35,7 @@ class ScalingService:
     metrics: ScalingMetrics
     safe: SafeScaleIn | None = None
 
-    def reconcile_once(self) -> list:
+    def reconcile_once(self) -> list[Drift]:
         return self.reconciler.reconcile_once()
 
 
@@ -64,7 +65,7 @@ def build_service(settings: ScalingSettings) -> ScalingService:
         safe.close()
 
     app = create_app(
-        make_handler(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds, safe),
+        ScaleAdmission(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds, safe),
         webhook_metrics,
         settings.max_body_bytes,
     )

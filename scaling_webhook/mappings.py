@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping as AnyMapping
+from collections.abc import Callable, Iterator
+from collections.abc import Mapping as AnyMapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -27,10 +28,9 @@ import yaml
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
 from common.meta import is_dns1123_label, is_dns1123_subdomain
+from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, Ref, SafeScaleInConfig
 
 log = logging.getLogger("slime.scaling.mappings")
-
-Ref = tuple[str, str]  # (namespace, name)
 
 DEFAULT_MIRROR_NAME = "mirror-deployment"
 THESIS_KEYS = ("machineDeploymentName", "machineDeploymentNamespace", "mirrorDeploymentName", "mirrorDeploymentNamespace")
@@ -39,26 +39,12 @@ ITEM_KEYS = ("mirror", "machineDeployment")
 # Per-mapping options: ``safeScaleIn`` (docs/scaling.md, "Safe scale-in").
 SAFE_SCALE_IN_KEY = "safeScaleIn"
 OPTION_KEYS: tuple[str, ...] = (SAFE_SCALE_IN_KEY,)
-SLURM_API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42")  # newest first: the probe order
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
 SAFE_SCALE_IN_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "drainTimeoutSeconds", "tokenUser")
 
 
-
 class MappingError(ValueError):
     """The ConfigMap cannot be used; the message names the key and the problem."""
-
-
-@dataclass(frozen=True, slots=True)
-class SafeScaleIn:
-    """The opt-in of one mapping to Slurm-aware scale-in (validated)."""
-
-    slurmrestd: str  # base URL, http(s)://host:port
-    jwt_secret: Ref  # (namespace, name) of the Secret holding the HS256 signing key
-    jwt_key: str = "jwt_hs256.key"
-    api_version: str | None = None  # None: probe newest first
-    drain_timeout_seconds: float = 3600.0
-    token_user: str = "slurm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +57,10 @@ class Mapping:
     source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
 
     @property
-    def safe_scale_in(self) -> SafeScaleIn | None:
+    def safe_scale_in(self) -> SafeScaleInConfig | None:
         """The safe scale-in settings, or None when this mapping did not opt in."""
         value = self.options.get(SAFE_SCALE_IN_KEY)
-        return value if isinstance(value, SafeScaleIn) else None
+        return value if isinstance(value, SafeScaleInConfig) else None
 
     @property
     def mirror_ref(self) -> str:
@@ -140,7 +126,7 @@ def _ref(value: Any, where: str) -> Ref:
     return _check_namespace(parts[0], where), _check_name(parts[1], where)
 
 
-def _safe_scale_in(value: Any, where: str) -> SafeScaleIn:
+def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
     if not isinstance(value, dict):
         raise MappingError(f"{where}: must be a map with keys {', '.join(SAFE_SCALE_IN_KEYS)}")
     unknown = sorted(str(k) for k in value if k not in SAFE_SCALE_IN_KEYS)
@@ -165,7 +151,7 @@ def _safe_scale_in(value: Any, where: str) -> SafeScaleIn:
     timeout = value.get("drainTimeoutSeconds", 3600)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise MappingError(f"{where}.drainTimeoutSeconds: must be a positive number of seconds, got {timeout!r}")
-    return SafeScaleIn(
+    return SafeScaleInConfig(
         slurmrestd=url,
         jwt_secret=secret,
         jwt_key=jwt_key,
@@ -369,7 +355,7 @@ class MappingSource:
         for callback in self._listeners:
             try:
                 callback(table)
-            except Exception:  # noqa: BLE001 - one listener must not stop the others
+            except Exception:
                 log.exception("mapping listener failed", extra={"configmap": self.ref})
 
     def _status(self, valid: bool) -> None:

@@ -25,13 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scaling_webhook.errors import ScaleError
 from scaling_webhook.events import REASON_DRIFT, EventRecorder, ScaleEvent
-from scaling_webhook.machinedeployments import MachineDeploymentScaler, ScaleError
+from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingSource
 from scaling_webhook.metrics import ScalingMetrics
 
 if TYPE_CHECKING:
-    from scaling_webhook.safe_scale_in import SafeScaleIn
+    from scaling_webhook.safe_scale_in.service import SafeScaleIn
 
 log = logging.getLogger("slime.scaling.reconciler")
 
@@ -186,7 +187,7 @@ class Reconciler:
             self._wake.clear()
             try:
                 await asyncio.to_thread(self._discover_and_reconcile)
-            except Exception:  # noqa: BLE001 - the loop must survive anything
+            except Exception:
                 log.exception("reconcile pass failed")
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             try:

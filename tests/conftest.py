@@ -1,18 +1,66 @@
-"""Fixtures shared by every suite: a dev PKI and API emulators reached through kubeconfigs."""
+"""Fixtures shared by every suite: a dev PKI, API emulators reached through kubeconfigs, a
+scaling-webhook starter, and the end-of-session audits (RBAC and secrets, tests/support/audit.py)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubemu import Emulator, RecordedRequest
-from tests.support.pki import Pki, make_pki
+from testbed.pki import Pki, make_pki
+from testbed.serve import started_services
+from testbed.services import Scaling, start_scaling
+from testbed.world import SLIME_NAMESPACE, issued_secrets
+from tests.support.audit import EVIDENCE, EvidenceHandler, audit_rbac, leaks
 
-# Every API call made to a *management-cluster* emulator during this run. The RBAC audit
-# (tests/test_zz_rbac_audit.py) checks each one the services made against the rendered chart.
+# Every API call made to a *management-cluster* emulator during this session. The RBAC audit
+# checks each one the services made against the rendered chart.
 RECORDED_CALLS: list[RecordedRequest] = []
+AUDIT_SUMMARY: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_audits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Capture every log line of the session; at its end, audit RBAC and scan for leaked secrets.
+
+    Log records go through the services' production JSON formatter at INFO, the services'
+    default level. The audits run whatever tests were selected, over what those tests did.
+    """
+    handler = EvidenceHandler(EVIDENCE)
+    root = logging.getLogger()
+    client_log = logging.getLogger("httpx")  # the test clients' own request lines: noise
+    saved = root.level, client_log.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    client_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        client_log.setLevel(saved[1])
+    started = started_services()
+    if not started:
+        return
+    checked = audit_rbac(RECORDED_CALLS, started, tmp_path_factory.mktemp("rbac-audit"))
+    secrets = issued_secrets()
+    found = leaks(EVIDENCE, secrets)
+    assert not found, "secrets leaked:\n" + "\n".join(found[:10])
+    assert EVIDENCE.log_lines, f"services ran ({', '.join(sorted(started))}) but no log line was captured"
+    AUDIT_SUMMARY.append(
+        "RBAC audit: " + ", ".join(f"{service} {count} distinct call(s)" for service, count in sorted(checked.items()))
+        + f" allowed by the chart; secret scan: {len(secrets)} secret(s) over {len(EVIDENCE.log_lines)} log lines "
+        f"and {len(EVIDENCE.texts)} texts, 0 leaks"
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in AUDIT_SUMMARY:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
@@ -47,3 +95,23 @@ def emulator(emulator_factory: Callable[..., Emulator]) -> Emulator:
 def kubeconfig(emulator: Emulator, tmp_path: Path) -> str:
     """A kubeconfig file for ``emulator``: services load it exactly as they load a real one."""
     return emulator.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def scaling_factory(pki: Pki, tmp_path: Path) -> Iterator[Callable[..., Scaling]]:
+    """Start scaling webhooks against an emulator; all stop after the test."""
+    started: list[Scaling] = []
+
+    def start(emulator: Emulator, wait_reconciled: bool = True, settle_seconds: float = 0.02, **options: Any) -> Scaling:
+        values: dict[str, Any] = {"namespace": SLIME_NAMESPACE, "resync_seconds": 3600, "patch_timeout_seconds": 1.0, "log_level": "DEBUG"}
+        values.update(options)
+        scaling = start_scaling(
+            emulator.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}"), pki, emulator=emulator,
+            settle_seconds=settle_seconds, wait_reconciled=wait_reconciled, ready_timeout=5.0, **values,
+        )
+        started.append(scaling)
+        return scaling
+
+    yield start
+    for scaling in started:
+        scaling.running.stop()

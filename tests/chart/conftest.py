@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.support.helm import REPO_ROOT, HelmUnavailable, helm_binary
+from testbed.helm import REPO_ROOT, HelmUnavailable, helm_binary
+from tests.chart.helpers import CRD_APIS, KUBE_VERSION, NAMESPACE, RELEASE
 
 CHART = REPO_ROOT / "charts" / "slime"
-from tests.chart.helpers import CRD_APIS, KUBE_VERSION, NAMESPACE, RELEASE
 
 try:
     _Loader = yaml.CSafeLoader

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from tests.support.helm import REPO_ROOT
+from testbed.helm import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 

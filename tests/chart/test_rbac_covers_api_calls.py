@@ -12,8 +12,8 @@ import re
 
 import pytest
 
+from testbed.helm import REPO_ROOT
 from tests.chart.helpers import NAMESPACE, RELEASE, mapping
-from tests.support.helm import REPO_ROOT
 from tests.support.rbac import ApiRequest as R
 from tests.support.rbac import assert_rbac_covers, rbac_allows
 

@@ -8,8 +8,8 @@ from common.admission import AdmissionResponse
 from common.metrics import WebhookMetrics
 from common.serving import Readiness, ServiceRunner, ServingCertificate
 from common.webhook import AdmissionEndpoint, AdmissionHandler, admission_app
-from tests.support.pki import Pki
-from tests.support.service import RunningService, start_service
+from testbed.pki import Pki
+from testbed.serve import RunningService, serve_in_thread
 
 
 def serve_handler(handler: AdmissionHandler, pki: Pki, max_body_bytes: int = 64 * 1024, poll_seconds: float = 10.0) -> RunningService:
@@ -21,7 +21,7 @@ def serve_handler(handler: AdmissionHandler, pki: Pki, max_body_bytes: int = 64 
         metrics=metrics,
         readiness=Readiness(),
     )
-    return start_service(runner, pki.ca_file)
+    return serve_in_thread(runner, pki.ca_file)
 
 
 async def echo_allow(request: dict[str, Any]) -> AdmissionResponse:

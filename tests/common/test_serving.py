@@ -15,16 +15,15 @@ import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from certs.devcerts import issue_serving_cert
+from testbed.pki import Pki, make_pki
+from testbed.serve import RunningService
 from tests.common.harness import echo_allow, serve_handler
-from tests.support.pki import Pki, make_pki
-from tests.support.service import RunningService
 
 
 def served_fingerprint(service: RunningService) -> str:
     context = ssl.create_default_context(cafile=str(service.ca_file))
-    with socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw:
-        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            return hashlib.sha256(tls.getpeercert(binary_form=True)).hexdigest()
+    with socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw, context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return hashlib.sha256(tls.getpeercert(binary_form=True)).hexdigest()
 
 
 def fingerprint_of(cert) -> str:  # type: ignore[no-untyped-def]
@@ -54,7 +53,7 @@ class Load:
             except Exception as exc:  # noqa: BLE001 - any failure is what we count
                 self.failures.append(repr(exc))
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         self._thread.start()
         return self
 
@@ -128,10 +127,9 @@ def test_tls_below_1_2_is_refused_and_http2_is_not_offered(pki: Pki) -> None:
             old.wrap_socket(raw, server_hostname="127.0.0.1")
         modern = ssl.create_default_context(cafile=str(pki.ca_file))
         modern.set_alpn_protocols(["h2", "http/1.1"])
-        with socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw:
-            with modern.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                assert tls.selected_alpn_protocol() == "http/1.1"
-                assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        with socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw, modern.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.selected_alpn_protocol() == "http/1.1"
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
     finally:
         service.stop()
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from common.admission import AdmissionResponse, patch_response
+from testbed.pki import Pki
+from testbed.serve import RunningService
 from tests.common.harness import echo_allow, serve_handler
-from tests.support.pki import Pki
-from tests.support.service import RunningService
 
 LIMIT = 64 * 1024
 

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from demo.admission_chain import (AdmissionChain, label_selector_matches, point_to_local, resource_matches,
-                                  rule_matches)
+from demo.admission_chain import AdmissionChain, label_selector_matches, point_to_local, resource_matches, rule_matches
 from kubemu.admission import AdmissionAttributes, AdmissionDenied
-from tests.support.pki import Pki, make_pki
+from testbed.pki import Pki, make_pki
 
 SCALE_KIND = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
 
@@ -166,7 +165,7 @@ class FakeWebhook:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "content_type": self.headers["Content-Type"], **review})
                 time.sleep(outer.delay)

@@ -10,7 +10,8 @@ import yaml
 
 from injection_webhook.handler import JoinInfo, NotOptedIn, Unresolved, respond, select
 from injection_webhook.metadata import JOIN_KEYS, MetaDataError, join_entries, merged_metadata
-from tests.injection.cluster import admission_request, b64
+from testbed.reviews import secret_request
+from testbed.world import b64
 
 OWNER = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Data", "name": "tmpl-0", "uid": "u1", "controller": True}
 INFO = JoinInfo(host="192.0.2.10", port=30817, key_base64=b64(b"k" * 64), source="Controller slurm/slurm in cluster local")
@@ -26,14 +27,14 @@ def secret(metadata_yaml: str = "providerid: metal3/bmh-0/m3m-0\n", owners: list
 
 
 def test_select_reads_the_metal3_facts() -> None:
-    target = select(admission_request(secret()))
+    target = select(secret_request(secret()))
     assert target is not None
     assert (target.namespace, target.name, target.metal3data, target.cluster_name) == ("metal3", "m3m-0-metadata", "tmpl-0", "c1")
 
 
 @pytest.mark.parametrize("api_version", ["infrastructure.cluster.x-k8s.io/v1beta1", "infrastructure.cluster.x-k8s.io/v1beta2"])
 def test_select_matches_owner_by_kind_and_group_any_version(api_version: str) -> None:
-    assert select(admission_request(secret(owners=[{**OWNER, "apiVersion": api_version}]))) is not None
+    assert select(secret_request(secret(owners=[{**OWNER, "apiVersion": api_version}]))) is not None
 
 
 @pytest.mark.parametrize(
@@ -66,14 +67,14 @@ def test_select_matches_owner_by_kind_and_group_any_version(api_version: str) ->
          "owners-number", "owners-bool", "owner-empty-name", "owner-surrogate-name", "namespace-surrogate", "namespace-invalid"],
 )
 def test_select_ignores_everything_else(mutate) -> None:  # type: ignore[no-untyped-def]
-    request = admission_request(secret())
+    request = secret_request(secret())
     mutate(request)
     assert select(request) is None
 
 
 def test_respond_patches_one_replace_and_keeps_every_existing_key() -> None:
     original = secret("providerid: metal3/bmh-0/m3m-0\nlocal-hostname: node-0\nname: 'x: y'\n")
-    response = respond(select(admission_request(original)), INFO)  # type: ignore[arg-type]
+    response = respond(select(secret_request(original)), INFO)  # type: ignore[arg-type]
     assert response.allowed and response.outcome == "patched"
     assert len(response.patch) == 1 and response.patch[0]["op"] == "replace" and response.patch[0]["path"] == "/data/metaData"
     patched = jsonpatch.apply_patch(original, response.patch)
@@ -88,27 +89,27 @@ def test_respond_patches_one_replace_and_keeps_every_existing_key() -> None:
 
 
 def test_respond_is_idempotent() -> None:
-    once = jsonpatch.apply_patch(secret(), respond(select(admission_request(secret())), INFO).patch)  # type: ignore[arg-type]
-    again = respond(select(admission_request(once)), INFO)  # type: ignore[arg-type]
+    once = jsonpatch.apply_patch(secret(), respond(select(secret_request(secret())), INFO).patch)  # type: ignore[arg-type]
+    again = respond(select(secret_request(once)), INFO)  # type: ignore[arg-type]
     assert again.allowed and again.outcome == "allowed" and again.patch is None
 
 
 def test_respond_updates_stale_values_when_slurmctld_moved() -> None:
     moved = JoinInfo(host="192.0.2.99", port=6817, key_base64=INFO.key_base64, source="x")
-    once = jsonpatch.apply_patch(secret(), respond(select(admission_request(secret())), INFO).patch)  # type: ignore[arg-type]
-    response = respond(select(admission_request(once, "UPDATE")), moved)  # type: ignore[arg-type]
+    once = jsonpatch.apply_patch(secret(), respond(select(secret_request(secret())), INFO).patch)  # type: ignore[arg-type]
+    response = respond(select(secret_request(once, "UPDATE")), moved)  # type: ignore[arg-type]
     content = yaml.safe_load(base64.b64decode(response.patch[0]["value"]))
     assert content["slurm_conf_server"] == "192.0.2.99:6817" and content["providerid"] == "metal3/bmh-0/m3m-0"
     assert list(content).count("slurm_controller_host") == 1
 
 
 def test_not_opted_in_allows_without_patch() -> None:
-    response = respond(select(admission_request(secret())), NotOptedIn())  # type: ignore[arg-type]
+    response = respond(select(secret_request(secret())), NotOptedIn())  # type: ignore[arg-type]
     assert response.allowed and response.patch is None and response.outcome == "allowed"
 
 
 def test_unresolved_denies_naming_the_secret_and_reason() -> None:
-    response = respond(select(admission_request(secret())), Unresolved("no slurmctld pod in namespace slurm"))  # type: ignore[arg-type]
+    response = respond(select(secret_request(secret())), Unresolved("no slurmctld pod in namespace slurm"))  # type: ignore[arg-type]
     assert not response.allowed and response.code == 403
     assert response.message == "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: no slurmctld pod in namespace slurm"
 
@@ -124,7 +125,7 @@ def test_unresolved_denies_naming_the_secret_and_reason() -> None:
     ],
 )
 def test_malformed_metadata_is_denied_with_the_cause(encoded: str, message: str) -> None:
-    request = admission_request(secret())
+    request = secret_request(secret())
     request["object"]["data"]["metaData"] = encoded
     response = respond(select(request), INFO)  # type: ignore[arg-type]
     assert not response.allowed and response.code == 400

@@ -13,23 +13,16 @@ import pytest
 import yaml
 
 from kubemu import Emulator
-from tests.injection.cluster import (
-    admission_request,
-    b64,
-    decoded_metadata,
-    metadata_secret,
-    seed_metal3,
-    seed_nodeport,
-    seed_slinky,
-)
+from testbed.reviews import secret_request
+from testbed.serve import RunningService
+from testbed.world import b64, decoded_metadata, metadata_secret, seed_metal3, seed_nodeport, seed_slinky
 from tests.injection.conftest import StartInjection
-from tests.support.service import RunningService
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 
 
 def mutate(service: RunningService, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    return service.review("/mutate", admission_request(secret, operation))
+    return service.review("/mutate", secret_request(secret, operation))
 
 
 def injected(response: dict[str, Any]) -> dict[str, str]:
@@ -288,7 +281,7 @@ def test_the_key_never_reaches_logs_or_errors(emulator: Emulator, start_injectio
     injected(mutate(service, metadata_secret(data)))
     bad = metadata_secret(data)
     bad["data"]["metaData"] = b64("[not a map")
-    error = service.review("/mutate", admission_request(bad))
+    error = service.review("/mutate", secret_request(bad))
     from common.logs import JsonFormatter
 
     formatter = JsonFormatter()

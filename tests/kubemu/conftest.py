@@ -4,7 +4,7 @@ fresh namespace per test so tests sharing an emulator do not see each other's ob
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client

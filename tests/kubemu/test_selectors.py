@@ -54,7 +54,10 @@ def test_field_selectors(api: client.ApiClient, emu: Emulator, ns: str) -> None:
     emu.create({**pod("run"), "status": {"phase": "Running"}, "spec": {"nodeName": "n1", "containers": []}},
                namespace=ns)
     emu.create({**pod("pend"), "status": {"phase": "Pending"}}, namespace=ns)
-    names = lambda sel: [p.metadata.name for p in core.list_namespaced_pod(ns, field_selector=sel).items]
+
+    def names(selector: str) -> list[str]:
+        return [p.metadata.name for p in core.list_namespaced_pod(ns, field_selector=selector).items]
+
     assert names("metadata.name=run") == ["run"]
     assert names("status.phase!=Running") == ["pend"]
     assert names("spec.nodeName==n1,metadata.namespace=" + ns) == ["run"]

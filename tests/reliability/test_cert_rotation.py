@@ -18,11 +18,12 @@ import httpx
 import pytest
 
 from kubemu import Emulator
+from testbed.pki import Pki, make_pki
+from testbed.reviews import secret_request
+from testbed.serve import RunningService
+from testbed.world import metadata_secret
 from tests.common.test_serving import Load, fingerprint_of, kubelet_volume, served_fingerprint
-from tests.injection.cluster import admission_request, metadata_secret
-from tests.reliability.conftest import Services, seed_injection_cluster
-from tests.support.pki import Pki, make_pki
-from tests.support.service import RunningService
+from tests.reliability.support import Services, seed_injection_cluster
 
 ROTATIONS = 10
 PICKUP_LIMIT_SECONDS = 15.0
@@ -62,7 +63,7 @@ class AdmissionLoad(Load):
         except Exception as exc:  # noqa: BLE001
             self.failures.append(f"kept-alive connection: {exc!r}")
 
-    def __enter__(self) -> "AdmissionLoad":
+    def __enter__(self) -> AdmissionLoad:
         for thread in self._threads:
             thread.start()
         return self
@@ -84,7 +85,7 @@ def test_ten_rotations_under_load_drop_nothing(emulator: Emulator, tmp_path: Pat
     try:
         service = services.injection(emulator)  # cert_poll_seconds: the default, 10 s
         pickups: list[float] = []
-        with AdmissionLoad(service, {"uid": "rotation-load", **admission_request(metadata_secret(data))}) as load:
+        with AdmissionLoad(service, {"uid": "rotation-load", **secret_request(metadata_secret(data))}) as load:
             for generation in range(1, ROTATIONS + 1):
                 new = issuer.issue()
                 kubelet_volume(volume, issuer, generation)

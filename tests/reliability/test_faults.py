@@ -20,9 +20,10 @@ import httpx
 import pytest
 
 from kubemu import Emulator, Fault
-from tests.injection.cluster import admission_request, metadata_secret
-from tests.reliability.conftest import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster, timed
-from tests.scaling.conftest import NAMESPACE, scale_request, wait_for
+from testbed.reviews import scale_request, secret_request
+from testbed.wait import wait_for
+from testbed.world import SLIME_NAMESPACE, metadata_secret
+from tests.reliability.support import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster, timed
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 PATCH_BUDGET = 1.0  # --patch-timeout-seconds of the service under test
@@ -56,30 +57,30 @@ def test_scaling_faults_on_the_hot_path_are_denied_within_budget(emulator: Emula
     latencies: dict[str, float] = {}
     replicas = 2
     for label, fault, code, cause in SCALING_FAULTS:
-        for attempt in range(3):
+        for _ in range(3):
             handle = emulator.add_fault(Fault(method="PATCH", path_regex=MD_SCALE, **fault))
-            response, seconds = timed(lambda: scaling.review(scale_request(NAMESPACE, "mirror-a", replicas + 10)))
+            response, seconds = timed(lambda r=replicas + 10: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", r)))
             handle.remove()
             denied(response, "cannot scale MachineDeployment metal3/md-a to", "from mirror slime/mirror-a", cause)
             assert response["status"]["code"] == code, response
             assert seconds < PATCH_BUDGET + MARGIN, f"{label}: answered in {seconds:.2f}s"
             latencies[label] = max(latencies.get(label, 0.0), seconds)
             replicas += 1
-            assert scaling.review(scale_request(NAMESPACE, "mirror-a", replicas))["allowed"] is True  # recovered
+            assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", replicas))["allowed"] is True  # recovered
             assert md_replicas(emulator) == replicas
 
     # Connection refused: the API server is down.
     port = emulator.port
     emulator.stop()
-    for attempt in range(3):
-        response, seconds = timed(lambda: scaling.review(scale_request(NAMESPACE, "mirror-a", 1)))
+    for _ in range(3):
+        response, seconds = timed(lambda: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 1)))
         denied(response, "cannot scale MachineDeployment metal3/md-a to 1 replicas", "cannot reach the API server")
         assert response["status"]["code"] == 503
         assert seconds < PATCH_BUDGET + MARGIN, f"connection refused: answered in {seconds:.2f}s"
         latencies["connection refused"] = max(latencies.get("connection refused", 0.0), seconds)
     emulator.start()
     assert emulator.port == port
-    assert scaling.review(scale_request(NAMESPACE, "mirror-a", 1))["allowed"] is True
+    assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 1))["allowed"] is True
     assert md_replicas(emulator) == 1
     figures["scaling_faults_max_latency_ms"] = {k: round(v * 1000, 1) for k, v in latencies.items()}
     figures["scaling_faults_budget_ms"] = int((PATCH_BUDGET + MARGIN) * 1000)
@@ -100,7 +101,7 @@ def test_injection_cold_cache_fault_denies_within_sync_timeout_naming_the_cluste
     _, data = seed_injection_cluster(emulator)
     handle = emulator.add_fault(Fault(verb="list", path_regex=r"/namespaces/slurm/pods$", **fault))
     service = services.injection(emulator, cache_sync_timeout_seconds=SYNC_TIMEOUT)
-    request = admission_request(metadata_secret(data))
+    request = secret_request(metadata_secret(data))
     response, seconds = timed(lambda: service.review("/mutate", request))
     message = denied(
         response, "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: cannot read slurmctld pods in slurm (local) from cluster local", cause
@@ -123,7 +124,7 @@ def test_injection_metal3_list_failing_is_not_ready_and_denies_naming_the_cluste
     service = services.injection(emulator, ready=False, cache_sync_timeout_seconds=SYNC_TIMEOUT)
     wait_for(lambda: "metal3datas" in httpx.get(f"{service.metrics_url}/readyz", timeout=5).text, 10, "a readiness failure naming the cache")
     assert httpx.get(f"{service.metrics_url}/readyz", timeout=5).status_code == 503
-    response, seconds = timed(lambda: service.review("/mutate", admission_request(metadata_secret(data))))
+    response, seconds = timed(lambda: service.review("/mutate", secret_request(metadata_secret(data))))
     denied(response, "cannot inject Slurm join data into Secret metal3/m3m-0-metadata", "cluster local")
     assert seconds < SYNC_TIMEOUT + MARGIN + 0.5
     handle.remove()
@@ -136,14 +137,14 @@ def test_injection_keeps_answering_from_warm_caches_while_the_api_server_is_gone
 ) -> None:
     slurm, data = seed_injection_cluster(emulator)
     service = services.injection(emulator)
-    request = admission_request(metadata_secret(data))
+    request = secret_request(metadata_secret(data))
     assert service.review("/mutate", request)["patchType"] == "JSONPatch"  # warms every cache
     emulator.stop()
     worst = 0.0
     with service.client() as client:
         for i in range(200):
             body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {**request, "uid": f"gone-{i}"}}
-            answer, seconds = timed(lambda: client.post(f"{service.url}/mutate", json=body))
+            answer, seconds = timed(lambda b=body: client.post(f"{service.url}/mutate", json=b))
             worst = max(worst, seconds)
             response = answer.json()["response"]
             assert response["uid"] == f"gone-{i}" and response.get("patchType") == "JSONPatch", response

@@ -22,11 +22,11 @@ import httpx
 import pytest
 
 from kubemu import Emulator
-from tests.injection.cluster import admission_request, metadata_secret
-from tests.reliability.conftest import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
+from testbed.reviews import scale_request, secret_request
+from testbed.serve import RunningService
+from testbed.world import SLIME_NAMESPACE, metadata_secret
 from tests.reliability.malformed import Case, generate
-from tests.scaling.conftest import NAMESPACE, scale_request
-from tests.support.service import RunningService
+from tests.reliability.support import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
 
 SEED = int(os.environ.get("SLIME_RELIABILITY_SEED", "20250601"))
 BODIES = int(os.environ.get("SLIME_RELIABILITY_BODIES", "10000"))
@@ -140,8 +140,8 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
     scaling = services.scaling(emulator)
     secret = metadata_secret(data)
     templates = [
-        {**REVIEW, "request": {"uid": "injection-template", **admission_request(secret)}},
-        {**REVIEW, "request": {"uid": "scaling-template", **scale_request(NAMESPACE, "mirror-a", 3)}},
+        {**REVIEW, "request": {"uid": "injection-template", **secret_request(secret)}},
+        {**REVIEW, "request": {"uid": "scaling-template", **scale_request(SLIME_NAMESPACE, "mirror-a", 3)}},
     ]
     assert injection.review("/mutate", templates[0]["request"])["patchType"] == "JSONPatch"  # warm caches
     cases = list(generate(SEED, BODIES, templates))
@@ -174,7 +174,7 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
         assert httpx.get(f"{service.metrics_url}/healthz", timeout=5).text == "ok"
         assert httpx.get(f"{service.metrics_url}/readyz", timeout=5).status_code == 200
     assert injection.review("/mutate", templates[0]["request"])["patchType"] == "JSONPatch"
-    assert scaling.review(scale_request(NAMESPACE, "mirror-a", 4))["allowed"] is True
+    assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 4))["allowed"] is True
     assert md_replicas(emulator) == 4
     crashed = [line for line in EVIDENCE.log_lines if '"msg":"handler failed"' in line]
     figures["malformed"]["handler_exceptions_logged"] = len(crashed)

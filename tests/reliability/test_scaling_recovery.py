@@ -31,9 +31,12 @@ import httpx
 import pytest
 
 from kubemu import Emulator, Fault
-from tests.reliability.conftest import EVIDENCE, REPO_ROOT, Services, md_replicas, mirror_replicas, seed_scaling_cluster, timed
-from tests.scaling.conftest import NAMESPACE, Scaling, scale_request, wait_for
-from tests.support.pki import Pki
+from testbed.pki import Pki
+from testbed.reviews import scale_request
+from testbed.services import Scaling
+from testbed.wait import wait_for
+from testbed.world import SLIME_NAMESPACE
+from tests.reliability.support import EVIDENCE, REPO_ROOT, Services, md_replicas, mirror_replicas, seed_scaling_cluster, timed
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
@@ -47,7 +50,7 @@ def free_port() -> int:
 
 def persist_mirror(emulator: Emulator, replicas: int) -> None:
     """What kube-apiserver does after the validating webhooks allowed (or, failing open, ignored) a scale."""
-    emulator.patch("apps/v1", "deployments", NAMESPACE, "mirror-a", {"spec": {"replicas": replicas}})
+    emulator.patch("apps/v1", "deployments", SLIME_NAMESPACE, "mirror-a", {"spec": {"replicas": replicas}})
 
 
 @pytest.mark.slow
@@ -59,7 +62,7 @@ def test_service_killed_between_admission_and_patch_is_healed_by_a_new_reconcile
     log_file = tmp_path / "scaling-webhook.log"
     command = [
         sys.executable, "-m", "scaling_webhook.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-        "--cert-file", str(pki.cert_file), "--key-file", str(pki.key_file), "--namespace", NAMESPACE,
+        "--cert-file", str(pki.cert_file), "--key-file", str(pki.key_file), "--namespace", SLIME_NAMESPACE,
         "--kubeconfig", emulator.write_kubeconfig(tmp_path / "kubeconfig"), "--resync-seconds", "3600", "--patch-timeout-seconds", "5",
     ]
     with log_file.open("wb") as log:
@@ -71,7 +74,7 @@ def test_service_killed_between_admission_and_patch_is_healed_by_a_new_reconcile
         outcome: list[Any] = []
 
         def admission() -> None:
-            body = {**REVIEW, "request": {"uid": "doomed", **scale_request(NAMESPACE, "mirror-a", 5)}}
+            body = {**REVIEW, "request": {"uid": "doomed", **scale_request(SLIME_NAMESPACE, "mirror-a", 5)}}
             context = ssl.create_default_context(cafile=str(pki.ca_file))
             try:
                 outcome.append(httpx.post(f"https://127.0.0.1:{port}/validate", json=body, verify=context, timeout=10))
@@ -121,7 +124,7 @@ def test_patch_landing_after_a_slow_denial_is_healed(
     emulator = seed_scaling_cluster(emulator_factory(admission=slow_scale))
     scaling = services.scaling(emulator, patch_timeout_seconds=0.5)
     slow.set()
-    response, seconds = timed(lambda: scaling.review(scale_request(NAMESPACE, "mirror-a", 7)))
+    response, seconds = timed(lambda: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 7)))
     assert response["allowed"] is False and "did not answer within 0.5s" in response["status"]["message"], response
     assert seconds < 1.0
     wait_for(lambda: md_replicas(emulator) == 7, 5, "the late patch to land")  # drift: the denied mirror scale is not persisted
@@ -142,7 +145,7 @@ def test_two_replicas_racing_reach_the_same_end_state(emulator: Emulator, servic
 
     def api_server_scale(replica: Scaling, value: int) -> None:
         nonlocal admissions
-        response = replica.review(scale_request(NAMESPACE, "mirror-a", value))
+        response = replica.review(scale_request(SLIME_NAMESPACE, "mirror-a", value))
         assert response["allowed"] is True, response
         persist_mirror(emulator, value)
         with lock:

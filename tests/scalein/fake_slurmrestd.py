@@ -72,13 +72,13 @@ class FakeSlurmrestd:
                 status, body = fake.handle(method, self.path, self.headers.get("X-SLURM-USER-TOKEN"), raw)
                 self._answer(status, body)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._handle("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._handle("POST")
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 self._handle("DELETE")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -9,9 +9,11 @@ from collections.abc import Callable
 import pytest
 
 from scaling_webhook.mappings import MappingError, parse_mappings
-from scaling_webhook.scalein import DELETE_MACHINE, PRE_DRAIN_HOOK, order_candidates
-from scaling_webhook.slurmrestd import SlurmNode
-from tests.scalein.conftest import MD, MD_NS, Env, md_events, md_replicas, wait_for
+from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
+from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, order_candidates
+from testbed.wait import wait_for
+from testbed.world import md_events, md_replicas
+from tests.scalein.sim import MD, MD_NS, Env
 
 
 def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from common.admission import encode_review
 from scaling_webhook.handler import DryRun, Invalid, ScaleIntent, respond, scale_intent
 from scaling_webhook.mappings import parse_mappings
-from tests.scaling.conftest import scale_request
+from testbed.reviews import scale_request
 
 TABLE = parse_mappings({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}"}, "slime")
 MAPPING = TABLE.get("slime", "mirror-a")

@@ -75,7 +75,7 @@ def test_table_is_immutable_and_comparable() -> None:
     two = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: x/md}"}, "s")
     assert one == two and hash(one) == hash(two)
     with pytest.raises(TypeError):
-        one._by_mirror[("a", "n")] = None  # type: ignore[index]  # noqa: SLF001
+        one._by_mirror[("a", "n")] = None  # type: ignore[index]
 
 
 THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}

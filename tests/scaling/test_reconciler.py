@@ -12,18 +12,10 @@ from typing import Any
 import pytest
 
 from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, Fault
+from testbed.services import Scaling
+from testbed.wait import wait_for
+from testbed.world import CAPI, SLIME_NAMESPACE, config_map, machine_deployment, md_events, md_replicas, mirror
 from tests.kubemu.helpers import raw
-from tests.scaling.conftest import (
-    CAPI,
-    NAMESPACE,
-    Scaling,
-    config_map,
-    machine_deployment,
-    md_events,
-    md_replicas,
-    mirror,
-    wait_for,
-)
 
 THESIS_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
 
@@ -33,7 +25,7 @@ def set_md(emulator: Emulator, replicas: int, name: str = "md", namespace: str =
 
 
 def set_mirror(emulator: Emulator, replicas: int, name: str = "mirror-deployment") -> None:
-    emulator.patch("apps/v1", "Deployment", NAMESPACE, name, {"spec": {"replicas": replicas}})
+    emulator.patch("apps/v1", "Deployment", SLIME_NAMESPACE, name, {"spec": {"replicas": replicas}})
 
 
 @pytest.fixture
@@ -115,10 +107,10 @@ def test_api_errors_are_counted_and_retried_next_pass(thesis: Emulator, scaling_
 
 
 def test_mapping_change_triggers_a_pass(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
-    scaling = scaling_factory(thesis)
+    scaling_factory(thesis)
     thesis.create(mirror("mirror-new", replicas=6))
     thesis.create(machine_deployment("md-new", "metal3", replicas=1))
-    cm = thesis.get("v1", "ConfigMap", NAMESPACE, "scaling-webhook-configmap")
+    cm = thesis.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
     cm["data"]["mappings"] = "- {mirror: slime/mirror-new, machineDeployment: metal3/md-new}"
     thesis.update(cm)
     wait_for(lambda: md_replicas(thesis, "metal3", "md-new") == 6, what="the new mapping reconciled")
@@ -184,7 +176,7 @@ def test_two_replicas_converge(emulator_factory: Callable[..., Emulator], scalin
         loop.start()
     try:
         for value in (3, 7, 2, 9, 0, 4, 6, 1, 5, 8, 5, 2):
-            raw(api, "PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/mirror-deployment/scale",
+            raw(api, "PATCH", f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-deployment/scale",
                 body={"spec": {"replicas": value}}, content_type="application/merge-patch+json")
     finally:
         stop.set()
@@ -195,5 +187,5 @@ def test_two_replicas_converge(emulator_factory: Callable[..., Emulator], scalin
     assert all(s.service.reconciler.passes > 1 for s in replicas)
     for scaling in replicas:  # one quiet pass each, as the next resync would do
         scaling.service.reconcile_once()
-    assert emulator.get("apps/v1", "Deployment", NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 2
+    assert emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 2
     assert md_replicas(emulator, "metal3", "md") == 2

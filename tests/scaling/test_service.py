@@ -11,18 +11,10 @@ import httpx
 import pytest
 
 from kubemu import Emulator, Fault
-from tests.scaling.conftest import (
-    CAPI,
-    NAMESPACE,
-    Scaling,
-    config_map,
-    machine_deployment,
-    md_events,
-    md_replicas,
-    mirror,
-    scale_request,
-    wait_for,
-)
+from testbed.reviews import scale_request
+from testbed.services import Scaling
+from testbed.wait import wait_for
+from testbed.world import CAPI, SLIME_NAMESPACE, config_map, machine_deployment, md_events, md_replicas, mirror
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 
@@ -45,9 +37,9 @@ def assert_denied(response: dict, *fragments: str) -> str:
 
 
 def test_scale_up_then_down(scaling: Scaling, seeded: Emulator) -> None:
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 5)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 5)))
     assert md_replicas(seeded, "metal3", "md-a") == 5
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 0, old_replicas=5)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 0, old_replicas=5)))
     assert md_replicas(seeded, "metal3", "md-a") == 0
     assert md_replicas(seeded, "metal3-b", "md-b") == 1  # the other mapping is untouched
     assert scaling.metric("slime_scaling_decisions_total", 'outcome="scaled"') == 2
@@ -57,7 +49,7 @@ def test_scale_up_then_down(scaling: Scaling, seeded: Emulator) -> None:
 def test_exactly_one_api_call_per_mapped_admission(scaling: Scaling, seeded: Emulator) -> None:
     seeded.clear_requests()
     for replicas in (3, 4, 2):
-        assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", replicas)))
+        assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", replicas)))
     calls = scaling.hot_path_calls()
     assert [(c.method, c.api_group, c.resource, c.subresource, c.namespace, c.name) for c in calls] == [
         ("PATCH", CAPI, "machinedeployments", "scale", "metal3", "md-a")
@@ -68,21 +60,21 @@ def test_exactly_one_api_call_per_mapped_admission(scaling: Scaling, seeded: Emu
 
 def test_patch_is_an_absolute_merge_patch_on_scale(scaling: Scaling, seeded: Emulator) -> None:
     seeded.clear_requests()
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-b", 7)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-b", 7)))
     (call,) = scaling.calls(method="PATCH")
     assert call.path == f"/apis/{CAPI}/v1beta2/namespaces/metal3-b/machinedeployments/md-b/scale"
     assert md_replicas(seeded, "metal3-b", "md-b") == 7
 
 
 def test_several_mappings(scaling: Scaling, seeded: Emulator) -> None:
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 6)))
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-b", 9)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 6)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-b", 9)))
     assert (md_replicas(seeded, "metal3", "md-a"), md_replicas(seeded, "metal3-b", "md-b")) == (6, 9)
 
 
 def test_dry_run_has_no_side_effect(scaling: Scaling, seeded: Emulator) -> None:
     seeded.clear_requests()
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", 8, dry_run=True))
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 8, dry_run=True))
     assert_allowed(response)
     assert "dry run" in response["status"]["message"]
     assert md_replicas(seeded, "metal3", "md-a") == 2
@@ -95,11 +87,11 @@ def test_dry_run_has_no_side_effect(scaling: Scaling, seeded: Emulator) -> None:
 @pytest.mark.parametrize(
     "request_",
     [
-        scale_request(NAMESPACE, "not-a-mirror", 4),
+        scale_request(SLIME_NAMESPACE, "not-a-mirror", 4),
         scale_request("other", "mirror-a", 4),  # same name, another namespace
-        {**scale_request(NAMESPACE, "mirror-a", 4), "resource": {"group": "apps", "version": "v1", "resource": "statefulsets"}},
-        {**scale_request(NAMESPACE, "mirror-a", 4), "operation": "CREATE"},
-        {**scale_request(NAMESPACE, "mirror-a", 4), "subResource": ""},
+        {**scale_request(SLIME_NAMESPACE, "mirror-a", 4), "resource": {"group": "apps", "version": "v1", "resource": "statefulsets"}},
+        {**scale_request(SLIME_NAMESPACE, "mirror-a", 4), "operation": "CREATE"},
+        {**scale_request(SLIME_NAMESPACE, "mirror-a", 4), "subResource": ""},
     ],
     ids=["unmapped", "other-namespace", "statefulset", "create", "no-subresource"],
 )
@@ -113,7 +105,7 @@ def test_requests_not_ours_are_allowed_with_no_call(scaling: Scaling, seeded: Em
 
 def test_malformed_scale_of_a_mapped_mirror_is_denied(scaling: Scaling, seeded: Emulator) -> None:
     seeded.clear_requests()
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", "3"))
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", "3"))
     assert_denied(response, "metal3/md-a", "Scale object has no integer spec.replicas")
     assert response["status"]["code"] == 400
     assert seeded.requests == []
@@ -123,8 +115,8 @@ def test_malformed_scale_of_a_mapped_mirror_is_denied(scaling: Scaling, seeded: 
 
 
 def test_event_recorded_for_each_change(scaling: Scaling, seeded: Emulator) -> None:
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 4)))
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 3)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 4)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3)))
     events = wait_for(lambda: len(md_events(seeded, "metal3", "md-a", "ScaledFromMirror")) == 2 and md_events(seeded, "metal3", "md-a"),
                       what="two ScaledFromMirror events")
     messages = sorted(e["message"] for e in events)
@@ -143,7 +135,7 @@ def test_event_recorded_for_each_change(scaling: Scaling, seeded: Emulator) -> N
 
 def test_event_failure_never_fails_the_admission(scaling: Scaling, seeded: Emulator) -> None:
     seeded.add_fault(Fault(method="POST", path_regex=r"/events$", status=500))
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 4)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 4)))
     assert md_replicas(seeded, "metal3", "md-a") == 4
     assert scaling.service.events.flush()
     assert scaling.metric("slime_scaling_events_total", 'result="failure"') == 1
@@ -157,7 +149,7 @@ def test_thesis_form_config(emulator: Emulator, scaling_factory: Callable[..., S
     emulator.create(machine_deployment("md-slurm-workers", "metal3", replicas=1))
     emulator.create(config_map({"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}))
     scaling = scaling_factory(emulator)
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-deployment", 4)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 4)))
     assert md_replicas(emulator, "metal3", "md-slurm-workers") == 4
 
 
@@ -173,7 +165,7 @@ def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Cal
     }))
     scaling = scaling_factory(emulator)
     assert_allowed(scaling.review(scale_request("keda", "mirror-x", 2)))
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-p", 3)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-p", 3)))
     assert (md_replicas(emulator, "metal3", "md-x"), md_replicas(emulator, "metal3", "md-p")) == (2, 3)
     assert scaling.metric("slime_scaling_mappings") == 2
 
@@ -183,7 +175,7 @@ def test_config_map_name_flag(emulator: Emulator, scaling_factory: Callable[...,
     emulator.create(machine_deployment("md1", "metal3"))
     emulator.create(config_map({"mappings": "- {mirror: slime/m1, machineDeployment: metal3/md1}"}, name="custom"))
     scaling = scaling_factory(emulator, config_map="custom")
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "m1", 3)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "m1", 3)))
     assert md_replicas(emulator, "metal3", "md1") == 3
 
 
@@ -191,19 +183,19 @@ def test_live_config_reload(scaling: Scaling, seeded: Emulator) -> None:
     seeded.create(mirror("mirror-c", replicas=1))
     seeded.create(machine_deployment("md-c", "metal3", replicas=1))
     seeded.clear_requests()
-    assert scaling.review(scale_request(NAMESPACE, "mirror-c", 4))["allowed"] is True
+    assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-c", 4))["allowed"] is True
     assert seeded.requests == [] and md_replicas(seeded, "metal3", "md-c") == 1
-    cm = seeded.get("v1", "ConfigMap", NAMESPACE, "scaling-webhook-configmap")
+    cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
     cm["data"] = {"mappings": "- {mirror: slime/mirror-c, machineDeployment: metal3/md-c}"}
     passes = scaling.service.reconciler.passes
     seeded.update(cm)
-    wait_for(lambda: scaling.service.source.table.get(NAMESPACE, "mirror-c") is not None, what="the new mapping")
+    wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-c") is not None, what="the new mapping")
     wait_for(lambda: scaling.service.reconciler.passes > passes, what="the reconcile pass a mapping change triggers")
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-c", 4)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-c", 4)))
     assert md_replicas(seeded, "metal3", "md-c") == 4
     assert scaling.service.events.flush()
     seeded.clear_requests()
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", 9))  # no longer mapped
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 9))  # no longer mapped
     assert response["allowed"] is True and seeded.requests == []
     assert md_replicas(seeded, "metal3", "md-a") == 2
 
@@ -212,7 +204,7 @@ def test_invalid_config_keeps_last_good_mappings(
     scaling: Scaling, seeded: Emulator, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert scaling.metric("slime_scaling_config_valid") == 1
-    cm = seeded.get("v1", "ConfigMap", NAMESPACE, "scaling-webhook-configmap")
+    cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
     cm["data"] = {"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n  extra: 1\n"}
     with caplog.at_level(logging.ERROR, logger="slime.scaling.mappings"):
         seeded.update(cm)
@@ -221,27 +213,27 @@ def test_invalid_config_keeps_last_good_mappings(
     (record,) = [r for r in caplog.records if r.getMessage().startswith("scaling ConfigMap is invalid")]
     assert record.error == "mappings[0]: unknown key(s) extra; allowed: mirror, machineDeployment"  # type: ignore[attr-defined]
     # The last good table still serves both mirrors.
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-b", 5)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-b", 5)))
     assert md_replicas(seeded, "metal3-b", "md-b") == 5
     # A fixed ConfigMap is valid again.
-    cm = seeded.get("v1", "ConfigMap", NAMESPACE, "scaling-webhook-configmap")
+    cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
     cm["data"] = {"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}"}
     seeded.update(cm)
     wait_for(lambda: scaling.metric("slime_scaling_config_valid") == 1, what="config_valid 1")
-    wait_for(lambda: scaling.service.source.table.get(NAMESPACE, "mirror-b") is None, what="mirror-b unmapped")
+    wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-b") is None, what="mirror-b unmapped")
 
 
 def test_missing_config_map_is_an_empty_table_and_ready(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     scaling = scaling_factory(emulator)
     assert len(scaling.service.source.table) == 0
     emulator.clear_requests()
-    assert scaling.review(scale_request(NAMESPACE, "mirror-deployment", 3))["allowed"] is True
+    assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 3))["allowed"] is True
     assert emulator.requests == []
     emulator.create(mirror("mirror-deployment"))
     emulator.create(machine_deployment("md", "metal3"))
     emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
     wait_for(lambda: len(scaling.service.source.table) == 1, what="the created ConfigMap")
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-deployment", 3)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 3)))
     assert md_replicas(emulator, "metal3", "md") == 3
 
 
@@ -250,7 +242,7 @@ def test_missing_config_map_is_an_empty_table_and_ready(emulator: Emulator, scal
 
 def test_machine_deployment_missing_is_denied(scaling: Scaling, seeded: Emulator) -> None:
     seeded.delete(f"{CAPI}/v1beta1", "MachineDeployment", "metal3", "md-a")
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", 3))
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3))
     assert_denied(response, "cannot scale MachineDeployment metal3/md-a to 3 replicas from mirror slime/mirror-a",
                   "MachineDeployment metal3/md-a not found")
     assert response["status"]["code"] == 404
@@ -267,7 +259,7 @@ def test_machine_deployment_missing_is_denied(scaling: Scaling, seeded: Emulator
 )
 def test_api_error_is_denied_with_cause(scaling: Scaling, seeded: Emulator, status: int, code: int, fragment: str) -> None:
     seeded.add_fault(Fault(method="PATCH", path_regex=MD_SCALE, status=status))
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", 3))
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3))
     assert_denied(response, "MachineDeployment metal3/md-a", fragment)
     assert response["status"]["code"] == code
     assert md_replicas(seeded, "metal3", "md-a") == 2
@@ -276,7 +268,7 @@ def test_api_error_is_denied_with_cause(scaling: Scaling, seeded: Emulator, stat
 def test_slow_api_is_denied_within_budget(scaling: Scaling, seeded: Emulator) -> None:
     seeded.add_fault(Fault(method="PATCH", path_regex=MD_SCALE, status=500, delay_seconds=3.0))
     started = time.monotonic()
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", 3))
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3))
     elapsed = time.monotonic() - started
     assert_denied(response, "MachineDeployment metal3/md-a", "the API server did not answer within 1s")
     assert response["status"]["code"] == 503
@@ -285,7 +277,7 @@ def test_slow_api_is_denied_within_budget(scaling: Scaling, seeded: Emulator) ->
 
 def test_api_unreachable_is_denied(scaling: Scaling, seeded: Emulator) -> None:
     seeded.add_fault(Fault(method="PATCH", path_regex=MD_SCALE, close_connection=True))
-    response = scaling.review(scale_request(NAMESPACE, "mirror-a", 3))
+    response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3))
     assert_denied(response, "MachineDeployment metal3/md-a")
     assert response["status"]["code"] == 503
 
@@ -303,7 +295,7 @@ def test_cluster_serving_one_capi_version(
     emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
     scaling = scaling_factory(emulator)
     emulator.clear_requests()
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-deployment", 6)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 6)))
     (call,) = [c for c in emulator.requests if c.resource != "events"]
     assert call.path == f"/apis/{CAPI}/{version}/namespaces/metal3/machinedeployments/md/scale"
     assert emulator.get(f"{CAPI}/{version}", "MachineDeployment", "metal3", "md")["spec"]["replicas"] == 6
@@ -314,9 +306,9 @@ def test_cluster_serving_one_capi_version(
 def test_version_rediscovered_when_path_no_longer_served(scaling: Scaling, seeded: Emulator) -> None:
     """A CAPI downgrade (v1beta2 no longer served): one 404 on the path, rediscover, retry once."""
     assert scaling.service.scaler.api_version == f"{CAPI}/v1beta2"
-    seeded.registry._served[CAPI] = ["v1beta1"]  # noqa: SLF001 - the emulator has no public switch at run time
+    seeded.registry._served[CAPI] = ["v1beta1"]
     seeded.clear_requests()
-    assert_allowed(scaling.review(scale_request(NAMESPACE, "mirror-a", 4)))
+    assert_allowed(scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 4)))
     assert md_replicas(seeded, "metal3", "md-a") == 4
     assert scaling.service.scaler.api_version == f"{CAPI}/v1beta1"
     calls = [(c.method, c.version, c.status_code) for c in scaling.hot_path_calls()]
@@ -374,21 +366,21 @@ def test_end_to_end_keda_scales_mirror(emulator_factory: Callable[..., Emulator]
     try:
         from tests.kubemu.helpers import raw
 
-        raw(api, "PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/mirror-deployment/scale",
+        raw(api, "PATCH", f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-deployment/scale",
             body={"spec": {"replicas": 4}}, content_type="application/merge-patch+json")
         assert md_replicas(emulator, "metal3", "md") == 4
-        assert emulator.get("apps/v1", "Deployment", NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 4
+        assert emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 4
         # A dry run through the API server changes nothing.
-        raw(api, "PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/mirror-deployment/scale",
+        raw(api, "PATCH", f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-deployment/scale",
             body={"spec": {"replicas": 9}}, content_type="application/merge-patch+json", query=[("dryRun", "All")])
         assert md_replicas(emulator, "metal3", "md") == 4
         # The MachineDeployment gone: the mirror scale is refused, so the mirror does not drift.
         emulator.delete(f"{CAPI}/v1beta1", "MachineDeployment", "metal3", "md")
         with pytest.raises(Exception) as denied:
-            raw(api, "PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/mirror-deployment/scale",
+            raw(api, "PATCH", f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-deployment/scale",
                 body={"spec": {"replicas": 2}}, content_type="application/merge-patch+json")
         assert "MachineDeployment metal3/md not found" in json.loads(denied.value.body)["message"]  # type: ignore[attr-defined]
-        assert emulator.get("apps/v1", "Deployment", NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 4
+        assert emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-deployment")["spec"]["replicas"] == 4
     finally:
         api.close()
 
@@ -396,12 +388,12 @@ def test_end_to_end_keda_scales_mirror(emulator_factory: Callable[..., Emulator]
 def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from scaling_webhook.main import build
     from scaling_webhook.settings import ScalingSettings
-    from tests.support.service import start_service
+    from testbed.serve import serve_in_thread
 
     fault = emulator.add_fault(Fault(method="GET", path_regex=r"/configmaps$", status=500))
-    settings = ScalingSettings(cert_file=str(pki.cert_file), key_file=str(pki.key_file), namespace=NAMESPACE,
+    settings = ScalingSettings(cert_file=str(pki.cert_file), key_file=str(pki.key_file), namespace=SLIME_NAMESPACE,
                                KUBECONFIG=emulator.write_kubeconfig(tmp_path / "kc"))  # type: ignore[call-arg]
-    running = start_service(build(settings), pki.ca_file)
+    running = serve_in_thread(build(settings), pki.ca_file)
     try:
         answer = httpx.get(f"{running.metrics_url}/readyz")
         assert answer.status_code == 503

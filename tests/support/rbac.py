@@ -24,8 +24,9 @@ it the requests recorded by the API emulator through :func:`assert_rbac_covers`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = ["ApiRequest", "rbac_allows", "assert_rbac_covers", "DISCOVERY_PATHS"]
 

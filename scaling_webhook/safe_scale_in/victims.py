@@ -2,9 +2,9 @@
 
 Order (after Slinky's NodeSet): a Machine whose Slurm node is unknown (not joined yet, or gone)
 first, then nodes that serve no job (IDLE, IDLE+DRAIN, DOWN without jobs; already drained ones
-first), then by the earliest end of their running jobs when known. A node that is ALLOCATED,
-MIXED or COMPLETING is never chosen, nor a Machine already being deleted. Ties break by the
-Machine's name, so the choice is deterministic.
+first). A node that is ALLOCATED, MIXED or COMPLETING is never chosen, nor a Machine already
+being deleted. Ties break by the Machine's name, so the choice is deterministic. (Slinky also
+orders busy nodes by their jobs' end; busy nodes are never victims here, so that key is moot.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scaling_webhook.slurmrestd import SlurmNode
+from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 
 DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
 DELETE_MACHINE_VALUE = "slime"
@@ -35,7 +35,7 @@ def machine_name(machine: dict[str, Any]) -> str:
     return str((machine.get("metadata") or {}).get("name") or "")
 
 
-def annotations(machine: dict[str, Any]) -> dict[str, str]:
+def machine_annotations(machine: dict[str, Any]) -> dict[str, str]:
     return (machine.get("metadata") or {}).get("annotations") or {}
 
 
@@ -45,7 +45,7 @@ def is_deleting(machine: dict[str, Any]) -> bool:
 
 def is_pending_victim(machine: dict[str, Any]) -> bool:
     """Marked for deletion by us, not yet being deleted (so it can still be reclaimed)."""
-    return annotations(machine).get(DELETE_MACHINE) == DELETE_MACHINE_VALUE and not is_deleting(machine)
+    return machine_annotations(machine).get(DELETE_MACHINE) == DELETE_MACHINE_VALUE and not is_deleting(machine)
 
 
 def machine_addresses(machine: dict[str, Any]) -> list[str]:
@@ -73,19 +73,19 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
         return Candidate(name, None, False, "already deleting")
     node = node_for(machine, nodes)
     if node is None:
-        return Candidate(name, None, True, "no Slurm node", (0, 0, 0.0, name))
+        return Candidate(name, None, True, "no Slurm node", (0, 0, name))
     if node.busy:
         busy = sorted(node.states & {"ALLOCATED", "MIXED", "COMPLETING"})
         return Candidate(name, node, False, "+".join(busy))
     # Not busy: a drained node first (we or someone already asked it to leave), then the rest.
     tier = 0 if "DRAIN" in node.states else 1
-    end = node.earliest_job_end if node.earliest_job_end is not None else 0.0
-    return Candidate(name, node, True, "+".join(sorted(node.states)) or "no state", (1, tier, end, name))
+    return Candidate(name, node, True, "+".join(sorted(node.states)) or "no state", (1, tier, name))
 
 
 def order_candidates(machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode]) -> tuple[list[Candidate], list[Candidate]]:
     """(eligible Machines in the order to remove them, ineligible ones with why)."""
-    eligible, ineligible = [], []
+    eligible: list[Candidate] = []
+    ineligible: list[Candidate] = []
     for machine in machines:
         candidate = classify(machine, nodes)
         (eligible if candidate.eligible else ineligible).append(candidate)

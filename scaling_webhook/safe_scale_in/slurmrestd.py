@@ -23,7 +23,7 @@ import httpx
 import jwt
 
 from common.kube import KubeClient, KubeError, ResourcePath
-from scaling_webhook.mappings import SLURM_API_VERSIONS, SafeScaleIn
+from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SafeScaleInConfig
 
 log = logging.getLogger("slime.scaling.slurmrestd")
 
@@ -48,9 +48,6 @@ class SlurmNode:
     address: str = ""
     states: frozenset[str] = field(default_factory=frozenset)
     reason: str = ""
-    # Earliest end (epoch seconds) of the jobs running there, when known; slurmrestd's node
-    # list does not carry it, so it is None there and busy nodes are simply ineligible.
-    earliest_job_end: float | None = None
 
     @property
     def busy(self) -> bool:
@@ -71,21 +68,19 @@ def _states(value: Any) -> frozenset[str]:
 
 
 def parse_node(raw: dict[str, Any]) -> SlurmNode:
-    end = raw.get("slime_earliest_job_end")  # not a Slurm field; only test doubles set it
     return SlurmNode(
         name=str(raw.get("name") or ""),
         hostname=str(raw.get("hostname") or ""),
         address=str(raw.get("address") or ""),
         states=_states(raw.get("state")),
         reason=str(raw.get("reason") or ""),
-        earliest_job_end=float(end) if isinstance(end, (int, float)) and not isinstance(end, bool) else None,
     )
 
 
 class SlurmClient:
     """One slurmrestd endpoint with its signing key. Thread-safe."""
 
-    def __init__(self, kube: KubeClient, config: SafeScaleIn, timeout: float = TIMEOUT_SECONDS) -> None:
+    def __init__(self, kube: KubeClient, config: SafeScaleInConfig, timeout: float = TIMEOUT_SECONDS) -> None:
         self.kube = kube
         self.config = config
         self.timeout = timeout
@@ -177,7 +172,7 @@ class SlurmClient:
                     break
                 else:
                     raise SlurmUnavailable(f"{self.where} serves none of {', '.join(SLURM_API_VERSIONS)} ({'; '.join(tried)})")
-            return self._version  # type: ignore[return-value]
+            return self._version
 
     # --- calls -------------------------------------------------------------------------------
 

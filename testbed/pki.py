@@ -10,6 +10,15 @@ from cryptography import x509
 from certs.devcerts import CertificateAuthority, create_ca, issue_serving_cert
 
 
+@dataclass(frozen=True)
+class ServingPair:
+    """A serving certificate and key, and the CA bundle that verifies them."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
 @dataclass
 class Pki:
     directory: Path

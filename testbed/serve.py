@@ -1,4 +1,4 @@
-"""Run a webhook service for real (TLS on 127.0.0.1) and call it as kube-apiserver does."""
+"""Run a webhook service for real (TLS on 127.0.0.1, ports chosen by the OS) and call it as kube-apiserver does."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import ssl
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,23 @@ import httpx
 
 from common.serving import ServiceRunner
 
+# The names of the services this process started, so a test session can audit what ran.
+_STARTED: set[str] = set()
+
+
+def started_services() -> set[str]:
+    return set(_STARTED)
+
 
 @dataclass
 class RunningService:
+    """A :class:`ServiceRunner` serving in its own thread and event loop."""
+
+    name: str
     runner: ServiceRunner
     thread: threading.Thread
-    ca_file: Path
+    ca_file: Path | None = None
+    errors: list[BaseException] = field(default_factory=list)
 
     @property
     def port(self) -> int:
@@ -38,8 +49,17 @@ class RunningService:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}"
 
+    def ready(self) -> bool:
+        """``/readyz`` answers 200."""
+        try:
+            return httpx.get(f"{self.metrics_url}/readyz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def client(self) -> httpx.Client:
         """An HTTPS client that trusts only the CA bundle, like a webhook configuration's caBundle."""
+        if self.ca_file is None:
+            raise ValueError(f"{self.name}: no CA bundle was given to call it with")
         context = ssl.create_default_context(cafile=str(self.ca_file))
         return httpx.Client(verify=context, timeout=10.0)
 
@@ -57,28 +77,28 @@ class RunningService:
         review = answer.json()
         assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
         assert review["response"]["uid"] == request["uid"]
-        return review["response"]
+        response: dict[str, Any] = review["response"]
+        return response
 
     def stop(self) -> None:
         self.runner.request_stop()
         self.thread.join(timeout=15)
 
 
-def start_service(runner: ServiceRunner, ca_file: Path) -> RunningService:
-    """Serve ``runner`` (ports 0 = any free port) in a thread; return once both ports listen."""
-    runner.port = 0
-    runner.metrics_port = 0
-    runner.host = "127.0.0.1"
-    errors: list[BaseException] = []
+def serve_in_thread(runner: ServiceRunner, ca_file: Path | None = None, name: str = "service") -> RunningService:
+    """Serve ``runner`` on 127.0.0.1 (any free ports) in a thread; return once both ports listen."""
+    runner.host, runner.port, runner.metrics_port = "127.0.0.1", 0, 0
+    service = RunningService(name, runner, threading.Thread(), ca_file)
 
     def serve() -> None:
         try:
             asyncio.run(runner.serve())
-        except BaseException as exc:  # noqa: BLE001 - reported to the test below
-            errors.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            service.errors.append(exc)
 
-    thread = threading.Thread(target=serve, name="service-under-test", daemon=True)
-    thread.start()
+    service.thread = threading.Thread(target=serve, name=name, daemon=True)
+    service.thread.start()
+    _STARTED.add(name)
     if not runner.started.wait(15):
-        raise RuntimeError(f"service did not start: {errors}")
-    return RunningService(runner, thread, ca_file)
+        raise RuntimeError(f"{name} did not start: {service.errors or 'no error reported'}")
+    return service

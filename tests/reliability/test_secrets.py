@@ -1,10 +1,10 @@
-"""After everything else in this folder: no ``slurm.key`` in any log line, metrics page or error text.
+"""No ``slurm.key`` in any log line, metrics page or error text, even at DEBUG with requests that carry it.
 
-This module sorts last in the folder, so :data:`EVIDENCE` holds every JSON log line (through
-``common.logs.JsonFormatter``), every metrics page and every denial message of the reliability
-run, plus the logs of the killed ``scaling-webhook`` process. It first runs its own scenario at
-DEBUG level (the most talkative setting), with requests that carry the key themselves, so the
-check means something even when this module runs alone.
+:data:`EVIDENCE` holds every JSON log line of the session so far (through
+``common.logs.JsonFormatter``), every metrics page and every denial message the tests read. This
+test runs its own scenario at DEBUG level (the most talkative setting), with requests that carry
+the key themselves, then scans what the session has seen. The same scan runs again over the
+whole session at its end (``tests/conftest.py``), whatever the order of the tests.
 """
 
 from __future__ import annotations
@@ -18,19 +18,15 @@ from typing import Any
 import yaml
 
 from kubemu import Emulator
-from tests.injection.cluster import admission_request, b64, metadata_secret, seed_metal3
-from tests.reliability.conftest import EVIDENCE, Services, seed_injection_cluster, seed_scaling_cluster
-from tests.scaling.conftest import NAMESPACE, scale_request
-from tests.support.pki import Pki
-
-
-def _forms(key: bytes) -> list[str]:
-    """The ways a key could show up: raw, base64, and the base64 split as YAML or JSON would not."""
-    return [key.decode(), base64.b64encode(key).decode()]
+from testbed.pki import Pki
+from testbed.reviews import scale_request, secret_request
+from testbed.world import SLIME_NAMESPACE, b64, issued_secrets, metadata_secret, seed_metal3
+from tests.reliability.support import Services, seed_injection_cluster, seed_scaling_cluster
+from tests.support.audit import EVIDENCE, leaks
 
 
 def _review(service: Any, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    response = service.review("/mutate", admission_request(secret, operation))
+    response = service.review("/mutate", secret_request(secret, operation))
     if response.get("status", {}).get("message"):
         EVIDENCE.add_text("injection answer", response["status"]["message"])
     return response
@@ -70,25 +66,22 @@ def test_no_slurm_key_in_logs_metrics_or_errors(emulator: Emulator, pki: Pki, tm
                                template_labels={"slurm-controller-namespace": "slurm", "slurm-controller-name": "missing"})
         assert _review(injection, metadata_secret(other, machine="m3m-9"))["allowed"] is False
         # The scaling webhook never sees the key, but its logs are part of the check too.
-        assert scaling.review(scale_request(NAMESPACE, "mirror-a", 3))["allowed"] is True
+        assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3))["allowed"] is True
         assert yaml.safe_load(base64.b64decode(json.loads(base64.b64decode(first["patch"]))[0]["value"]))["slurm_key_base64"] == key64
     finally:
         services.close()  # keeps each service's metrics page as evidence
         root.setLevel(level)
 
-    assert EVIDENCE.keys, "no key was registered"
-    leaks: list[str] = []
-    for key in EVIDENCE.keys:
-        for form in _forms(key):
-            leaks += [f"log line: {line[:300]}" for line in EVIDENCE.log_lines if form in line]
-            leaks += [f"{where}: {text[:300]}" for where, text in EVIDENCE.texts if form in text]
+    keys = issued_secrets()
+    assert slurm.key in keys, "the seeded key was registered"
+    found = leaks(EVIDENCE, keys)
     redacted = sum("[REDACTED]" in line for line in EVIDENCE.log_lines)
     figures["secrets"] = {
-        "keys_checked": len(EVIDENCE.keys),
+        "keys_checked": len(keys),
         "log_lines_scanned": len(EVIDENCE.log_lines),
         "metrics_pages_and_error_texts_scanned": len(EVIDENCE.texts),
         "log_lines_redacted_by_the_redactor": redacted,
-        "leaks": len(leaks),
+        "leaks": len(found),
     }
-    assert not leaks, "\n".join(leaks[:10])
+    assert not found, "\n".join(found[:10])
     assert any('"logger":"slime.admission"' in line for line in EVIDENCE.log_lines), "the admission logs were captured"

@@ -1,0 +1,271 @@
+"""Seed a management cluster the way Slinky, CAPI and CAPM3 shape it, and read it back.
+
+The shapes follow docs/interfaces.md and the upstream contracts: a Slinky ``Controller`` with its
+slurmctld StatefulSet and pod (with a ``hostIP``), the auth Secret (``slurm.key``: 1024 random
+ASCII characters, like Slinky's Helm default), a NodePort Service, an opted-in
+``Metal3DataTemplate`` and its ``Metal3Data``, the ``metaData`` Secret CAPM3 creates, CAPI
+``MachineDeployment``s, the mirror Deployments and the scaling ConfigMap.
+
+Every seeding function takes an :class:`ObjectApi`: kubemu's :class:`~kubemu.Emulator` is one.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import string
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import yaml
+
+Obj = dict[str, Any]
+
+CAPI = "cluster.x-k8s.io"
+SLIME_NAMESPACE = "slime"  # where the tests, the demo and the chart examples install SliMe
+SCALING_CONFIG_MAP = "scaling-webhook-configmap"
+CONTROLLER_SELECTOR_LABELS = {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/component": "controller"}
+SLURMCTLD_IMAGE = "ghcr.io/slinkyproject/slurmctld:25.05"
+
+
+class ObjectApi(Protocol):
+    """Create and read objects by apiVersion and kind (what kubemu's Emulator offers)."""
+
+    def create(self, obj: Obj, namespace: str | None = None) -> Obj: ...
+
+    def get(self, api_version: str, kind_or_plural: str, namespace: str, name: str) -> Obj | None: ...
+
+    def list(self, api_version: str, kind_or_plural: str, namespace: str = "",
+             label_selector: str = "", field_selector: str = "") -> list[Obj]: ...
+
+
+def b64(data: bytes | str) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+# Every secret this process made, so a test session can prove none of them leaked.
+_ISSUED_SECRETS: list[bytes] = []
+
+
+def issued_secrets() -> list[bytes]:
+    """The slurm.key and JWT signing keys made by :func:`make_slurm_key` / :func:`make_jwt_key` so far."""
+    return list(_ISSUED_SECRETS)
+
+
+def make_slurm_key() -> bytes:
+    """Like Slinky's Helm default: 1024 random ASCII characters."""
+    key = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(1024)).encode()
+    _ISSUED_SECRETS.append(key)
+    return key
+
+
+def make_jwt_key() -> bytes:
+    """An HS256 signing key like Slinky's ``jwt_hs256.key`` (32 random bytes)."""
+    key = secrets.token_bytes(32)
+    _ISSUED_SECRETS.append(key)
+    return key
+
+
+def ensure_namespace(api: ObjectApi, name: str) -> None:
+    if api.get("v1", "Namespace", "", name) is None:
+        # kube-apiserver labels every namespace with its name; namespaceSelectors rely on it.
+        api.create({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}}})
+
+
+# --- Slinky ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """What was seeded for one Slinky controller (the key never shows in a repr)."""
+
+    namespace: str
+    controller: str
+    key: bytes
+    host_ip: str
+    key_secret: str = ""
+
+    def __repr__(self) -> str:  # never show the key, even in a traceback
+        return f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} bytes>)"
+
+
+def seed_slinky(
+    api: ObjectApi,
+    namespace: str = "slurm",
+    controller: str = "slurm",
+    host_ip: str = "192.0.2.10",
+    phase: str = "Running",
+    key_ref: dict[str, str] | None = None,
+    controller_version: str = "v1beta1",
+    labels: dict[str, str] | None = None,
+    with_controller: bool = True,
+    with_key_secret: bool = True,
+) -> SlurmCluster:
+    """A Slinky Controller, its slurmctld StatefulSet and pod, and the auth key Secret."""
+    labels = labels or {**CONTROLLER_SELECTOR_LABELS, "app.kubernetes.io/instance": controller}
+    ensure_namespace(api, namespace)
+    spec: dict[str, Any] = {"clusterName": controller}
+    if key_ref:
+        spec["slurmKeyRef"] = key_ref
+    ctrl = {"apiVersion": f"slinky.slurm.net/{controller_version}", "kind": "Controller",
+            "metadata": {"name": controller, "namespace": namespace}, "spec": spec}
+    ctrl_uid = api.create(ctrl)["metadata"]["uid"] if with_controller else "missing-uid"
+    container = {"name": "slurmctld", "image": SLURMCTLD_IMAGE, "ports": [{"name": "slurmctld", "containerPort": 6817}]}
+    sts = api.create({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": f"{controller}-controller", "namespace": namespace, "labels": labels,
+                     "ownerReferences": [{"apiVersion": f"slinky.slurm.net/{controller_version}", "kind": "Controller",
+                                          "name": controller, "uid": ctrl_uid, "controller": True}]},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "serviceName": f"{controller}-controller",
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
+        "status": {"replicas": 1, "readyReplicas": 1},
+    })
+    status: dict[str, Any] = {"phase": phase}
+    if host_ip:
+        status["hostIP"] = host_ip
+        status["podIP"] = "10.244.1.17"
+    api.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{controller}-controller-0", "namespace": namespace, "labels": labels,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
+                                          "uid": sts["metadata"]["uid"], "controller": True}]},
+        "spec": {"nodeName": "k8s-node-1", "containers": [container]},
+        "status": status,
+    })
+    key = make_slurm_key()
+    secret_name = (key_ref or {}).get("name", f"{controller}-auth-slurm")
+    secret_key = (key_ref or {}).get("key", "slurm.key")
+    if with_key_secret:
+        api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name, "namespace": namespace},
+                    "type": "Opaque", "data": {secret_key: b64(key)}})
+    return SlurmCluster(namespace, controller, key, host_ip, secret_name)
+
+
+def seed_nodeport(api: ObjectApi, namespace: str, controller: str, node_port: int = 30817, target: int | str = 6817) -> None:
+    """The NodePort Service the thesis uses to expose slurmctld to bare-metal nodes."""
+    api.create({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": f"{controller}-controller-nodeport", "namespace": namespace},
+        "spec": {"type": "NodePort", "externalTrafficPolicy": "Local",
+                 "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
+                 "ports": [{"name": "slurmctld", "port": 6817, "targetPort": target, "nodePort": node_port}]},
+    })
+
+
+# --- CAPM3 -----------------------------------------------------------------------------------------
+
+
+def seed_metal3(
+    api: ObjectApi,
+    namespace: str = "metal3",
+    cluster: str = "bm-cluster",
+    template: str = "workers-template",
+    template_labels: dict[str, str] | None = None,
+    index: int = 0,
+    version: str = "v1beta1",
+    template_owner: bool = True,
+) -> tuple[Obj, Obj]:
+    """A Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13 with the template owner, else without)."""
+    ensure_namespace(api, namespace)
+    group = f"infrastructure.cluster.x-k8s.io/{version}"
+    tmpl = api.get(group, "Metal3DataTemplate", namespace, template) or api.create({
+        "apiVersion": group, "kind": "Metal3DataTemplate",
+        "metadata": {"name": template, "namespace": namespace, "labels": template_labels or {}},
+        "spec": {"clusterName": cluster},
+    })
+    claim = f"{cluster}-claim-{index}"
+    owners = [{"apiVersion": group, "kind": "Metal3DataClaim", "name": claim,
+               "uid": f"6a1d3f52-0000-4000-8000-{index:012d}", "controller": not template_owner}]
+    if template_owner:
+        owners.insert(0, {"apiVersion": group, "kind": "Metal3DataTemplate", "name": template,
+                          "uid": tmpl["metadata"]["uid"], "controller": True})
+    data = api.create({
+        "apiVersion": group, "kind": "Metal3Data",
+        "metadata": {"name": f"{template}-{index}", "namespace": namespace,
+                     "labels": {"cluster.x-k8s.io/cluster-name": cluster}, "ownerReferences": owners},
+        "spec": {"index": index, "template": {"name": template, "namespace": namespace},
+                 "claim": {"name": claim, "namespace": namespace}},
+    })
+    return tmpl, data
+
+
+def metadata_secret(data: Obj, machine: str = "m3m-0", extra: dict[str, str] | None = None, host: str = "bmh-0") -> Obj:
+    """The Secret CAPM3 creates: ``<Metal3Machine>-metadata`` owned by the Metal3Data."""
+    meta = data["metadata"]
+    content = {"local-hostname": machine, "providerid": f"{meta['namespace']}/{host}/{machine}", **(extra or {})}
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "infrastructure.cluster.x-k8s.io/secret",
+        "metadata": {"name": f"{machine}-metadata", "namespace": meta["namespace"],
+                     "labels": {"cluster.x-k8s.io/cluster-name": meta["labels"]["cluster.x-k8s.io/cluster-name"]},
+                     "ownerReferences": [{"apiVersion": data["apiVersion"], "kind": "Metal3Data", "name": meta["name"],
+                                          "uid": meta["uid"], "controller": True}]},
+        "data": {"metaData": b64(yaml.safe_dump(content))},
+    }
+
+
+def decoded_metadata(patch_value: str) -> dict[str, str]:
+    """The flat map a ``metaData`` value (base64 YAML) holds."""
+    decoded: dict[str, str] = yaml.safe_load(base64.b64decode(patch_value))
+    return decoded
+
+
+# --- CAPI and the scaling webhook ------------------------------------------------------------------
+
+
+def machine_deployment(name: str, namespace: str, replicas: int = 1, version: str = "v1beta1",
+                       cluster: str = "c1", full: bool = False) -> Obj:
+    """A MachineDeployment; ``full`` adds what a real one carries (selector, Machine template, status)."""
+    obj: Obj = {
+        "apiVersion": f"{CAPI}/{version}",
+        "kind": "MachineDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "clusterName": cluster},
+    }
+    if full:
+        selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": name}
+        # v1beta2 names referenced templates by apiGroup, v1beta1 by apiVersion.
+        group_key, infra, bootstrap = (
+            ("apiGroup", "infrastructure.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io") if version == "v1beta2"
+            else ("apiVersion", "infrastructure.cluster.x-k8s.io/v1beta1", "bootstrap.cluster.x-k8s.io/v1alpha1")
+        )
+        obj["metadata"]["labels"] = {"cluster.x-k8s.io/cluster-name": cluster}
+        obj["spec"]["selector"] = {"matchLabels": selector}
+        obj["spec"]["template"] = {
+            "metadata": {"labels": selector},
+            "spec": {"clusterName": cluster, "version": "v1.31.0",
+                     "bootstrap": {"configRef": {group_key: bootstrap, "kind": "VirtualKubeletConfigTemplate", "name": name}},
+                     "infrastructureRef": {group_key: infra, "kind": "Metal3MachineTemplate", "name": name}},
+        }
+        obj["status"] = {"replicas": replicas, "selector": ",".join(f"{k}={v}" for k, v in selector.items())}
+    return obj
+
+
+def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1) -> Obj:
+    """A mirror Deployment (``replicas=None``: left out, as the chart renders it)."""
+    labels = {"app": name}
+    spec: Obj = {
+        "selector": {"matchLabels": labels},
+        "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "pause", "image": "pause"}]}},
+    }
+    if replicas is not None:
+        spec = {"replicas": replicas, **spec}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}, "data": data}
+
+
+def md_replicas(api: ObjectApi, namespace: str, name: str) -> int | None:
+    obj = api.get(f"{CAPI}/v1beta1", "MachineDeployment", namespace, name)
+    return None if obj is None else obj["spec"].get("replicas")
+
+
+def md_events(api: ObjectApi, namespace: str, name: str, reason: str | None = None) -> list[Obj]:
+    """The Events recorded on MachineDeployment ``namespace/name`` (with ``reason`` when given)."""
+    events = [
+        e for e in api.list("v1", "Event", namespace)
+        if e.get("involvedObject", {}).get("name") == name and e.get("involvedObject", {}).get("kind") == "MachineDeployment"
+    ]
+    return [e for e in events if reason is None or e.get("reason") == reason]

@@ -1,0 +1,79 @@
+"""House rules, checked on every run: ruff (lint + import order), mypy (strict), and the layering of imports.
+
+The layering is the one the README describes: ``common/`` imports no service; neither service
+imports the other, nor the emulator, the demo, the benchmark or the test kit; nothing but the
+tests imports ``tests``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("common", "injection_webhook", "scaling_webhook", "certs", "kubemu", "demo", "bench", "testbed", "tests")
+SERVICES = ("injection_webhook", "scaling_webhook")
+TOOLS = ("kubemu", "demo", "bench", "testbed", "tests")
+# package -> the first-party packages it must not import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "common": (*SERVICES, *TOOLS),
+    "certs": (*SERVICES, *TOOLS),
+    "injection_webhook": ("scaling_webhook", *TOOLS),
+    "scaling_webhook": ("injection_webhook", *TOOLS),
+    "kubemu": (*SERVICES, "demo", "bench", "testbed", "tests"),
+    "testbed": ("demo", "bench", "tests"),
+    "demo": ("bench", "tests"),
+    "bench": ("demo", "tests"),
+}
+
+
+def imported_packages(source: str) -> set[str]:
+    """The top-level packages a module's source imports (absolute imports only; relative ones stay inside)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def violations(package: str, module: str, source: str) -> list[str]:
+    bad = sorted(imported_packages(source) & set(FORBIDDEN.get(package, ())))
+    return [f"{module} imports {name}" for name in bad]
+
+
+def test_imports_keep_the_layering() -> None:
+    found = []
+    for package in FORBIDDEN:
+        for path in sorted((REPO / package).rglob("*.py")):
+            found += violations(package, str(path.relative_to(REPO)), path.read_text(encoding="utf-8"))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(("package", "source", "expected"), [
+    ("injection_webhook", "from scaling_webhook.mappings import Mapping\n", "imports scaling_webhook"),
+    ("scaling_webhook", "import injection_webhook.handler\n", "imports injection_webhook"),
+    ("common", "from kubemu import Emulator\n", "imports kubemu"),
+    ("demo", "from tests.support import audit\n", "imports tests"),
+])
+def test_the_layering_check_catches_a_forbidden_import(package: str, source: str, expected: str) -> None:
+    assert [v for v in violations(package, "x.py", source) if expected in v]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_ruff() -> None:
+    result = _run("ruff", "check", "--no-cache", "--output-format", "concise", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict() -> None:
+    result = _run("mypy", "--no-incremental")
+    assert result.returncode == 0, result.stdout + result.stderr
