@@ -247,6 +247,8 @@ def test_scaling_configmap(render):
     ]
     empty = one(render(), "ConfigMap", "scaling-webhook-configmap")
     assert yaml.safe_load(empty["data"]["mappings"]) == []
+    keda = one(render(COMBOS["keda"]), "ConfigMap", "scaling-webhook-configmap")
+    assert [i.get("maxReplicas") for i in yaml.safe_load(keda["data"]["mappings"])] == [10, 4]
     custom = render({"scaling": {"configMapName": "my-map",
                                  "mappings": [mapping("a/m", "b/d", config={"drainTimeoutSeconds": 30})]}})
     cm = one(custom, "ConfigMap", "my-map")
@@ -294,8 +296,8 @@ def test_scaledobjects(render):
     (trig,) = a["spec"]["triggers"]
     assert trig["type"] == "prometheus"
     assert trig["metadata"]["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
-    assert trig["metadata"]["query"] == ('slurm_partition_jobs_pending{partition="partition-a"} >= 1 '
-                                         'or slurm_partition_jobs_running{partition="partition-a"}')
+    assert trig["metadata"]["query"] == ('(sum(slurm_partition_jobs_running{partition="partition-a"}) or vector(0)) + '
+                                         '(sum(slurm_partition_jobs_pending{partition="partition-a"}) >= 1 or vector(0))')
     assert trig["metadata"]["threshold"] == "1"
 
 
@@ -314,8 +316,52 @@ def test_scaledobject_knobs_and_exporter_metric_names(render):
     assert (m1["spec"]["pollingInterval"], m1["spec"]["cooldownPeriod"], m1["spec"]["minReplicaCount"],
             m1["spec"]["maxReplicaCount"]) == (15, 600, 1, 20)
     meta = m1["spec"]["triggers"][0]["metadata"]
-    assert meta["query"] == ('slurm_partition_jobs_pending_total{partition="gpu"} >= 3 '
-                             'or slurm_partition_jobs_running_total{partition="gpu"}')
+    assert meta["query"] == ('(sum(slurm_partition_jobs_running_total{partition="gpu"}) or vector(0)) + '
+                             '(sum(slurm_partition_jobs_pending_total{partition="gpu"}) >= 3 or vector(0))')
     assert meta["serverAddress"] == "http://prom:9090" and meta["unsafeSsl"] == "true"
     assert sos["m2"]["spec"]["triggers"][0]["metadata"]["query"] == "sum(x)"
     assert sos["m2"]["spec"]["maxReplicaCount"] == 2
+
+
+# ---------------------------------------------------------------- mappings: maxReplicas, one writer
+
+def _items(objs):
+    import yaml
+    return {i["mirror"]: i for i in yaml.safe_load(one(objs, "ConfigMap", "scaling-webhook-configmap")["data"]["mappings"])}
+
+
+def test_max_replicas_follows_keda_or_the_explicit_value(render):
+    values = {"keda": {"enabled": True, "maxReplicaCount": 8},
+              "scaling": {"mappings": [
+                  mapping("s/keda-default", "d/md1", "p1"),
+                  mapping("s/keda-override", "d/md2", "p2", keda={"maxReplicaCount": 5}),
+                  mapping("s/explicit-lower", "d/md3", "p3", maxReplicas=2),
+                  mapping("s/explicit-equal", "d/md4", "p4", maxReplicas=8),
+                  mapping("s/explicit-zero", "d/md5", "p5", maxReplicas=0),
+                  mapping("s/keda-off", "d/md6", keda={"enabled": False}),
+                  mapping("s/keda-off-explicit", "d/md7", keda={"enabled": False, "maxReplicaCount": 1}, maxReplicas=30),
+              ]}}
+    items = _items(render(values))
+    assert {m: i.get("maxReplicas") for m, i in items.items()} == {
+        "s/keda-default": 8, "s/keda-override": 5, "s/explicit-lower": 2, "s/explicit-equal": 8,
+        "s/explicit-zero": 0, "s/keda-off": None, "s/keda-off-explicit": 30}
+    assert "maxReplicas" not in items["s/keda-off"]
+    # Without KEDA: only explicit values appear.
+    plain = _items(render({"scaling": {"mappings": [mapping("s/a", "d/a"), mapping("s/b", "d/b", maxReplicas=3)]}}))
+    assert "maxReplicas" not in plain["s/a"] and plain["s/b"]["maxReplicas"] == 3
+    # The ScaledObject's maximum is the KEDA one, untouched by an explicit lower maxReplicas.
+    sos = {s["metadata"]["name"]: s for s in by_kind(render(values), "ScaledObject")}
+    assert sos["explicit-lower"]["spec"]["maxReplicaCount"] == 8
+
+
+def test_per_mapping_keda_overrides_win_even_when_zero(render):
+    values = {"keda": {"enabled": True, "minReplicaCount": 1, "cooldownPeriod": 300,
+                       "triggerMetadata": {"unsafeSsl": True, "namespace": "mon"}},
+              "scaling": {"mappings": [mapping("s/m", "d/md", "p", keda={
+                  "minReplicaCount": 0, "cooldownPeriod": 0, "metrics": {"pending": "x_pending"},
+                  "triggerMetadata": {"unsafeSsl": False}})]}}
+    (so,) = by_kind(render(values), "ScaledObject")
+    assert (so["spec"]["minReplicaCount"], so["spec"]["cooldownPeriod"]) == (0, 0)
+    meta = so["spec"]["triggers"][0]["metadata"]
+    assert meta["unsafeSsl"] == "false" and meta["namespace"] == "mon"  # merged one level deep
+    assert "x_pending{" in meta["query"] and "slurm_partition_jobs_running{" in meta["query"]

@@ -31,6 +31,12 @@ BAD = {
     "keda-min-negative": ({"keda": {"minReplicaCount": -1}}, "/keda/minReplicaCount"),
     "duration": ({"certManager": {"duration": "90 days"}}, "/certManager/duration"),
     "port-privileged": ({"webhookPort": 443}, "/webhookPort"),
+    "maxReplicas-negative": ({"scaling": {"mappings": [mapping("s/m", "n/d", maxReplicas=-1)]}},
+                             "/scaling/mappings/0/maxReplicas"),
+    "maxReplicas-string": ({"scaling": {"mappings": [mapping("s/m", "n/d", maxReplicas="3")]}},
+                           "/scaling/mappings/0/maxReplicas"),
+    "maxReplicas-in-config": ({"scaling": {"mappings": [mapping("s/m", "n/d", config={"maxReplicas": 3})]}},
+                              "/scaling/mappings/0/config"),
 }
 
 
@@ -63,7 +69,17 @@ def test_bad_values_are_rejected(render, lint, case):
     ({"injection": {"preStopSleepSeconds": 30, "terminationGracePeriodSeconds": 30}},
      "injection.preStopSleepSeconds (30) must be smaller"),
     ({"injection": {"metal3Namespaces": ["slime-system"]}}, "must not contain the release namespace"),
-], ids=["partition-missing", "min-over-max", "prestop-vs-grace", "metal3-in-release-ns"])
+    ({"scaling": {"mappings": [mapping("metal3/m0", "metal3/md-a"), mapping("s/m1", "metal3/md-b"),
+                               mapping("s/m2", "metal3/md-a")]}},
+     "scaling.mappings[0] and scaling.mappings[2] both target MachineDeployment metal3/md-a; "
+     "one MachineDeployment must have one writer"),
+    ({"scaling": {"createConfigMap": False, "mappings": [mapping("s/m0", "metal3/md-a"), mapping("s/m0", "metal3/md-b")]}},
+     "scaling.mappings[0] and scaling.mappings[1] both use mirror Deployment s/m0; a mirror may drive only one MachineDeployment"),
+    ({"keda": {"enabled": True, "maxReplicaCount": 4},
+      "scaling": {"mappings": [mapping("s/m0", "d/md0", "p"), mapping("s/m1", "d/md1", "p", maxReplicas=5)]}},
+     "scaling.mappings[1] (mirror s/m1 -> MachineDeployment d/md1): maxReplicas 5 is higher than its KEDA maxReplicaCount 4"),
+], ids=["partition-missing", "min-over-max", "prestop-vs-grace", "metal3-in-release-ns",
+        "two-mappings-one-md", "two-mappings-one-mirror", "maxReplicas-over-keda"])
 def test_template_time_checks(render, values, message):
     with pytest.raises(HelmError) as exc:
         render(values)

@@ -125,3 +125,66 @@ See `crdCheck` in values.yaml. Call with (dict "root" $ "apiVersion" "keda.sh/v1
 {{- define "slime.securityContext" -}}
 {{- toYaml .Values.securityContext }}
 {{- end }}
+
+{{/*
+Effective KEDA settings of one mapping, as JSON: `keda.*` with the mapping's `keda` overrides
+applied key by key (nested maps such as `metrics` and `triggerMetadata` one level deep), so an
+override to 0, false or "" wins too. "enabled" is true when a ScaledObject is rendered for it
+(keda.enabled and the mapping does not set keda.enabled=false).
+Call with (dict "root" $ "mapping" $m).
+*/}}
+{{- define "slime.mappingKeda" -}}
+{{- $root := .root }}
+{{- $k := omit (deepCopy $root.Values.keda) "enabled" }}
+{{- $on := $root.Values.keda.enabled }}
+{{- range $key, $val := (default dict .mapping.keda) }}
+{{- if eq $key "enabled" }}
+{{- $on = and $on $val }}
+{{- else if and (kindIs "map" $val) (kindIs "map" (get $k $key)) }}
+{{- $nested := get $k $key }}
+{{- range $nk, $nv := $val }}{{- $_ := set $nested $nk $nv }}{{- end }}
+{{- else }}
+{{- $_ := set $k $key $val }}
+{{- end }}
+{{- end }}
+{{- $_ := set $k "enabled" (and $on true) }}
+{{- toJson $k }}
+{{- end }}
+
+{{/*
+The list items of the scaling ConfigMap, as JSON, after checking the mappings:
+- two mappings may not share a mirror Deployment, nor a MachineDeployment (one writer each);
+- maxReplicas: the mapping's explicit `maxReplicas`, else its KEDA maxReplicaCount when KEDA
+  scales it, else absent; an explicit value above the KEDA maximum fails.
+*/}}
+{{- define "slime.mappingItems" -}}
+{{- $root := . }}
+{{- $items := list }}
+{{- $mds := dict }}
+{{- $mirrors := dict }}
+{{- range $i, $m := $root.Values.scaling.mappings }}
+{{- $mirror := printf "%s/%s" $m.mirror.namespace $m.mirror.name }}
+{{- $md := printf "%s/%s" $m.machineDeployment.namespace $m.machineDeployment.name }}
+{{- if hasKey $mirrors $mirror }}
+{{- fail (printf "scaling.mappings[%v] and scaling.mappings[%d] both use mirror Deployment %s; a mirror may drive only one MachineDeployment" (get $mirrors $mirror) $i $mirror) }}
+{{- end }}
+{{- if hasKey $mds $md }}
+{{- fail (printf "scaling.mappings[%v] and scaling.mappings[%d] both target MachineDeployment %s; one MachineDeployment must have one writer" (get $mds $md) $i $md) }}
+{{- end }}
+{{- $_ := set $mirrors $mirror $i }}
+{{- $_ := set $mds $md $i }}
+{{- $item := dict "mirror" $mirror "machineDeployment" $md }}
+{{- $k := include "slime.mappingKeda" (dict "root" $root "mapping" $m) | fromJson }}
+{{- if hasKey $m "maxReplicas" }}
+{{- if and $k.enabled (gt (int $m.maxReplicas) (int $k.maxReplicaCount)) }}
+{{- fail (printf "scaling.mappings[%d] (mirror %s -> MachineDeployment %s): maxReplicas %d is higher than its KEDA maxReplicaCount %d, so KEDA could never reach it; lower maxReplicas or raise keda.maxReplicaCount" $i $mirror $md (int $m.maxReplicas) (int $k.maxReplicaCount)) }}
+{{- end }}
+{{- $_ := set $item "maxReplicas" (int $m.maxReplicas) }}
+{{- else if $k.enabled }}
+{{- $_ := set $item "maxReplicas" (int $k.maxReplicaCount) }}
+{{- end }}
+{{- with $m.config }}{{- $item = merge $item (deepCopy .) }}{{- end }}
+{{- $items = append $items $item }}
+{{- end }}
+{{- toJson $items }}
+{{- end }}
