@@ -27,8 +27,8 @@ INJECTION_CALLS = [
     R("get", non_resource=f"/apis/{M3}"),
     R("get", non_resource="/apis/slinky.slurm.net"),
     *[R(v, M3, r) for r in ("metal3datas", "metal3datatemplates") for v in ("list", "watch")],
-    # the CAPI kubeconfig Secrets, fieldSelector type=cluster.x-k8s.io/secret (no name)
-    *[R(v, "", "secrets", namespace="metal3") for v in ("list", "watch")],
+    # the CAPI kubeconfig Secrets, one watch each with fieldSelector metadata.name=<cluster>-kubeconfig
+    *[R(v, "", "secrets", namespace="metal3", name="bm-cluster-kubeconfig") for v in ("list", "watch")],
     *[R(v, g, r, namespace="slurm") for v in ("list", "watch")
       for g, r in (("", "pods"), ("apps", "statefulsets"), ("slinky.slurm.net", "controllers"), ("", "services"))],
     # the slurm.key Secret, fieldSelector metadata.name=<key secret>
@@ -106,6 +106,9 @@ def test_scaling_rbac_is_least_privilege(render):
                 R("patch", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
                 R("list", "", "configmaps", namespace=NAMESPACE),
                 R("get", "", "configmaps", namespace=NAMESPACE, name="other"),
+                # narrowed: the service never GETs the ConfigMap (watch cache) nor the /scale it patches
+                R("get", "", "configmaps", namespace=NAMESPACE, name="scaling-webhook-configmap"),
+                R("get", CAPI, "machinedeployments", "scale", namespace="metal3", name="md-a"),
                 R("get", "apps", "deployments", namespace=NAMESPACE, name="not-a-mirror"),
                 R("update", "apps", "deployments", namespace=NAMESPACE, name="mirror-a"),
                 R("get", "", "secrets", namespace="slurm", name="slurm-auth-slurm"),
