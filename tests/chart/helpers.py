@@ -54,4 +54,6 @@ COMBOS: dict[str, dict[str, Any] | None] = {
                                        "metal3Namespaces": ["metal3"],
                                        "slurmKeySecretNames": ["slurm-auth-slurm"]}},
     "everything-off-cm": {"certManager": {"enabled": False}, "keda": {"enabled": True}, **TWO_MAPPINGS},
+    "network-policy": {"networkPolicy": {"enabled": True, "admissionFrom": [{"ipBlock": {"cidr": "192.0.2.0/28"}}],
+                                         "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
 }

@@ -365,3 +365,49 @@ def test_per_mapping_keda_overrides_win_even_when_zero(render):
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["unsafeSsl"] == "false" and meta["namespace"] == "mon"  # merged one level deep
     assert "x_pending{" in meta["query"] and "slurm_partition_jobs_running{" in meta["query"]
+
+
+# ---------------------------------------------------------------- NetworkPolicy
+
+APISERVER_PEERS = [{"ipBlock": {"cidr": "192.0.2.0/28"}}, {"ipBlock": {"cidr": "2001:db8::/64"}}]
+PROMETHEUS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+               "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_no_network_policy_by_default(render):
+    assert not by_kind(render(), "NetworkPolicy")
+
+
+def test_network_policy_per_webhook(render):
+    objs = render({"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS, "metricsFrom": PROMETHEUS}})
+    policies = {p["metadata"]["name"]: p for p in by_kind(objs, "NetworkPolicy")}
+    assert set(policies) == {INJ, SCL}
+    for svc, policy in policies.items():
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        spec = policy["spec"]
+        # Selects exactly that Deployment's pods.
+        assert spec["podSelector"] == {"matchLabels": one(objs, "Deployment", svc)["spec"]["selector"]["matchLabels"]}
+        assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
+        admission, metrics = spec["ingress"]
+        assert admission == {"from": APISERVER_PEERS, "ports": [{"protocol": "TCP", "port": 8443}]}
+        assert metrics == {"from": PROMETHEUS, "ports": [{"protocol": "TCP", "port": 8080}]}
+        # ...and no other pods (not the other webhook, not the mirrors).
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == svc.removeprefix(f"{RELEASE}-")
+
+
+def test_network_policy_without_metrics_peers_and_custom_ports(render):
+    objs = render({"webhookPort": 9443, "metricsPort": 9090, "scaling": {"enabled": False},
+                   "networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS}})
+    (policy,) = by_kind(objs, "NetworkPolicy")
+    assert policy["metadata"]["name"] == INJ
+    # Only the admission rule: the metrics port answers nobody but the node (kubelet probes).
+    assert policy["spec"]["ingress"] == [{"from": APISERVER_PEERS, "ports": [{"protocol": "TCP", "port": 9443}]}]
+
+
+def test_network_policy_never_renders_an_allow_all_rule(render):
+    """An ingress rule whose `from` is empty or missing admits every source: never render one."""
+    for values in ({"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS}},
+                   {"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS, "metricsFrom": PROMETHEUS}}):
+        for policy in by_kind(render(values), "NetworkPolicy"):
+            for rule in policy["spec"]["ingress"]:
+                assert rule.get("from") and rule.get("ports"), rule

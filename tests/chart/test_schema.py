@@ -35,6 +35,15 @@ BAD = {
                              "/scaling/mappings/0/maxReplicas"),
     "maxReplicas-string": ({"scaling": {"mappings": [mapping("s/m", "n/d", maxReplicas="3")]}},
                            "/scaling/mappings/0/maxReplicas"),
+    "netpol-peer-empty": ({"networkPolicy": {"admissionFrom": [{}]}}, "/networkPolicy/admissionFrom/0"),
+    "netpol-ipblock-and-selector": ({"networkPolicy": {"admissionFrom": [
+        {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}}, "/networkPolicy/admissionFrom/0"),
+    "netpol-ipblock-no-cidr": ({"networkPolicy": {"metricsFrom": [{"ipBlock": {"except": ["10.0.0.0/24"]}}]}},
+                               "/networkPolicy/metricsFrom/0/ipBlock"),
+    "netpol-unknown-peer-key": ({"networkPolicy": {"admissionFrom": [{"namespace": "x"}]}}, "/networkPolicy/admissionFrom/0"),
+    "netpol-bad-operator": ({"networkPolicy": {"metricsFrom": [{"podSelector": {"matchExpressions": [
+        {"key": "a", "operator": "Maybe"}]}}]}}, "/networkPolicy/metricsFrom/0/podSelector/matchExpressions/0/operator"),
+    "netpol-enabled-string": ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
     "maxReplicas-in-config": ({"scaling": {"mappings": [mapping("s/m", "n/d", config={"maxReplicas": 3})]}},
                               "/scaling/mappings/0/config"),
 }
@@ -78,8 +87,10 @@ def test_bad_values_are_rejected(render, lint, case):
     ({"keda": {"enabled": True, "maxReplicaCount": 4},
       "scaling": {"mappings": [mapping("s/m0", "d/md0", "p"), mapping("s/m1", "d/md1", "p", maxReplicas=5)]}},
      "scaling.mappings[1] (mirror s/m1 -> MachineDeployment d/md1): maxReplicas 5 is higher than its KEDA maxReplicaCount 4"),
+    ({"networkPolicy": {"enabled": True}},
+     "networkPolicy.enabled=true needs networkPolicy.admissionFrom"),
 ], ids=["partition-missing", "min-over-max", "prestop-vs-grace", "metal3-in-release-ns",
-        "two-mappings-one-md", "two-mappings-one-mirror", "maxReplicas-over-keda"])
+        "two-mappings-one-md", "two-mappings-one-mirror", "maxReplicas-over-keda", "netpol-without-admission-peers"])
 def test_template_time_checks(render, values, message):
     with pytest.raises(HelmError) as exc:
         render(values)
