@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dns", action="append", default=[], help="DNS name (repeatable; default: localhost)")
     parser.add_argument("--ip", action="append", default=[], help="IP address (repeatable; default: 127.0.0.1)")
     args = parser.parse_args(argv)
-    dns = args.dns or ([] if args.ip else ["localhost"])
-    ips = args.ip or ([] if args.dns else ["127.0.0.1"])
+    # Each list has its own default, so `--dns localhost` still covers https://127.0.0.1 too.
+    dns = args.dns or ["localhost"]
+    ips = args.ip or ["127.0.0.1"]
     try:
         write_dev_pki(args.out, dns, ips)
     except ValueError as exc:

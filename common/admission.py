@@ -49,11 +49,11 @@ def allow(message: str = "") -> AdmissionResponse:
     return AdmissionResponse(allowed=True, outcome="allowed", message=message)
 
 
-def patch_response(operations: list[dict[str, Any]]) -> AdmissionResponse:
+def patch_response(operations: list[dict[str, Any]], message: str = "") -> AdmissionResponse:
     """Allow with a JSONPatch. An empty patch is an allow: no patch is sent when nothing changes."""
     if not operations:
-        return allow()
-    return AdmissionResponse(allowed=True, outcome="patched", patch=operations)
+        return allow(message)
+    return AdmissionResponse(allowed=True, outcome="patched", patch=operations, message=message)
 
 
 def deny(message: str, code: int = 403, reason: str = "Forbidden") -> AdmissionResponse:

@@ -186,15 +186,29 @@ def _named(api_client: k8s.ApiClient, user_agent: str) -> k8s.ApiClient:
     return api_client
 
 
+class KubeConfigError(ValueError):
+    """The webhook's own cluster configuration cannot be loaded; the message says which and why."""
+
+
 def local_client(kubeconfig: str | None = None, user_agent: str = "slime") -> KubeClient:
     """The webhook's own cluster: an explicit kubeconfig, else in-cluster, else ~/.kube/config."""
-    if kubeconfig:
-        return KubeClient(_named(k8s_config.new_client_from_config(config_file=kubeconfig), user_agent), "local")
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = k8s.Configuration()
-        k8s_config.load_incluster_config(client_configuration=configuration)
-        return KubeClient(_named(k8s.ApiClient(configuration), user_agent), "local")
-    return KubeClient(_named(k8s_config.new_client_from_config(), user_agent), "local")
+    source = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster configuration"
+    try:
+        if kubeconfig:
+            for path in kubeconfig.split(os.pathsep):  # KUBECONFIG may list several files, like kubectl's
+                with open(os.path.expanduser(path), "rb") as fh:
+                    if not isinstance(yaml.load(fh, Loader=yaml.CSafeLoader), dict):
+                        raise ValueError(f"{path} is not a kubeconfig (its YAML is not a map)")
+            return KubeClient(_named(k8s_config.new_client_from_config(config_file=kubeconfig), user_agent), "local")
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            configuration = k8s.Configuration()
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            return KubeClient(_named(k8s.ApiClient(configuration), user_agent), "local")
+        source = "~/.kube/config (no --kubeconfig and not in a cluster)"
+        return KubeClient(_named(k8s_config.new_client_from_config(), user_agent), "local")
+    except (k8s_config.ConfigException, yaml.YAMLError, OSError, TypeError, AttributeError, KeyError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise KubeConfigError(f"{source} is not usable: {reason}") from None
 
 
 def client_from_kubeconfig(data: bytes, name: str, user_agent: str = "slime") -> KubeClient:

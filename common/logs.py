@@ -14,7 +14,9 @@ import threading
 import time
 from typing import Any
 
-_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+# Record attributes that are not ``extra`` fields. uvicorn's ``color_message`` repeats the
+# message with ANSI escape codes for terminals; JSON lines do not want it.
+_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 REDACTED = "[REDACTED]"
 
 
@@ -73,5 +75,7 @@ def configure_logging(level: str = "INFO", stream: Any = None) -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
-    # One access line per admission would double our own decision log.
+    # One access line per admission would double our own decision log, and uvicorn's start-up
+    # lines come once per server (two per process): the runner logs one "serving" line instead.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)

@@ -23,6 +23,31 @@ def is_dns1123_subdomain(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(value) is not None
 
 
+# One requirement of a label selector, as kube-apiserver parses them: key, !key, key=value,
+# key==value, key!=value, key in (v1,v2), key notin (v1,v2). Keys may carry a DNS prefix.
+_LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_REQUIREMENT = re.compile(
+    rf"\s*(!?\s*{_LABEL_KEY}|{_LABEL_KEY}\s*(=|==|!=)\s*{_LABEL_VALUE}"
+    rf"|{_LABEL_KEY}\s+(in|notin)\s*\(\s*{_LABEL_VALUE}(\s*,\s*{_LABEL_VALUE})*\s*\))\s*"
+)
+
+
+def label_selector_problem(selector: str) -> str | None:
+    """Why ``selector`` is not a valid label selector, or None when it is."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(selector):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(selector[start:index])
+            start = index + 1
+    parts.append(selector[start:])
+    for part in parts:
+        if not _REQUIREMENT.fullmatch(part):
+            return f"{part.strip()!r} is not a valid label selector requirement"
+    return None
+
+
 def api_group(api_version: Any) -> str:
     """``group/version`` -> group; the core group (``v1``) is ""."""
     return api_version.split("/", 1)[0] if isinstance(api_version, str) and "/" in api_version else ""

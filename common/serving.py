@@ -2,10 +2,16 @@
 
 Certificate rotation follows controller-runtime's certwatcher: watch the files *and* poll every
 few seconds, because kubelet publishes a renewed Secret by swapping a ``..data`` symlink, which
-file watchers do not always report. A new pair is first loaded into a scratch context, so a
-half-written or mismatched pair is rejected and the old certificate keeps serving. Only then is
-it loaded into the live context. That happens on the event loop thread, so no handshake sees a
-mix. Connections already open keep their session, so nothing is dropped.
+file watchers do not always report. A new pair (and client CA, when one is configured) is loaded
+into a fresh context, so a half-written or mismatched pair is rejected and the old one keeps
+serving. Only then does the fresh context go live: every new handshake switches to it from the
+server's SNI callback (called for every ClientHello, with or without a server name). Reloads
+happen on the event loop thread, so no handshake sees a mix. Connections already open keep
+their session, so nothing is dropped.
+
+With a client CA (``--client-ca-file``) the admission port requires a client certificate that
+chains to it: kube-apiserver's, configured through its ``--admission-control-config-file``
+(docs/install.md, "Authenticated admission"). The health and metrics port never asks for one.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import hashlib
 import logging
 import os
 import signal
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -45,34 +52,47 @@ def _file_stamp(path: str) -> tuple[str, int, int, int]:
 
 
 class ServingCertificate:
-    """The live server-side SSLContext and the files it is loaded from."""
+    """The server-side SSLContext given to the server, the live one behind it, and their files."""
 
-    def __init__(self, cert_file: str, key_file: str, metrics: WebhookMetrics, poll_seconds: float = 10.0) -> None:
+    def __init__(self, cert_file: str, key_file: str, metrics: WebhookMetrics, poll_seconds: float = 10.0,
+                 client_ca_file: str | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca_file = client_ca_file
         self.poll_seconds = poll_seconds
         self._metrics = metrics
-        self.context = self._new_context()
+        self.context = self._new_context()  # the server's context; each handshake moves to ``_live``
+        self._live = self.context
+        self.context.sni_callback = self._to_live
         self.fingerprint = ""  # sha256 of the leaf certificate being served
         self.last_error = ""
         self._stamp: tuple[Any, ...] | None = None
 
-    @staticmethod
-    def _new_context() -> ssl.SSLContext:
+    def _new_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         # HTTP/1.1 only: no HTTP/2, as kubebuilder defaults since the Rapid-Reset CVEs.
         context.set_alpn_protocols(["http/1.1"])
+        if self.client_ca_file:
+            context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+    def _to_live(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, current: ssl.SSLContext) -> None:
+        live = self._live
+        if live is not current:
+            connection.context = live
 
     @property
     def loaded(self) -> bool:
         return bool(self.fingerprint)
 
+    def _files(self) -> tuple[str, ...]:
+        return (self.cert_file, self.key_file) + ((self.client_ca_file,) if self.client_ca_file else ())
+
     def reload_if_changed(self) -> bool:
-        """Load the pair if the files changed since the last successful load. True if reloaded."""
+        """Load the files if they changed since the last successful load. True if reloaded."""
         try:
-            stamp = (_file_stamp(self.cert_file), _file_stamp(self.key_file))
+            stamp = tuple(_file_stamp(path) for path in self._files())
         except OSError as exc:
             self._fail(f"cannot stat certificate files: {exc.strerror} ({exc.filename})")
             return False
@@ -82,11 +102,19 @@ class ServingCertificate:
             with open(self.cert_file, "rb") as fh:
                 pem = fh.read()
             leaf = x509.load_pem_x509_certificate(pem)
-            self._new_context().load_cert_chain(self.cert_file, self.key_file)  # validate the pair first
-            self.context.load_cert_chain(self.cert_file, self.key_file)
+            fresh = self._new_context()
+            fresh.load_cert_chain(self.cert_file, self.key_file)  # a bad pair fails here, before going live
+            if self.client_ca_file:
+                fresh.load_verify_locations(cafile=self.client_ca_file)
+            if self._live is self.context:  # the first load: the server's own context serves it
+                self.context.load_cert_chain(self.cert_file, self.key_file)
+                if self.client_ca_file:
+                    self.context.load_verify_locations(cafile=self.client_ca_file)
         except (OSError, ValueError, ssl.SSLError) as exc:
-            self._fail(f"cannot load certificate pair {self.cert_file}, {self.key_file}: {exc}")
+            what = ", ".join(self._files())
+            self._fail(f"cannot load certificate files {what}: {exc}")
             return False
+        self._live = fresh
         self._stamp = stamp
         self.fingerprint = hashlib.sha256(leaf.public_bytes(Encoding.DER)).hexdigest()
         self.last_error = ""
@@ -160,6 +188,36 @@ def health_app(metrics: WebhookMetrics, readiness: Readiness) -> Starlette:
     return Starlette(routes=routes)
 
 
+@dataclass
+class Listeners:
+    """The two listening sockets of a service: the TLS admission port and the health/metrics port."""
+
+    admission: socket.socket
+    health: socket.socket
+
+    @staticmethod
+    def bind(host: str, port: int) -> socket.socket:
+        """A listening TCP socket on ``host:port`` (port 0: any free port); OSError when it cannot be had."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
+        # TCP, and without it small responses wait for delayed ACKs (about 40 ms a request).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((host, port))
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def close(self) -> None:
+        self.admission.close()
+        self.health.close()
+
+
 class _EmbeddedServer(uvicorn.Server):
     """A uvicorn server that leaves signals to :class:`ServiceRunner`, which runs two of them."""
 
@@ -214,8 +272,16 @@ class ServiceRunner:
         tls, health = (s.servers[0].sockets[0].getsockname()[1] for s in self._servers)
         return int(tls), int(health)
 
-    async def serve(self) -> None:
+    async def serve(self, listeners: Listeners | None = None) -> None:
+        """Serve until stopped; without ``listeners``, bind ``host``/``port``/``metrics_port`` here."""
         self._loop = asyncio.get_running_loop()
+        if listeners is None:
+            admission = Listeners.bind(self.host, self.port)
+            try:
+                listeners = Listeners(admission, Listeners.bind(self.host, self.metrics_port))
+            except OSError:
+                admission.close()
+                raise
         self.certificate.reload_if_changed()
         tls_config = self._config(self.webhook_app, self.port)
         tls_config.ssl = self.certificate.context
@@ -223,16 +289,20 @@ class ServiceRunner:
             _EmbeddedServer(tls_config),
             _EmbeddedServer(self._config(health_app(self.metrics, self.readiness), self.metrics_port)),
         ]
-        tasks = [asyncio.create_task(s.serve()) for s in self._servers]
+        sockets = (listeners.admission, listeners.health)
+        tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(self._servers, sockets, strict=True)]
         helpers = [asyncio.create_task(self.certificate.watch(self._stop))]
         helpers += [asyncio.create_task(factory(self._stop)) for factory in self.background]
         while not all(s.started for s in self._servers):
-            if any(t.done() for t in tasks):  # a bind failure ends a server before it starts
+            if any(t.done() for t in tasks):  # a server that ended before it started: its error is raised below
                 self._stop.set()
                 break
             await asyncio.sleep(0.01)
         else:
             self.started.set()
+            tls_port, health_port = self.bound_ports
+            log.info("serving", extra={"admission": f"https://{self.host}:{tls_port}", "health": f"http://{self.host}:{health_port}",
+                                       "client_certificates": "required" if self.certificate.client_ca_file else "not required"})
         await self._stop.wait()
         self.readiness.stopping = True
         if self.shutdown_delay_seconds:
@@ -256,14 +326,14 @@ class ServiceRunner:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
-    def run(self) -> None:
+    def run(self, listeners: Listeners | None = None) -> None:
         """Serve until SIGTERM or SIGINT (the console scripts' entry)."""
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
-            await self.serve()
+            await self.serve(listeners)
 
         asyncio.run(main())
 
@@ -280,7 +350,8 @@ def runner_for(
     """A runner configured from the settings every service shares (ports, certificate, shutdown)."""
     return ServiceRunner(
         webhook_app=webhook_app,
-        certificate=ServingCertificate(settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds),
+        certificate=ServingCertificate(settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds,
+                                       settings.client_ca_file),
         metrics=metrics,
         readiness=readiness,
         host=settings.host,

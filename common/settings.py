@@ -1,15 +1,19 @@
-"""Configuration shared by both services: flags, each with an environment twin.
+"""Configuration shared by both services: flags, each with an environment twin, one typed definition.
 
-pydantic-settings gives one typed definition for three sources (defaults, ``SLIME_*``
-environment variables, ``--kebab-case`` flags) and clear errors naming the bad field.
+pydantic-settings reads defaults and environment variables into one typed, validated model; the
+flags are generated from the same fields (:mod:`common.cli`), so the help text, the variable
+names and the checks cannot drift apart. A flag wins over its variable, a variable over the
+default. Each field's variable is ``SLIME_<FIELD>`` unless the field names another (``KUBECONFIG``,
+``POD_NAMESPACE``); :meth:`ServiceSettings.env_name` says which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Self
+import ipaddress
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.admission import DEFAULT_MAX_BODY_BYTES
@@ -18,29 +22,59 @@ from common.admission import DEFAULT_MAX_BODY_BYTES
 class ServiceSettings(BaseSettings):
     """Settings every webhook process has."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="SLIME_",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
-        extra="ignore",
-    )
+    model_config = SettingsConfigDict(env_prefix="SLIME_", extra="ignore", populate_by_name=True)
 
-    host: str = Field("0.0.0.0", description="Address both ports listen on.")
-    port: int = Field(8443, ge=0, le=65535, description="TLS port of the admission endpoint.")
-    metrics_port: int = Field(8080, ge=0, le=65535, description="Plain-HTTP port for /healthz, /readyz and /metrics.")
-    cert_file: str = Field("/tls/tls.crt", description="PEM serving certificate (chain); reloaded when it changes.")
-    key_file: str = Field("/tls/tls.key", description="PEM private key of the serving certificate.")
+    host: str = Field("0.0.0.0", description="IP address both ports listen on (0.0.0.0 or :: for all).")
+    port: int = Field(8443, ge=1, le=65535, description="TLS port of the admission endpoint.")
+    metrics_port: int = Field(8080, ge=1, le=65535, description="Plain-HTTP port for /healthz, /readyz and /metrics.")
+    cert_file: str = Field("/tls/tls.crt", min_length=1, description="PEM serving certificate (chain); reloaded when it changes.")
+    key_file: str = Field("/tls/tls.key", min_length=1, description="PEM private key of the serving certificate.")
+    client_ca_file: str | None = Field(
+        None, min_length=1,
+        description="PEM CA bundle: when set, every client of the admission port must present a certificate it signed "
+                    "(kube-apiserver's, see docs/install.md); reloaded when it changes.",
+    )
     cert_poll_seconds: float = Field(10.0, gt=0, le=10, description="Backstop poll for certificate changes (at most 10 s).")
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024, description="Largest accepted AdmissionReview body.")
     shutdown_delay_seconds: float = Field(0.0, ge=0, description="Stay up, not ready, this long after SIGTERM so endpoints drain.")
-    log_level: str = Field("INFO", pattern="^(?i)(debug|info|warning|error)$", description="Log level.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level: debug, info, warning or error.")
     kubeconfig: str | None = Field(
         None,
-        validation_alias="KUBECONFIG",
+        min_length=1,
+        validation_alias=AliasChoices("KUBECONFIG"),
         description="kubeconfig file; default: in-cluster config, else ~/.kube/config.",
     )
 
+    @field_validator("host")
     @classmethod
-    def from_args(cls, args: Sequence[str] | None, prog: str) -> Self:
-        """Parse flags (``None``: the process's own) over env over defaults."""
-        return cls(_cli_parse_args=list(args) if args is not None else True, _cli_prog_name=prog)  # type: ignore[call-arg]
+    def _listen_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Self:
+        if self.port == self.metrics_port:
+            raise ValueError(f"--port and --metrics-port are both {self.port}; they must differ")
+        return self
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable of ``field``."""
+        alias = cls.model_fields[field].validation_alias
+        if isinstance(alias, AliasChoices):
+            return str(alias.choices[0])
+        if isinstance(alias, str):
+            return alias
+        return f"{cls.model_config.get('env_prefix', '')}{field.upper()}"
+
+    @classmethod
+    def fields(cls) -> dict[str, FieldInfo]:
+        return dict(cls.model_fields)

@@ -316,11 +316,12 @@ def _wait_for_interrupt(say: Narrator) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None = None,
-         inspect: Callable[[DemoEnvironment], None] | None = None) -> int:
+         inspect: Callable[[DemoEnvironment], None] | None = None,
+         on_start: Callable[[DemoEnvironment], None] | None = None) -> int:
     """Run the demo; 0 when every step did what it should, 1 otherwise.
 
-    ``out`` receives each narrative line (default: print). ``inspect`` is called with the
-    running environment after the story (tests read the emulator through it).
+    ``out`` receives each narrative line (default: print). ``on_start`` is called with the
+    environment once it runs, ``inspect`` after the story (tests read the emulator through them).
     """
     options = _parse(argv)
     say = Narrator(out or (lambda line: print(line, flush=True)))
@@ -332,6 +333,8 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None
     story: Story | None = None
     try:
         with DemoEnvironment(workdir, resync_seconds=options.resync_seconds) as env:
+            if on_start is not None:
+                on_start(env)
             story = Story(env, say)
             story.setup_summary()
             story.act_injection()

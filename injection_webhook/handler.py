@@ -114,6 +114,8 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         encoded = merged_metadata(secret.encoded_metadata, entries)
     except MetaDataError as exc:
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {exc}", code=400, reason="BadRequest")
+    where = f"slurmctld {resolution.host}:{resolution.port}"
     if encoded is None:
-        return allow()
-    return patch_response([{"op": "replace", "path": f"/data/{METADATA_KEY}", "value": encoded}])
+        return allow(f"Secret {secret.ref} already carries the Slurm join data for {where}")
+    return patch_response([{"op": "replace", "path": f"/data/{METADATA_KEY}", "value": encoded}],
+                          f"added the Slurm join data for {where} to Secret {secret.ref}")

@@ -9,6 +9,7 @@ from common.kube import client_from_kubeconfig, local_client
 from common.metrics import WebhookMetrics
 from common.serving import Readiness, ServiceRunner, runner_for
 from injection_webhook.app import create_app
+from injection_webhook.large import LargeEdits
 from injection_webhook.resolver import InjectionResolver
 from injection_webhook.settings import InjectionSettings
 
@@ -27,13 +28,15 @@ def build(settings: InjectionSettings) -> ServiceRunner:
     resolver.start()
     readiness = Readiness()
     readiness.add("caches", resolver.not_ready_reason)
+    edits = LargeEdits()
     return runner_for(
-        settings, create_app(resolver, metrics, settings.max_body_bytes), metrics, readiness, on_stop=[resolver.stop]
+        settings, create_app(resolver, edits, metrics, settings.max_body_bytes), metrics, readiness, on_stop=[resolver.stop, edits.close]
     )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_service(InjectionSettings, "injection-webhook", build, argv)
+    run_service(InjectionSettings, "injection-webhook", build, argv,
+                description="Serve the mutating admission webhook that adds Slurm join data to Metal3 metaData Secrets.")
 
 
 if __name__ == "__main__":

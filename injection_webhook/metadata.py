@@ -3,8 +3,13 @@
 CAPM3 renders it with ``yaml.Marshal(map[string]string)``: block style, one ``key: value`` per
 line. Every existing key and its text are kept. When none of our keys is present and the text
 is a plain block map, the new lines are appended, so the old bytes stay exactly as they were.
-Anything else (our keys with stale values, flow style, directives, an empty map) is merged and
-re-rendered with a YAML dump. Either way the result is checked by tests against a full parse.
+Anything else (our keys with stale values, flow style, directives, an empty or null document)
+is merged and re-rendered with a YAML dump.
+
+Whatever the route, the result is parsed again before it is returned and must equal the
+original map plus our keys (what cloud-init's ``yaml.safe_load`` will see); an edit that does
+not is never sent. A value larger than a whole Secret may be (1 MiB, the API server's limit) is
+refused before it is decoded or parsed.
 """
 
 from __future__ import annotations
@@ -13,10 +18,14 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
 JOIN_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
+# kube-apiserver refuses a Secret whose data exceed 1 MiB (validation.MaxSecretSize), so a
+# larger metaData cannot come from a real API server and is not worth parsing.
+MAX_METADATA_BYTES = 1024 * 1024
 
 
 class MetaDataError(ValueError):
@@ -45,36 +54,62 @@ def _lines(entries: Mapping[str, str]) -> str:
 
 
 def _appendable(text: str) -> bool:
-    """True when lines added at column 0 are certain to extend the top-level block map."""
+    """True when lines added at column 0 are likely to extend the top-level block map (checked after)."""
     return (
         bool(text)
-        and text[0] not in " \t{[-%#&!*|>'\"?"
+        and text[0] not in " \t\r\n{[-%#&!*|>'\"?~"
         and "\n---" not in text
         and "\n..." not in text
     )
 
 
+def _parse(text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        if isinstance(exc, yaml.composer.ComposerError) and "single document" in str(getattr(exc, "context", "")):
+            raise MetaDataError(f"data.metaData holds more than one YAML document{where}; expected one map") from None
+        # The parser's own words may quote the content, so the message gives only the line.
+        raise MetaDataError(f"data.metaData is not valid YAML{where}") from None
+
+
+def _parses_to(rendered: str, expected: dict[Any, Any]) -> bool:
+    try:
+        return bool(yaml.load(rendered, Loader=yaml.CSafeLoader) == expected)
+    except yaml.YAMLError:
+        return False
+
+
 def merged_metadata(encoded: str, entries: Mapping[str, str]) -> str | None:
     """The new base64 ``metaData`` with ``entries`` set, or None when they are already there."""
+    if len(encoded) // 4 * 3 > MAX_METADATA_BYTES:
+        raise MetaDataError(f"data.metaData holds about {len(encoded) // 4 * 3} bytes, more than a Secret may hold "
+                            f"({MAX_METADATA_BYTES} bytes)")
     try:
         text = base64.b64decode(encoded, validate=True).decode("utf-8")
     except (binascii.Error, ValueError):
         raise MetaDataError("data.metaData is not valid base64 of UTF-8 text") from None
-    try:
-        document = yaml.load(text, Loader=yaml.CSafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise MetaDataError(f"data.metaData is not valid YAML{where}") from None
+    if "\ufeff" in text[1:]:
+        # YAML readers disagree on a byte-order mark after the start (libyaml skips it, PyYAML
+        # reads it as text), so what cloud-init would see cannot be told: refuse it.
+        raise MetaDataError("data.metaData has a byte-order mark (U+FEFF) after its start")
+    document = _parse(text)
     if document is None:
-        document = {}
+        document = {}  # an empty document, a comment, "~" or "null": no keys yet
     if not isinstance(document, dict):
         raise MetaDataError(f"data.metaData is a YAML {type(document).__name__}, expected a map")
     if all(document.get(k) == v for k, v in entries.items()):
         return None
+    expected = {**document, **entries}
+    rendered = ""
     if _appendable(text) and not any(k in document for k in entries):
         separator = "" if text.endswith("\n") else "\n"
         rendered = text + separator + _lines(entries)
-    else:
-        rendered = _dump({**document, **entries})
+    if not rendered or not _parses_to(rendered, expected):
+        rendered = _dump(expected)
+        if not _parses_to(rendered, expected):
+            # Keys or values YAML cannot write back as they were read (e.g. a key that is itself a map).
+            raise MetaDataError("data.metaData cannot be re-rendered as the same YAML map with the join data added")
     return base64.b64encode(rendered.encode("utf-8")).decode("ascii")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from common.meta import label_selector_problem
 from common.settings import ServiceSettings
 
 DEFAULT_CONTROLLER_SELECTOR = "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
@@ -19,3 +20,11 @@ class InjectionSettings(ServiceSettings):
         3.0, gt=0, le=25,
         description="How long a first admission for a new cluster or namespace waits for its caches; keep below the webhook timeout.",
     )
+
+    @field_validator("controller_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        problem = label_selector_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value

@@ -81,7 +81,8 @@ def build(settings: ScalingSettings) -> ServiceRunner:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_service(ScalingSettings, "scaling-webhook", build, argv)
+    run_service(ScalingSettings, "scaling-webhook", build, argv,
+                description="Serve the validating admission webhook that scales Cluster API MachineDeployments from mirror Deployments.")
 
 
 if __name__ == "__main__":

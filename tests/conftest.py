@@ -10,16 +10,13 @@ from typing import Any
 
 import pytest
 
-from kubemu import Emulator, RecordedRequest
+from kubemu import Emulator
 from testbed.pki import Pki, make_pki
 from testbed.serve import started_services
 from testbed.services import Scaling, start_scaling
 from testbed.world import SLIME_NAMESPACE, issued_secrets
-from tests.support.audit import EVIDENCE, EvidenceHandler, audit_rbac, leaks
+from tests.support.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
 
-# Every API call made to a *management-cluster* emulator during this session. The RBAC audit
-# checks each one the services made against the rendered chart.
-RECORDED_CALLS: list[RecordedRequest] = []
 AUDIT_SUMMARY: list[str] = []
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 
 from demo.environment import DemoEnvironment
 from demo.main import main
 
 
-def test_demo_runs_the_whole_story_and_never_shows_the_key() -> None:
+def test_demo_runs_the_whole_story_and_never_shows_the_key(audited: Callable[[DemoEnvironment], None]) -> None:
     lines: list[str] = []
     keys: list[bytes] = []
     stored: list[dict] = []
@@ -20,7 +21,7 @@ def test_demo_runs_the_whole_story_and_never_shows_the_key() -> None:
         keys.append(base64.b64decode(secret["data"]["slurm.key"]))
         stored.append(env.emulator.get("v1", "Secret", "metal3", "bm-cluster-workers-0-metadata"))
 
-    assert main([], out=lines.append, inspect=inspect) == 0
+    assert main([], out=lines.append, inspect=inspect, on_start=audited) == 0
     text = "\n".join(lines)
 
     # (1) the injected keys, with the key redacted
@@ -51,7 +52,7 @@ def test_demo_runs_the_whole_story_and_never_shows_the_key() -> None:
     assert base64.b64encode(key).decode() in base64.b64decode(stored[0]["data"]["metaData"]).decode()
 
 
-def test_demo_reports_a_failed_expectation_with_exit_1(monkeypatch, capsys) -> None:
+def test_demo_reports_a_failed_expectation_with_exit_1(monkeypatch, capsys, audited) -> None:  # type: ignore[no-untyped-def]
     """A broken seed (no hostIP) makes the injection webhook deny; the demo says so and exits 1."""
     from demo import cluster
 
@@ -64,7 +65,7 @@ def test_demo_reports_a_failed_expectation_with_exit_1(monkeypatch, capsys) -> N
         return key, name
 
     monkeypatch.setattr(cluster, "seed_slinky", seed_without_host_ip)
-    assert main([], out=lambda line: None) == 1
+    assert main([], out=lambda line: None, on_start=audited) == 1
     err = capsys.readouterr().err
     assert "slime-demo: FAILED: the metaData Secret was rejected: " in err
     assert 'admission webhook "injection.webhook.slime" denied the request: ' in err

@@ -291,3 +291,20 @@ def test_the_key_never_reaches_logs_or_errors(emulator: Emulator, start_injectio
     text += httpx.get(f"{service.metrics_url}/metrics").text
     for needle in (slurm.key.decode(), b64(slurm.key)):
         assert needle not in text
+
+
+def test_a_large_metadata_is_edited_off_the_event_loop_and_an_oversized_one_refused(
+    emulator: Emulator, start_injection: StartInjection
+) -> None:
+    seed_slinky(emulator)
+    _, data = seed_metal3(emulator, template_labels=OPT_IN)
+    service = start_injection(emulator)
+    many = {f"key_{i:06d}": "v" * 40 for i in range(6000)}  # ~330 KiB: over the 64 KiB threshold, under 1 MiB
+    large = metadata_secret(data, extra=many)
+    content = injected(mutate(service, large))
+    assert {k: content[k] for k in many} == many and content["slurm_conf_server"] == "192.0.2.10:6817"
+    oversized = metadata_secret(data)
+    oversized["data"]["metaData"] = b64("a: " + "x" * (1024 * 1024) + "\n")
+    response = mutate(service, oversized)
+    assert response["allowed"] is False and response["status"]["code"] == 400, response
+    assert response["status"]["message"].endswith("more than a Secret may hold (1048576 bytes)")

@@ -27,6 +27,9 @@ from testbed.helm import REPO_ROOT, helm_binary
 from tests.support.rbac import ApiRequest, assert_rbac_covers
 
 RELEASE, NAMESPACE = "slime", "slime"
+# Every API call made to a *management-cluster* emulator during this session (the emulator
+# fixtures and the demo tests add them). The RBAC audit checks each one the services made.
+RECORDED_CALLS: list[RecordedRequest] = []
 USER_AGENTS = {"injection-webhook": "slime-injection-webhook", "scaling-webhook": "slime-scaling-webhook"}
 
 

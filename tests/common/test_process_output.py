@@ -1,0 +1,79 @@
+"""What an operator sees from a real ``injection-webhook`` process: plain JSON log lines, one
+"serving" line, a reason on every admission it acts on, and ``/metrics`` without ``_created``.
+
+The process is started the way the README's "running against a real cluster" steps start it:
+a dev certificate from ``slime-dev-certs`` (valid for localhost and 127.0.0.1) and a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from certs.devcerts import main as dev_certs
+from kubemu import Emulator
+from testbed.reviews import secret_request
+from testbed.wait import wait_for
+from testbed.world import metadata_secret, seed_metal3, seed_nodeport, seed_slinky
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return int(sock.getsockname()[1])
+
+
+def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Emulator, tmp_path: Path) -> None:
+    seed_slinky(emulator)
+    seed_nodeport(emulator, "slurm", "slurm")
+    _, data = seed_metal3(emulator, template_labels={"slurm-controller-namespace": "slurm"})
+    certs = tmp_path / "certs-dev"
+    dev_certs(["--out", str(certs), "--dns", "localhost"])
+    port, metrics_port = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "injection_webhook.main", "--kubeconfig", emulator.write_kubeconfig(tmp_path / "kubeconfig"),
+         "--cert-file", str(certs / "tls.crt"), "--key-file", str(certs / "tls.key"),
+         "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        def ready() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return process.poll() is not None
+        wait_for(ready, 30, "injection-webhook /readyz")
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        # The dev certificate is valid for both names the README uses.
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        for host in ("localhost", "127.0.0.1"):
+            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                      "request": {"uid": f"uid-{host}", **secret_request(metadata_secret(data))}}
+            answer = httpx.post(f"https://{host}:{port}/mutate", json=review, verify=context, timeout=10).json()["response"]
+            assert answer["patchType"] == "JSONPatch"
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert out == ""
+    lines = err.splitlines()
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert "\x1b[" not in err, "ANSI escape codes in the log"
+    assert not any("color_message" in record for record in records)
+    messages = [record["msg"] for record in records]
+    assert messages.count("serving") == 1
+    assert not any(message.startswith("Started server process") for message in messages), messages
+    admissions = [record for record in records if record["msg"] == "admission"]
+    assert [a["uid"] for a in admissions] == ["uid-localhost", "uid-127.0.0.1"]
+    for admission in admissions:
+        assert admission["decision"] == "patched"
+        assert admission["reason"] == "added the Slurm join data for slurmctld 192.0.2.10:30817 to Secret metal3/m3m-0-metadata"
+    assert "_created" not in metrics
+    assert "slime_webhook_requests_total{outcome=\"patched\",webhook=\"injection\"} 2.0" in metrics
