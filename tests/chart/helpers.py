@@ -54,6 +54,9 @@ COMBOS: dict[str, dict[str, Any] | None] = {
                                        "metal3Namespaces": ["metal3"],
                                        "slurmKeySecretNames": ["slurm-auth-slurm"]}},
     "everything-off-cm": {"certManager": {"enabled": False}, "keda": {"enabled": True}, **TWO_MAPPINGS},
+    "admission-auth": {"admissionAuth": {"enabled": True}},
+    "admission-auth-helm": {"admissionAuth": {"enabled": True}, "certManager": {"enabled": False}, **TWO_MAPPINGS},
+    "admission-auth-own-ca": {"admissionAuth": {"enabled": True, "clientCA": {"source": "configMap", "name": "kube-apiserver-ca"}}},
     "network-policy": {"networkPolicy": {"enabled": True, "admissionFrom": [{"ipBlock": {"cidr": "192.0.2.0/28"}}],
                                          "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
 }

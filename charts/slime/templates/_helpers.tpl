@@ -188,3 +188,50 @@ The list items of the scaling ConfigMap, as JSON, after checking the mappings:
 {{- end }}
 {{- toJson $items }}
 {{- end }}
+
+{{/* Secret with the client certificate kube-apiserver presents (admissionAuth, source generate). */}}
+{{- define "slime.apiserverClientName" -}}
+{{- printf "%s-apiserver-client" (include "slime.fullname" .) }}
+{{- end }}
+
+{{/* cert-manager client CA (Certificate, its Secret) of admissionAuth. */}}
+{{- define "slime.clientCAName" -}}
+{{- printf "%s-client-ca" (include "slime.fullname" .) }}
+{{- end }}
+
+{{/* True ("true") when the webhooks must require kube-apiserver's client certificate. */}}
+{{- define "slime.enforceClientAuth" -}}
+{{- if and .Values.admissionAuth.enabled .Values.admissionAuth.enforce }}true{{ end }}
+{{- end }}
+
+{{/*
+The pod volume source that holds the client CA (admissionAuth), projected to the single file
+ca.crt (mounted at /client-ca, so SLIME_CLIENT_CA_FILE=/client-ca/ca.crt). No subPath: the
+kubelet then updates the file in place when the Secret/ConfigMap changes, and the services
+re-read it.
+*/}}
+{{- define "slime.clientCAVolume" -}}
+{{- $ca := .Values.admissionAuth.clientCA }}
+{{- if eq $ca.source "configMap" }}
+configMap:
+  name: {{ $ca.name }}
+  items:
+    - key: {{ $ca.key | quote }}
+      path: ca.crt
+  defaultMode: 0440
+{{- else }}
+secret:
+  {{- if eq $ca.source "secret" }}
+  secretName: {{ $ca.name }}
+  {{- else if .Values.certManager.enabled }}
+  # The client CA's own Secret (its ca.crt is the CA certificate; the key is not projected).
+  secretName: {{ include "slime.clientCAName" . }}
+  {{- else }}
+  secretName: {{ include "slime.apiserverClientName" . }}
+  {{- end }}
+  items:
+    - key: {{ if eq $ca.source "secret" }}{{ $ca.key | quote }}{{ else }}ca.crt{{ end }}
+      path: ca.crt
+  defaultMode: 0440
+{{- end }}
+{{- end }}

@@ -52,3 +52,29 @@ data:
   tls.crt: {{ .tls.crt | b64enc }}
   tls.key: {{ .tls.key | b64enc }}
 {{- end }}
+
+{{/*
+Self-managed client certificate for kube-apiserver (admissionAuth.enabled, clientCA.source
+generate, certManager.enabled=false). Returns YAML {ca, crt, key}. Same pattern as the serving
+certificates: the existing Secret <fullname>-apiserver-client (lookup; empty under
+`helm template`) is reused as is, so upgrades never change the certificate kube-apiserver
+holds; otherwise a new client CA (its own, not the serving CA) signs a new client certificate.
+*/}}
+{{- define "slime.apiserverClientTLS" -}}
+{{- $root := . }}
+{{- $name := include "slime.apiserverClientName" $root }}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace $name }}
+{{- $data := dict }}
+{{- if $existing }}{{- $data = default dict $existing.data }}{{- end }}
+{{- if and (hasKey $data "ca.crt") (hasKey $data "tls.crt") (hasKey $data "tls.key") }}
+ca: {{ index $data "ca.crt" | b64dec | quote }}
+crt: {{ index $data "tls.crt" | b64dec | quote }}
+key: {{ index $data "tls.key" | b64dec | quote }}
+{{- else }}
+{{- $ca := genCA (include "slime.clientCAName" $root) (int $root.Values.selfSignedTLS.caValidityDays) }}
+{{- $cert := genSignedCert $name nil nil (int $root.Values.selfSignedTLS.certValidityDays) $ca }}
+ca: {{ $ca.Cert | quote }}
+crt: {{ $cert.Cert | quote }}
+key: {{ $cert.Key | quote }}
+{{- end }}
+{{- end }}
