@@ -53,8 +53,9 @@ def api_group(api_version: Any) -> str:
     return api_version.split("/", 1)[0] if isinstance(api_version, str) and "/" in api_version else ""
 
 
-def owner_name(metadata: Any, kind: str, group: str) -> str | None:
-    """Name of the owner of ``kind`` in ``group``, matched by kind and group, never by version."""
+def owner_reference(metadata: Any, kind: str, group: str) -> dict[str, Any] | None:
+    """The owner reference of ``kind`` in ``group`` (matched by kind and group, never by version)
+    whose name the API server would accept; None when there is none."""
     owners = metadata.get("ownerReferences") if isinstance(metadata, dict) else None
     if not isinstance(owners, list):
         return None
@@ -65,5 +66,11 @@ def owner_name(metadata: Any, kind: str, group: str) -> str | None:
             and api_group(owner.get("apiVersion")) == group
             and is_dns1123_subdomain(owner.get("name"))
         ):
-            return str(owner["name"])
+            return owner
     return None
+
+
+def owner_name(metadata: Any, kind: str, group: str) -> str | None:
+    """Name of the owner of ``kind`` in ``group``, matched by kind and group, never by version."""
+    owner = owner_reference(metadata, kind, group)
+    return None if owner is None else str(owner["name"])

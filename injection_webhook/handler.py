@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny, patch_response
-from common.meta import is_dns1123_label, owner_name
+from common.meta import is_dns1123_label, owner_reference
 from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
 
 METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
@@ -28,6 +28,7 @@ class MetaDataSecret:
     metal3data: str
     cluster_name: str
     encoded_metadata: str
+    metal3data_uid: str = ""  # the uid the owner reference names: only readers of Metal3Data know it
 
     @property
     def ref(self) -> str:
@@ -42,6 +43,7 @@ class JoinInfo:
     port: int
     key_base64: str
     source: str  # e.g. "Controller slurm/slurm in cluster local": for messages and logs
+    metal3data_uid: str = ""  # the uid of the owner Metal3Data as the cluster has it
 
     def __repr__(self) -> str:  # keep the key out of any accidental repr in a log or traceback
         return f"JoinInfo(host={self.host!r}, port={self.port}, source={self.source!r})"
@@ -62,12 +64,12 @@ class Unresolved:
 Resolution = JoinInfo | NotOptedIn | Unresolved
 
 
-def metal3data_owner(metadata: dict[str, Any]) -> str | None:
-    """Name of the Metal3Data owning this object, matched by kind and group, any version.
+def metal3data_owner(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """The owner reference of the Metal3Data owning this object, matched by kind and group, any version.
 
     An owner whose name the API server would not accept cannot be a real Metal3Data, so the
     request is not ours (and such a name never reaches a URL)."""
-    return owner_name(metadata, "Metal3Data", METAL3_GROUP)
+    return owner_reference(metadata, "Metal3Data", METAL3_GROUP)
 
 
 def select(request: dict[str, Any]) -> MetaDataSecret | None:
@@ -94,10 +96,12 @@ def select(request: dict[str, Any]) -> MetaDataSecret | None:
     if not isinstance(namespace, str) or not is_dns1123_label(namespace):
         return None
     name = metadata.get("name")
+    uid = owner.get("uid")
     return MetaDataSecret(
         namespace=namespace,
         name=name if isinstance(name, str) else "",
-        metal3data=owner,
+        metal3data=str(owner["name"]),
+        metal3data_uid=uid if isinstance(uid, str) else "",
         cluster_name=cluster if isinstance(cluster, str) else "",
         encoded_metadata=encoded,
     )
@@ -109,6 +113,13 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         return allow()
     if isinstance(resolution, Unresolved):
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {resolution.reason}")
+    if not secret.metal3data_uid or secret.metal3data_uid != resolution.metal3data_uid:
+        # Join data only for a review consistent with the cluster: CAPM3 creates this Secret with
+        # the uid of its Metal3Data, which only readers of Metal3Data know. The answer says which
+        # owner, never which uid was expected.
+        return deny(f"cannot inject Slurm join data into Secret {secret.ref}: its owner reference names Metal3Data "
+                    f"{secret.namespace}/{secret.metal3data} with a uid that Metal3Data does not have; CAPM3 creates this "
+                    "Secret with the uid of its Metal3Data")
     entries = join_entries(resolution.host, resolution.port, resolution.key_base64)
     try:
         encoded = merged_metadata(secret.encoded_metadata, entries)

@@ -21,7 +21,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.cache import Informer, InformerSet
@@ -71,9 +71,11 @@ def _metal3data_record(obj: dict[str, Any]) -> dict[str, Any]:
     """
     template = _owner(obj, "Metal3DataTemplate", METAL3_GROUP) or ((obj.get("spec") or {}).get("template") or {}).get("name")
     cluster = _labels(obj).get(CLUSTER_NAME_LABEL)
+    uid = (obj.get("metadata") or {}).get("uid")
     return {
         "template": sys.intern(template) if isinstance(template, str) and template else None,
         "cluster": sys.intern(cluster) if isinstance(cluster, str) and cluster else None,
+        "uid": uid if isinstance(uid, str) else "",
     }
 
 
@@ -337,7 +339,8 @@ class InjectionResolver:
             return NotOptedIn()
         cluster_name = metal3data["cluster"] or secret.cluster_name
         view = self._target_cluster(ns, cluster_name, labels.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
-        return self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), wait)
+        info = self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), wait)
+        return replace(info, metal3data_uid=metal3data["uid"]) if isinstance(info, JoinInfo) else info
 
     def _target_cluster(self, namespace: str, cluster_name: str, override: str, template: str, wait: bool) -> ClusterView:
         if override == LOCAL_CLUSTER:

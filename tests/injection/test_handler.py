@@ -14,7 +14,8 @@ from testbed.reviews import secret_request
 from testbed.world import b64
 
 OWNER = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Data", "name": "tmpl-0", "uid": "u1", "controller": True}
-INFO = JoinInfo(host="192.0.2.10", port=30817, key_base64=b64(b"k" * 64), source="Controller slurm/slurm in cluster local")
+INFO = JoinInfo(host="192.0.2.10", port=30817, key_base64=b64(b"k" * 64), source="Controller slurm/slurm in cluster local",
+                metal3data_uid=OWNER["uid"])
 
 
 def secret(metadata_yaml: str = "providerid: metal3/bmh-0/m3m-0\n", owners: list | None = None, **data: str) -> dict:
@@ -95,7 +96,7 @@ def test_respond_is_idempotent() -> None:
 
 
 def test_respond_updates_stale_values_when_slurmctld_moved() -> None:
-    moved = JoinInfo(host="192.0.2.99", port=6817, key_base64=INFO.key_base64, source="x")
+    moved = JoinInfo(host="192.0.2.99", port=6817, key_base64=INFO.key_base64, source="x", metal3data_uid=OWNER["uid"])
     once = jsonpatch.apply_patch(secret(), respond(select(secret_request(secret())), INFO).patch)  # type: ignore[arg-type]
     response = respond(select(secret_request(once, "UPDATE")), moved)  # type: ignore[arg-type]
     content = yaml.safe_load(base64.b64decode(response.patch[0]["value"]))
@@ -170,3 +171,15 @@ def test_metadata_error_never_quotes_content() -> None:
 
 def test_join_info_repr_hides_the_key() -> None:
     assert INFO.key_base64 not in repr(INFO)
+
+
+@pytest.mark.parametrize("uid", ["", "a-guessed-uid", None], ids=["empty", "guessed", "absent"])
+def test_join_data_only_for_the_owner_uid_the_cluster_has(uid: str | None) -> None:
+    """No oracle: a review naming a real Metal3Data without its uid (a value only its readers have) gets no key."""
+    owner = {k: v for k, v in OWNER.items() if k != "uid"} if uid is None else {**OWNER, "uid": uid}
+    response = respond(select(secret_request(secret(owners=[owner]))), INFO)  # type: ignore[arg-type]
+    assert not response.allowed and response.patch is None and response.code == 403
+    assert response.message == (
+        "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: its owner reference names Metal3Data metal3/tmpl-0 "
+        "with a uid that Metal3Data does not have; CAPM3 creates this Secret with the uid of its Metal3Data")
+    assert INFO.key_base64 not in response.message and OWNER["uid"] not in response.message
