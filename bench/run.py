@@ -359,8 +359,8 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     from injection_webhook.handler import select
     from injection_webhook.resolver import InjectionResolver
     from injection_webhook.settings import InjectionSettings
+    from scaling_webhook.handler import Observed, decide, scale_target
     from scaling_webhook.handler import respond as scaling_respond
-    from scaling_webhook.handler import scale_intent
     from scaling_webhook.mappings import parse_mappings
 
     resolver = InjectionResolver(local_client(emu.write_kubeconfig(workdir / "kubeconfig-handler")),
@@ -394,12 +394,16 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     mapped = scale_request("mirror-a", 3)
     unmapped = scale_request("unmapped", 3)
 
-    def scaling() -> Any:
-        return scaling_respond(scale_intent(mapped, table))  # type: ignore[arg-type]
+    observed = Observed(world.mirror("mirror-a", replicas=1), world.machine_deployment("md-a", "metal3"))
 
-    assert scaling().allowed and scale_intent(unmapped, table) is None
+    def scaling() -> Any:
+        mapping = scale_target(mapped, table)
+        assert mapping is not None
+        return scaling_respond(decide(mapped, mapping, observed))
+
+    assert scaling().allowed and scale_target(unmapped, table) is None
     results["scaling"] = per_call(scaling, calls)
-    results["scaling unmapped"] = per_call(lambda: scale_intent(unmapped, table), calls)
+    results["scaling unmapped"] = per_call(lambda: scale_target(unmapped, table), calls)
     results["log line"] = log_line_cost(workdir, calls)
     return results
 

@@ -52,6 +52,8 @@ def _metavar(name: str, info: FieldInfo) -> str:
         return "PORT"
     if name.endswith("_bytes"):
         return "BYTES"
+    if kind is bool:
+        return "BOOL"
     if kind is int:
         return "INT"
     if kind is float:

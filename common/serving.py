@@ -25,7 +25,7 @@ import signal
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,7 +324,8 @@ class ServiceRunner:
     def request_stop(self) -> None:
         """Thread-safe: begin a graceful shutdown."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            with contextlib.suppress(RuntimeError):  # already stopped: its loop is closed
+                self._loop.call_soon_threadsafe(self._stop.set)
 
     def run(self, listeners: Listeners | None = None) -> None:
         """Serve until SIGTERM or SIGINT (the console scripts' entry)."""
@@ -344,8 +345,8 @@ def runner_for(
     metrics: WebhookMetrics,
     readiness: Readiness,
     *,
-    background: list[Callable[[asyncio.Event], Any]] | None = None,
-    on_stop: list[Callable[[], None]] | None = None,
+    background: Sequence[Callable[[asyncio.Event], Any]] = (),
+    on_stop: Sequence[Callable[[], None]] = (),
 ) -> ServiceRunner:
     """A runner configured from the settings every service shares (ports, certificate, shutdown)."""
     return ServiceRunner(
@@ -358,6 +359,6 @@ def runner_for(
         port=settings.port,
         metrics_port=settings.metrics_port,
         shutdown_delay_seconds=settings.shutdown_delay_seconds,
-        background=background or [],
-        on_stop=on_stop or [],
+        background=list(background),
+        on_stop=list(on_stop),
     )

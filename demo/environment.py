@@ -95,7 +95,7 @@ class DemoEnvironment:
 
         kubeconfig = str(self.kubeconfig)
         self.injection = start_injection(kubeconfig, pairs["injection"], log_level=self.log_level)
-        scaling = start_scaling(kubeconfig, pairs["scaling"], settle_seconds=1.0, wait_reconciled=False, log_level=self.log_level,
+        scaling = start_scaling(kubeconfig, pairs["scaling"], wait_reconciled=False, log_level=self.log_level,
                                 namespace=cluster.SLIME_NAMESPACE, resync_seconds=self.resync_seconds, patch_timeout_seconds=2)
         self.scaling_service, self.scaling = scaling.service, scaling.running
 

@@ -253,11 +253,19 @@ class Story:
         if stuck != mirror:
             raise DemoError(f"with no mapping, {md_ref} should have stayed at {mirror}, it is {stuck}")
         say(f"     no mapping, so nothing follows: {md_ref} stays at {stuck} while the mirror says 2")
-        started = time.monotonic()
         self.set_mapping(original)
-        say("     the mapping is restored")
-        wait_for(lambda: self.md_replicas() == 2, HEAL_DEADLINE_SECONDS, f"the reconciler to bring {md_ref} to 2")
-        say(f"     healed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
+        wait_for(lambda: self.mirror_replicas() == stuck, HEAL_DEADLINE_SECONDS, f"the mirror to be adopted at {md_ref}'s {stuck}")
+        if self.md_replicas() != stuck:
+            raise DemoError(f"mapping again must never move the pool: {md_ref} is {self.md_replicas()}, was {stuck}")
+        say(f"     the mapping is restored: the mirror is adopted at the MachineDeployment's {stuck} "
+            "(a new mapping never moves a pool)")
+        self._show_event("AdoptedByMirror", since=time.monotonic())
+        started = time.monotonic()
+        start = self.mark()
+        self.keda_scale(2)
+        say(f"     KEDA scales the mirror to 2 again; admission: {self.describe_call(start, SCALING_WEBHOOK)}")
+        wait_for(lambda: self.md_replicas() == 2, HEAL_DEADLINE_SECONDS, f"{md_ref} to follow the mirror to 2")
+        say(f"     followed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
 
     def _show_event(self, reason: str, since: float) -> None:
         def found() -> Any:

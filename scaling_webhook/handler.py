@@ -1,9 +1,18 @@
 """The scaling decision, as pure functions: no I/O, no clock, no globals.
 
-``scale_intent`` picks out the requests we act on (an UPDATE of ``deployments/scale`` of a
-mapped mirror) and says what to do. ``respond`` turns the outcome of the MachineDeployment
-patch into the AdmissionResponse. A validating webhook never returns a patch, so every answer
-here is an allow or a deny.
+The webhook never writes on admission: a review may be forged, or never stored (another webhook
+may deny it), so the MachineDeployment follows only the mirror *as stored*, moved by the leader's
+reconciler (docs/scaling.md). Admission checks that a scale is one kube-apiserver would send now
+and that its MachineDeployment can follow it, and says what will happen:
+
+- :func:`scale_target` picks out the requests we act on (an UPDATE of ``deployments/scale`` of a
+  mapped mirror);
+- :func:`decide` checks the request against what the caches observed (:class:`Observed`);
+- :func:`respond` turns the decision into the AdmissionResponse (an allow or a deny: a
+  validating webhook never returns a patch).
+
+:func:`target_replicas`, :func:`pause_reason` and :func:`autoscaler_annotations` are shared with
+the reconciler, so both read the cluster the same way.
 """
 
 from __future__ import annotations
@@ -12,28 +21,45 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny
-from scaling_webhook.mappings import Mapping, MappingTable
+from scaling_webhook.mappings import MAX_INT32, Mapping, MappingTable
+
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
+# cluster-autoscaler's Cluster API provider: a MachineDeployment with these is its node group.
+AUTOSCALER_ANNOTATIONS = (
+    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size",
+    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size",
+)
+
+_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 503: "ServiceUnavailable"}
 
 
 @dataclass(frozen=True, slots=True)
-class ScaleIntent:
-    """Set the MachineDeployment of ``mapping`` to ``replicas``."""
+class Observed:
+    """What the watches hold for one mapping: the stored mirror, MachineDeployment and Cluster (None: absent)."""
+
+    mirror: dict[str, Any] | None
+    machine_deployment: dict[str, Any] | None
+    cluster: dict[str, Any] | None = None
+    fresh: bool = False  # the mirror was just read from the API server, not from the cache
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A consistent scale of a mapped mirror: the MachineDeployment will follow it once it is stored."""
 
     mapping: Mapping
     replicas: int
+    target: int  # what the MachineDeployment will be set to (capped at maxReplicas)
+    paused: str = ""  # why it waits, when its MachineDeployment or Cluster is paused
 
     @property
-    def namespace(self) -> str:
-        return self.mapping.machine_deployment[0]
-
-    @property
-    def name(self) -> str:
-        return self.mapping.machine_deployment[1]
+    def capped(self) -> bool:
+        return self.target != self.replicas
 
 
 @dataclass(frozen=True, slots=True)
 class DryRun:
-    """A mapped scale sent with ``dryRun``: allowed with no side effect."""
+    """A mapped scale sent with ``dryRun``: allowed, nothing follows."""
 
     mapping: Mapping
     replicas: int
@@ -41,15 +67,30 @@ class DryRun:
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """A mapped scale whose Scale object we cannot read: denied with ``reason``."""
+    """A mapped scale whose Scale object we cannot accept: denied 400 with ``reason``."""
 
     mapping: Mapping
     reason: str
 
 
-Decision = ScaleIntent | DryRun | Invalid
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A scale that is not consistent with the cluster, or whose MachineDeployment cannot follow."""
 
-_REASONS = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 503: "ServiceUnavailable"}
+    mapping: Mapping
+    replicas: int
+    reason: str
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    """The review's ``oldObject`` does not match the cached mirror: read the mirror again, then decide."""
+
+    mapping: Mapping
+
+
+Decision = Accepted | DryRun | Invalid | Refused | Recheck
 
 
 def is_deployment_scale_update(request: dict[str, Any]) -> bool:
@@ -66,45 +107,114 @@ def is_deployment_scale_update(request: dict[str, Any]) -> bool:
     )
 
 
-def scale_intent(request: dict[str, Any], table: MappingTable) -> Decision | None:
-    """What this request asks of a MachineDeployment, or None when it is not ours."""
+def scale_target(request: dict[str, Any], table: MappingTable) -> Mapping | None:
+    """The mapping this request scales the mirror of, or None when it is not ours."""
     if not is_deployment_scale_update(request):
         return None
     namespace, name = request.get("namespace"), request.get("name")
     if not isinstance(namespace, str) or not isinstance(name, str):
         return None
-    mapping = table.get(namespace, name)
-    if mapping is None:
-        return None
-    obj = request.get("object")
+    return table.get(namespace, name)
+
+
+def replicas_of(obj: Any) -> int | None:
+    """``spec.replicas`` of an object, when it is an integer."""
     spec = obj.get("spec") if isinstance(obj, dict) else None
     replicas = spec.get("replicas") if isinstance(spec, dict) else None
-    if not isinstance(replicas, int) or isinstance(replicas, bool):
+    return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+
+
+def _annotations(obj: dict[str, Any] | None) -> dict[str, Any]:
+    annotations = ((obj or {}).get("metadata") or {}).get("annotations")
+    return annotations if isinstance(annotations, dict) else {}
+
+
+def target_replicas(mapping: Mapping, mirror_replicas: int) -> int:
+    """What the MachineDeployment is set to for a mirror at ``mirror_replicas``: capped at maxReplicas."""
+    if mapping.max_replicas is not None:
+        return min(mirror_replicas, mapping.max_replicas)
+    return mirror_replicas
+
+
+def pause_reason(mapping: Mapping, machine_deployment: dict[str, Any] | None, cluster: dict[str, Any] | None) -> str:
+    """Why Cluster API says not to touch this MachineDeployment now ("" when nothing is paused)."""
+    md = mapping.machine_deployment_ref
+    if ((machine_deployment or {}).get("spec") or {}).get("paused") is True:
+        return f"MachineDeployment {md} has spec.paused"
+    if PAUSED_ANNOTATION in _annotations(machine_deployment):
+        return f"MachineDeployment {md} has the {PAUSED_ANNOTATION} annotation"
+    if cluster is not None:
+        name = (cluster.get("metadata") or {}).get("name")
+        if (cluster.get("spec") or {}).get("paused") is True:
+            return f"Cluster {mapping.machine_deployment[0]}/{name} has spec.paused"
+        if PAUSED_ANNOTATION in _annotations(cluster):
+            return f"Cluster {mapping.machine_deployment[0]}/{name} has the {PAUSED_ANNOTATION} annotation"
+    return ""
+
+
+def autoscaler_annotations(machine_deployment: dict[str, Any] | None) -> list[str]:
+    """cluster-autoscaler's node-group annotations on a MachineDeployment (it has another writer then)."""
+    annotations = _annotations(machine_deployment)
+    return [a for a in AUTOSCALER_ANNOTATIONS if a in annotations]
+
+
+def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None) -> Decision:
+    """What to answer to a scale of ``mapping``'s mirror, given what the watches observed (None: not synced)."""
+    replicas = replicas_of(request.get("object"))
+    if replicas is None:
         return Invalid(mapping, "Scale object has no integer spec.replicas")
     if replicas < 0:
         return Invalid(mapping, f"Scale object has a negative spec.replicas ({replicas})")
+    if replicas > MAX_INT32:
+        return Invalid(mapping, f"Scale object has spec.replicas {replicas}, more than a Kubernetes replica count may be ({MAX_INT32})")
     if request.get("dryRun") is True:
         return DryRun(mapping, replicas)
-    return ScaleIntent(mapping, replicas)
+    if observed is None:
+        return Refused(mapping, replicas, "the webhook has not listed the mirror and MachineDeployment yet", 503)
+    if observed.mirror is None:
+        if not observed.fresh:
+            return Recheck(mapping)
+        return Refused(mapping, replicas, f"mirror Deployment {mapping.mirror_ref} does not exist", 404)
+    stored, old = replicas_of(observed.mirror), replicas_of(request.get("oldObject"))
+    if old != stored:
+        if not observed.fresh:
+            return Recheck(mapping)
+        return Refused(mapping, replicas, f"the review's oldObject.spec.replicas ({old}) is not the stored mirror's ({stored}); "
+                                          "kube-apiserver sends the stored object, so this review is stale or forged", 409)
+    if observed.machine_deployment is None:
+        return Refused(mapping, replicas, f"MachineDeployment {mapping.machine_deployment_ref} not found", 404)
+    managed = autoscaler_annotations(observed.machine_deployment)
+    if managed:
+        return Refused(mapping, replicas, f"MachineDeployment {mapping.machine_deployment_ref} is a cluster-autoscaler node group "
+                                          f"({', '.join(managed)}); it must have one writer, so SliMe does not scale it", 409)
+    paused = pause_reason(mapping, observed.machine_deployment, observed.cluster)
+    return Accepted(mapping, replicas, target_replicas(mapping, replicas), paused)
 
 
-def respond(decision: Decision, error: str | None = None, code: int = 503) -> AdmissionResponse:
-    """The answer for a mapped request; ``error`` is why the MachineDeployment patch failed.
-
-    ``code`` is the HTTP status the API server returns to the scaler: 503 for a failure that
-    may pass (timeout, unreachable, server error), 403/404 for one that needs a person.
-    """
+def respond(decision: Decision) -> AdmissionResponse:
+    """The answer for a mapped request (a Recheck must be decided again first)."""
     mapping = decision.mapping
     md, mirror = mapping.machine_deployment_ref, mapping.mirror_ref
     if isinstance(decision, Invalid):
         return deny(f"cannot scale MachineDeployment {md} from mirror {mirror}: {decision.reason}", code=400, reason="BadRequest")
     if isinstance(decision, DryRun):
-        return allow(f"dry run: MachineDeployment {md} would be scaled to {decision.replicas} (not applied)")
-    if error is not None:
+        return allow(f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)")
+    if isinstance(decision, Refused):
         return deny(
-            f"cannot scale MachineDeployment {md} to {decision.replicas} replicas from mirror {mirror}: {error}; "
-            "the mirror keeps its current replicas, retry later",
-            code=code,
-            reason=_REASONS.get(code, "Forbidden"),
+            f"cannot scale MachineDeployment {md} to {decision.replicas} replicas from mirror {mirror}: {decision.reason}; "
+            "the mirror keeps its current replicas",
+            code=decision.code,
+            reason=_REASONS.get(decision.code, "Forbidden"),
         )
-    return allow(f"MachineDeployment {md} scaled to {decision.replicas}")
+    if isinstance(decision, Recheck):
+        raise ValueError("a Recheck is decided again with a fresh mirror before it is answered")
+    message = f"MachineDeployment {md} follows the stored mirror to {decision.target}"
+    warnings: list[str] = []
+    if decision.capped:
+        note = f"capped at maxReplicas {mapping.max_replicas} (the mirror asks {decision.replicas})"
+        message += f", {note}"
+        warnings.append(f"MachineDeployment {md} is {note}")
+    if decision.paused:
+        message += f"; it waits: {decision.paused}"
+        warnings.append(f"MachineDeployment {md} waits: {decision.paused}")
+    return AdmissionResponse(allowed=True, outcome="allowed", message=message, warnings=tuple(warnings))

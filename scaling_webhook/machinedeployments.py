@@ -94,18 +94,33 @@ class MachineDeploymentScaler:
         replicas = (obj.get("spec") or {}).get("replicas")
         return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
 
-    def get_mirror(self, namespace: str, name: str) -> tuple[str, int] | None:
-        """The mirror Deployment's (resourceVersion, ``spec.replicas``); None when it does not exist."""
+    def read_mirror(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The mirror Deployment as stored now; None when it does not exist. Raises :class:`KubeError`."""
         try:
-            obj = self.client.request("GET", DEPLOYMENTS.item(namespace, name), timeout=self.timeout * 5)
+            return self.client.request("GET", DEPLOYMENTS.item(namespace, name), timeout=self.timeout)
         except KubeError as exc:
             if exc.status == 404:
                 return None
+            raise
+
+    def unmark(self, mirror: tuple[str, str], annotation: str) -> None:
+        """Remove ``annotation`` from the mirror (a mirror that no longer exists is fine); raise :class:`ScaleError`."""
+        namespace, name = mirror
+        try:
+            self.client.request("PATCH", DEPLOYMENTS.item(namespace, name), body={"metadata": {"annotations": {annotation: None}}},
+                                content_type=MERGE_PATCH, timeout=self.timeout * 5)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise self._error(exc, namespace, name, self.timeout * 5, kind="Deployment") from None
+
+    def adopt(self, mirror: tuple[str, str], replicas: int, annotation: str, value: str) -> None:
+        """Set the mirror to ``replicas`` and mark it adopted, in one merge patch; raise :class:`ScaleError`."""
+        namespace, name = mirror
+        body = {"metadata": {"annotations": {annotation: value}}, "spec": {"replicas": replicas}}
+        try:
+            self.client.request("PATCH", DEPLOYMENTS.item(namespace, name), body=body, content_type=MERGE_PATCH, timeout=self.timeout * 5)
+        except KubeError as exc:
             raise self._error(exc, namespace, name, self.timeout * 5, kind="Deployment") from None
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        replicas = (obj.get("spec") or {}).get("replicas")
-        # The API server defaults an absent spec.replicas to 1; a served object always has it.
-        return version, replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 1
 
     def _get(self, path_of: Any, namespace: str, name: str, kind: str) -> dict[str, Any]:
         for attempt in (1, 2):

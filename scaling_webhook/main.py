@@ -12,12 +12,14 @@ from common.serving import Readiness, ServiceRunner, runner_for
 from scaling_webhook.app import create_app
 from scaling_webhook.events import EventRecorder
 from scaling_webhook.flow import ScaleAdmission
+from scaling_webhook.leader import LeaderElector
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingSource, MappingTable
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.reconciler import Drift, Reconciler
+from scaling_webhook.reconciler import Change, Reconciler
 from scaling_webhook.safe_scale_in.service import SafeScaleIn
 from scaling_webhook.settings import ScalingSettings
+from scaling_webhook.watches import MappedObjects
 
 USER_AGENT = "slime-scaling-webhook"
 
@@ -29,13 +31,15 @@ class ScalingService:
     runner: ServiceRunner
     client: KubeClient
     source: MappingSource
+    objects: MappedObjects
     scaler: MachineDeploymentScaler
     events: EventRecorder
     reconciler: Reconciler
     metrics: ScalingMetrics
+    leader: LeaderElector | None = None
     safe: SafeScaleIn | None = None
 
-    def reconcile_once(self) -> list[Drift]:
+    def reconcile_once(self) -> list[Change]:
         return self.reconciler.reconcile_once()
 
 
@@ -48,7 +52,26 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     events = EventRecorder(client, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
     safe = SafeScaleIn(client, scaler, events, metrics)  # used only by mappings with safeScaleIn
-    reconciler = Reconciler(source, scaler, events, metrics, settings.resync_seconds, safe=safe)
+    leader: LeaderElector | None = None
+    wake: list[Reconciler] = []
+
+    def poke(*_: object) -> None:
+        for reconciler in wake:
+            reconciler.trigger()
+
+    if settings.leader_election:
+        def on_leadership(leading: bool) -> None:
+            metrics.leader.set(1 if leading else 0)
+            poke()
+
+        leader = LeaderElector(client, settings.namespace, settings.lease_name, lease_seconds=settings.lease_duration_seconds,
+                               renew_deadline_seconds=settings.lease_renew_deadline_seconds,
+                               retry_seconds=settings.lease_retry_seconds, on_change=on_leadership)
+    else:
+        metrics.leader.set(1)
+    objects = MappedObjects(client, scaler, on_change=poke)
+    reconciler = Reconciler(source, objects, scaler, events, metrics, settings.resync_seconds, leader=leader, safe=safe)
+    wake.append(reconciler)
 
     def on_change(table: MappingTable) -> None:
         metrics.mappings.set(len(table))
@@ -60,19 +83,17 @@ def build_service(settings: ScalingSettings) -> ScalingService:
 
     def stop() -> None:
         source.stop()
+        objects.stop()
         events.stop()
         events.flush(2.0)
         safe.close()
 
-    app = create_app(
-        ScaleAdmission(lambda: source.table, scaler, events, metrics, settings.patch_timeout_seconds, safe),
-        webhook_metrics,
-        settings.max_body_bytes,
-    )
-    runner = runner_for(settings, app, webhook_metrics, readiness, background=[reconciler.run], on_stop=[stop])
+    app = create_app(ScaleAdmission(lambda: source.table, objects, scaler, metrics), webhook_metrics, settings.max_body_bytes)
+    background = [reconciler.run] + ([leader.run] if leader is not None else [])
+    runner = runner_for(settings, app, webhook_metrics, readiness, background=background, on_stop=[stop])
     events.start()
     source.start()
-    return ScalingService(runner, client, source, scaler, events, reconciler, metrics, safe)
+    return ScalingService(runner, client, source, objects, scaler, events, reconciler, metrics, leader, safe)
 
 
 def build(settings: ScalingSettings) -> ServiceRunner:

@@ -5,7 +5,12 @@ Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
 * the thesis form: ``machineDeploymentName`` and ``machineDeploymentNamespace``, plus optional
   ``mirrorDeploymentName`` (default ``mirror-deployment``) and ``mirrorDeploymentNamespace``
   (default: the webhook's namespace);
-* ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``.
+* ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
+  with optional ``maxReplicas`` (the most replicas the MachineDeployment is ever set to; the
+  chart fills it from the KEDA ``maxReplicaCount``) and ``safeScaleIn``.
+
+One MachineDeployment has one writer: two mappings onto the same MachineDeployment, or from the
+same mirror, are an error naming both.
 
 :func:`parse_mappings` is pure and strict: every problem raises :class:`MappingError` naming
 the key and what is wrong. :class:`MappingSource` follows the ConfigMap through an informer,
@@ -28,17 +33,22 @@ import yaml
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
 from common.meta import is_dns1123_label, is_dns1123_subdomain
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, Ref, SafeScaleInConfig
+from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SafeScaleInConfig
 
 log = logging.getLogger("slime.scaling.mappings")
+
+Ref = tuple[str, str]  # (namespace, name)
 
 DEFAULT_MIRROR_NAME = "mirror-deployment"
 THESIS_KEYS = ("machineDeploymentName", "machineDeploymentNamespace", "mirrorDeploymentName", "mirrorDeploymentNamespace")
 MAPPINGS_KEY = "mappings"
 ITEM_KEYS = ("mirror", "machineDeployment")
-# Per-mapping options: ``safeScaleIn`` (docs/scaling.md, "Safe scale-in").
+# Per-mapping options: ``maxReplicas`` and ``safeScaleIn`` (docs/scaling.md).
+MAX_REPLICAS_KEY = "maxReplicas"
 SAFE_SCALE_IN_KEY = "safeScaleIn"
-OPTION_KEYS: tuple[str, ...] = (SAFE_SCALE_IN_KEY,)
+OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY)
+# Replicas are int32 in Kubernetes (autoscaling/v1 Scale, CAPI MachineDeployment).
+MAX_INT32 = 2**31 - 1
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
 SAFE_SCALE_IN_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "drainTimeoutSeconds", "tokenUser")
 
@@ -55,6 +65,7 @@ class Mapping:
     machine_deployment: Ref
     options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
+    max_replicas: int | None = None  # the MachineDeployment is never set above this
 
     @property
     def safe_scale_in(self) -> SafeScaleInConfig | None:
@@ -148,15 +159,15 @@ def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
     version = value.get("apiVersion")
     if version is not None and version.strip() not in SLURM_API_VERSIONS:
         raise MappingError(f"{where}.apiVersion: {version!r} is not supported; use one of {', '.join(sorted(SLURM_API_VERSIONS))}")
-    timeout = value.get("drainTimeoutSeconds", 3600)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    timeout = value.get("drainTimeoutSeconds")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise MappingError(f"{where}.drainTimeoutSeconds: must be a positive number of seconds, got {timeout!r}")
     return SafeScaleInConfig(
         slurmrestd=url,
         jwt_secret=secret,
         jwt_key=jwt_key,
         api_version=version.strip() if version is not None else None,
-        drain_timeout_seconds=float(timeout),
+        drain_timeout_seconds=float(timeout) if timeout is not None else None,
         token_user=value.get("tokenUser", "slurm").strip(),
     )
 
@@ -223,9 +234,16 @@ def _list_mappings(text: Any) -> list[Mapping]:
                 machine_deployment=_ref(item["machineDeployment"], f"{where}.machineDeployment"),
                 options=options,
                 source=where,
+                max_replicas=_max_replicas(item[MAX_REPLICAS_KEY], f"{where}.{MAX_REPLICAS_KEY}") if MAX_REPLICAS_KEY in item else None,
             )
         )
     return mappings
+
+
+def _max_replicas(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT32:
+        raise MappingError(f"{where}: must be an integer from 0 to {MAX_INT32}, got {value!r}")
+    return value
 
 
 def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> MappingTable:
@@ -237,15 +255,23 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
         mappings.append(thesis)
     if MAPPINGS_KEY in data:
         mappings.extend(_list_mappings(data[MAPPINGS_KEY]))
-    seen: dict[Ref, Mapping] = {}
+    by_mirror: dict[Ref, Mapping] = {}
+    by_machine_deployment: dict[Ref, Mapping] = {}
     for mapping in mappings:
-        first = seen.get(mapping.mirror)
+        first = by_mirror.get(mapping.mirror)
         if first is not None:
             raise MappingError(
                 f"{mapping.source}: mirror {mapping.mirror_ref} is already mapped by {first.source} "
                 f"(to MachineDeployment {first.machine_deployment_ref}); a mirror may drive only one MachineDeployment"
             )
-        seen[mapping.mirror] = mapping
+        first = by_machine_deployment.get(mapping.machine_deployment)
+        if first is not None:
+            raise MappingError(
+                f"{first.source} and {mapping.source} both target MachineDeployment {mapping.machine_deployment_ref} "
+                f"(from mirrors {first.mirror_ref} and {mapping.mirror_ref}); one MachineDeployment must have one writer"
+            )
+        by_mirror[mapping.mirror] = mapping
+        by_machine_deployment[mapping.machine_deployment] = mapping
     return MappingTable(tuple(mappings))
 
 

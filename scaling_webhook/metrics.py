@@ -6,7 +6,9 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from common.metrics import LATENCY_BUCKETS, WebhookMetrics
 
-DECISION_OUTCOMES = ("scaled", "dry_run", "unmapped", "denied")
+DECISION_OUTCOMES = ("accepted", "dry_run", "unmapped", "denied")
+WRITE_REASONS = ("mirror", "drift", "adopt")
+WAIT_REASONS = ("paused", "autoscaler", "capped", "missing")
 
 
 class ScalingMetrics:
@@ -15,20 +17,40 @@ class ScalingMetrics:
         self.webhook = metrics
         self.decisions = Counter(
             "slime_scaling_decisions_total",
-            "Scale admissions by outcome (scaled, dry_run, unmapped, denied).",
+            "Scale admissions by outcome (accepted, dry_run, unmapped, denied).",
             ["outcome"],
             registry=registry,
         )
         self.outcome = {o: self.decisions.labels(o) for o in DECISION_OUTCOMES}
+        self.capped_admissions = Counter(
+            "slime_scaling_capped_admissions_total",
+            "Accepted mirror scales above the mapping's maxReplicas (the MachineDeployment stops at maxReplicas).",
+            registry=registry,
+        )
         self.patch_seconds = Histogram(
             "slime_scaling_patch_seconds",
-            "Time of the MachineDeployment /scale patch made on the admission path.",
+            "Time of one MachineDeployment /scale patch by the reconciler.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.drift_corrections = Counter(
-            "slime_scaling_drift_corrections_total",
-            "MachineDeployments the reconciler set back to their mirror's replicas.",
+        self.writes = Counter(
+            "slime_scaling_writes_total",
+            "Writes by the leader: MachineDeployments set from a stored mirror change (mirror) or back from a drift "
+            "(drift), mirrors adopted from their MachineDeployment (adopt).",
+            ["reason"],
+            registry=registry,
+        )
+        self.write = {r: self.writes.labels(r) for r in WRITE_REASONS}
+        self.waiting = Gauge(
+            "slime_scaling_waiting_mappings",
+            "Mappings whose MachineDeployment is not set to its mirror now, by why: paused (MachineDeployment or Cluster), "
+            "autoscaler (a cluster-autoscaler node group), capped (mirror above maxReplicas), missing (mirror or MachineDeployment absent).",
+            ["reason"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "slime_scaling_leader",
+            "1 when this replica holds the Lease and is the one writer, else 0.",
             registry=registry,
         )
         self.reconcile_errors = Counter(
@@ -71,6 +93,16 @@ class ScalingMetrics:
         self.reclaimed = Counter(
             "slime_scaling_reclaimed_total",
             "Machines marked for deletion that a scale-up took back (undrained, mark removed).",
+            registry=registry,
+        )
+        self.drain_overdue = Counter(
+            "slime_scaling_drain_overdue_total",
+            "Held Machines whose Slurm node was still busy or not drained after drainTimeoutSeconds (each is warned about, never released).",
+            registry=registry,
+        )
+        self.orphans_undrained = Counter(
+            "slime_scaling_orphan_drains_undone_total",
+            "Nodes drained by SliMe whose Machine was neither marked nor deleting, undrained because no scale-in needed them.",
             registry=registry,
         )
         self.slurm_errors = Counter(

@@ -1,18 +1,27 @@
-"""Level-triggered healing: every mapped MachineDeployment ends with its mirror's replicas.
+"""The one writer: every mapped MachineDeployment follows its mirror as the API server stored it.
 
-Admissions can be missed: the webhook was down and the API server failed open, a patch landed
-after the admission was denied for slowness, or another validating webhook denied the scale
-after we applied it. The reconciler runs at start, on every mapping change and every
-``resync_seconds``. For each mapping it reads the mirror Deployment as persisted and the
-MachineDeployment, and when they differ sets the MachineDeployment with the same absolute
-``/scale`` merge patch as the admission path.
+Only the replica that holds the Lease (:mod:`scaling_webhook.leader`) writes, and only from
+watched, stored state (:mod:`scaling_webhook.watches`): a review, which may be forged or never
+stored, moves nothing. A pass runs at start, on every watch event of a mapped mirror,
+MachineDeployment or Cluster, on every mapping change, on gaining the Lease, and every
+``resync_seconds``. For each mapping:
 
-Safety with 2+ replicas of the service: every write is an absolute value read from the
-persisted mirror, so writers can only disagree while the mirror itself is changing. A mirror
-scale is validated (and our patch made) *before* the API server persists it, so a reconciler
-could read the old mirror just after the admission path set the new value. To stay out of that
-window, a drift is corrected only when it is still there after ``settle_seconds`` with the
-mirror unchanged (same resourceVersion). A mirror that does not exist is never read as 0.
+1. **Adopt, never reset.** A mirror not yet adopted for its MachineDeployment (annotation
+   ``slime/machine-deployment``) is first set *to the MachineDeployment's* replicas, in one patch
+   with the annotation: mapping a pool (or a fresh ``helm install`` whose mirror the API server
+   defaulted to 1) never changes the pool. Removing a mapping leaves the MachineDeployment as it
+   is and takes the annotation off, so mapping it again adopts again.
+2. **Refuse a second writer.** A MachineDeployment that is a cluster-autoscaler node group is not
+   touched (Warning Event, ``slime_scaling_waiting_mappings{reason="autoscaler"}``).
+3. **Respect pauses.** A paused MachineDeployment or Cluster (``spec.paused`` or the
+   ``cluster.x-k8s.io/paused`` annotation) is not written; the pass after the pause is lifted
+   applies the change (Event ``WaitingForUnpause``, gauge ``reason="paused"``).
+4. **Follow.** Target = the mirror's replicas, capped at the mapping's ``maxReplicas`` (Event
+   ``ReplicasCapped``). When the MachineDeployment differs, set it: one absolute ``/scale`` merge
+   patch, or safe scale-in for mappings that opted in. ``ScaledFromMirror`` when the mirror
+   moved, ``DriftCorrected`` when the MachineDeployment had been changed by someone else.
+
+A mirror or MachineDeployment that does not exist is never read as 0: the mapping waits.
 """
 
 from __future__ import annotations
@@ -22,145 +31,230 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.events import REASON_DRIFT, EventRecorder, ScaleEvent
+from scaling_webhook.events import REASON_DRIFT, REASON_SCALED, EventRecorder, ScaleEvent
+from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
+from scaling_webhook.leader import LeaderElector, NotLeader
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
-from scaling_webhook.mappings import Mapping, MappingSource
-from scaling_webhook.metrics import ScalingMetrics
-
-if TYPE_CHECKING:
-    from scaling_webhook.safe_scale_in.service import SafeScaleIn
+from scaling_webhook.mappings import Mapping, MappingSource, MappingTable, Ref
+from scaling_webhook.metrics import WAIT_REASONS, ScalingMetrics
+from scaling_webhook.safe_scale_in.service import SafeScaleIn
+from scaling_webhook.watches import MappedObjects
 
 log = logging.getLogger("slime.scaling.reconciler")
 
+ADOPTED_ANNOTATION = "slime/machine-deployment"
+REASON_ADOPTED = "AdoptedByMirror"
+REASON_AUTOSCALER = "ClusterAutoscalerManaged"
+REASON_PAUSED = "WaitingForUnpause"
+REASON_CAPPED = "ReplicasCapped"
+SYNC_WAIT_SECONDS = 5.0  # a pass waits this long for new watches to list once (then the next pass tries)
+RETRY_SECONDS = (1.0, 30.0)  # after a failed write: retry after 1 s, doubling, at most 30 s (or the resync, if shorter)
+
 
 @dataclass(frozen=True, slots=True)
-class Drift:
+class Change:
+    """A write the reconciler made."""
+
     mapping: Mapping
-    mirror_version: str
-    mirror_replicas: int
-    machine_deployment_replicas: int | None
+    what: str  # "mirror", "drift" or "adopt" (the slime_scaling_writes_total reason)
+    replicas: int
+
+
+def _annotations(obj: dict[str, Any]) -> dict[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def _version(obj: dict[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 class Reconciler:
     def __init__(
         self,
         source: MappingSource,
+        objects: MappedObjects,
         scaler: MachineDeploymentScaler,
         events: EventRecorder,
         metrics: ScalingMetrics,
         resync_seconds: float,
-        settle_seconds: float = 1.0,
+        leader: LeaderElector | None = None,
         safe: SafeScaleIn | None = None,
     ) -> None:
-        self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
         self.source = source
+        self.objects = objects
         self.scaler = scaler
         self.events = events
         self.metrics = metrics
         self.resync_seconds = resync_seconds
-        self.settle_seconds = settle_seconds
+        self.leader = leader
+        self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
         self._lock = threading.Lock()  # one pass at a time in this process
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._applied: dict[Ref, int] = {}  # MachineDeployment -> the replicas this process last set
+        self._told: dict[tuple[Ref, str], str] = {}  # (MachineDeployment, reason) -> message last recorded
+        self._followed = MappingTable()
+        self._errors = 0  # failed mappings in the last pass
+        self._retry_in = RETRY_SECONDS[0]
         self.passes = 0
 
     # --- one pass (blocking; runs in a worker thread) ----------------------------------------
 
-    def reconcile_once(self) -> list[Drift]:
-        """Check every mapping now; return the drifts corrected."""
+    def fence(self) -> None:
+        """Raise :class:`NotLeader` unless this replica may write (every write calls it first)."""
+        if self.leader is not None:
+            self.leader.ensure()
+
+    @property
+    def leading(self) -> bool:
+        return self.leader is None or self.leader.is_leader
+
+    def reconcile_once(self) -> list[Change]:
+        """Check every mapping now; return the writes made (none unless this replica leads)."""
         with self._lock:
-            for mapping in self.source.table:
-                self._maintain(mapping)
-            drifts = [d for m in self.source.table if (d := self._observe(m)) is not None]
-            corrected = []
-            if drifts and self.settle_seconds:
-                time.sleep(self.settle_seconds)
-            for drift in drifts:
-                if self._correct(drift):
-                    corrected.append(drift)
+            table = self.source.table
+            self.objects.follow(table, SYNC_WAIT_SECONDS)  # every replica watches: admissions read these caches too
+            changes: list[Change] = []
+            self._errors = 0
+            if self.leading:
+                self._release_removed(table)
+                waiting: Counter[str] = Counter()
+                for mapping in table:
+                    try:
+                        change = self._reconcile(mapping, waiting)
+                    except NotLeader as exc:
+                        log.info("lost the Lease during a pass; stopping", extra={"reason": str(exc)})
+                        break
+                    except ScaleError as exc:
+                        self._failed(mapping, exc)
+                        continue
+                    if change is not None:
+                        changes.append(change)
+                for reason in WAIT_REASONS:
+                    self.metrics.waiting.labels(reason).set(waiting[reason])
+            self._followed = table
             self.passes += 1
-            return corrected
+            return changes
 
-    def _mirror(self, mapping: Mapping) -> tuple[str, int] | None:
-        found = self.scaler.get_mirror(*mapping.mirror)
-        if found is None:
-            log.warning(
-                "mirror Deployment not found; its MachineDeployment is left as it is",
-                extra={"mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref},
-            )
-        return found
-
-    def _observe(self, mapping: Mapping) -> Drift | None:
-        try:
-            mirror = self._mirror(mapping)
-            if mirror is None:
-                return None
-            current = self.scaler.get_replicas(*mapping.machine_deployment)
-        except ScaleError as exc:
-            self._failed(mapping, exc)
+    def _reconcile(self, mapping: Mapping, waiting: Counter[str]) -> Change | None:
+        if not self.objects.synced(mapping):
             return None
-        version, replicas = mirror
-        if current == replicas:
+        mirror, md = self.objects.mirror(mapping), self.objects.machine_deployment(mapping)
+        if mirror is None or md is None:
+            waiting["missing"] += 1
+            absent = f"mirror Deployment {mapping.mirror_ref}" if mirror is None else f"MachineDeployment {mapping.machine_deployment_ref}"
+            self._tell(mapping, "missing", f"{absent} not found; the MachineDeployment is left as it is")
             return None
-        return Drift(mapping, version, replicas, current)
+        current = replicas_of(md)
+        if _annotations(mirror).get(ADOPTED_ANNOTATION) != mapping.machine_deployment_ref:
+            return self._adopt(mapping, current)
+        managed = autoscaler_annotations(md)
+        if managed:
+            waiting["autoscaler"] += 1
+            self._tell(mapping, REASON_AUTOSCALER, f"MachineDeployment {mapping.machine_deployment_ref} is a cluster-autoscaler node "
+                       f"group ({', '.join(managed)}); SliMe does not scale it (one writer per MachineDeployment)", warning=True)
+            return None
+        mirror_replicas = replicas_of(mirror)
+        if mirror_replicas is None:
+            return None
+        target = target_replicas(mapping, mirror_replicas)
+        if target != mirror_replicas:
+            waiting["capped"] += 1
+            self._tell(mapping, REASON_CAPPED, f"mirror {mapping.mirror_ref} asks {mirror_replicas}; MachineDeployment "
+                       f"{mapping.machine_deployment_ref} is capped at maxReplicas {mapping.max_replicas}", warning=True)
+        paused = pause_reason(mapping, md, self.objects.cluster(mapping))
+        if paused:
+            if current != target:
+                waiting["paused"] += 1
+                self._tell(mapping, REASON_PAUSED, f"set to {target} from mirror {mapping.mirror_ref} once unpaused: {paused}")
+            return None
+        if self.safe is not None and mapping.safe_scale_in is not None:
+            self.safe.maintain(mapping, scale_in_pending=current is not None and current > target, fence=self.fence)
+        if current == target:
+            self._applied[mapping.machine_deployment] = target
+            return None
+        return self._follow(mapping, current, target)
 
-    def _correct(self, drift: Drift) -> bool:
-        mapping = drift.mapping
-        try:
-            mirror = self._mirror(mapping)
-            if mirror is None:
-                return False
-            if mirror[0] != drift.mirror_version:
-                # The mirror moved while we looked: the admission path is handling it. Next pass.
-                log.info("mirror changed during reconcile; deferring", extra={"mirror": mapping.mirror_ref})
-                return False
-            current = self.scaler.get_replicas(*mapping.machine_deployment)
-            if current == mirror[1]:
-                return False
-            if self.safe is not None and mapping.safe_scale_in is not None:
-                outcome = self.safe.apply(mapping, mirror[1])
-                if outcome.replicas is None:
-                    return False  # deferred or Slurm unusable: the Events say why; next pass
-                self.metrics.drift_corrections.inc()
-                log.info("safe scale-in reconcile", extra={"machinedeployment": mapping.machine_deployment_ref, "outcome": outcome.message})
-                return True
-            self.scaler.set_replicas(*mapping.machine_deployment, mirror[1], timeout=max(self.scaler.timeout, 5.0))
-        except ScaleError as exc:
-            self._failed(mapping, exc)
-            return False
-        self.metrics.drift_corrections.inc()
-        log.warning(
-            "MachineDeployment drifted from its mirror; corrected",
-            extra={
-                "mirror": mapping.mirror_ref,
-                "machinedeployment": mapping.machine_deployment_ref,
-                "was": current,
-                "replicas": mirror[1],
-            },
-        )
-        self.events.record(
-            ScaleEvent.on(
-                mapping.machine_deployment, self.scaler.api_version, REASON_DRIFT,
-                f"Set replicas to {mirror[1]} (was {current if current is not None else 'unset'}) "
-                f"to match mirror Deployment {mapping.mirror_ref}",
-            )
-        )
-        return True
+    def _follow(self, mapping: Mapping, current: int | None, target: int) -> Change | None:
+        moved = self._applied.get(mapping.machine_deployment) == current  # the MachineDeployment is where we left it
+        before = _version(self.objects.machine_deployment(mapping))
+        if self.safe is not None and mapping.safe_scale_in is not None:
+            outcome = self.safe.apply(mapping, target, fence=self.fence)
+            if outcome.replicas is None:
+                return None  # deferred or Slurm unusable: the Events say why; a later pass retries
+            replicas = outcome.replicas
+            detail = f" (safe scale-in: {outcome.message})"
+        else:
+            self.fence()
+            started = time.perf_counter()
+            try:
+                self.scaler.set_replicas(*mapping.machine_deployment, target, timeout=max(self.scaler.timeout, 5.0))
+            finally:
+                self.metrics.patch_seconds.observe(time.perf_counter() - started)
+            replicas, detail = target, ""
+        self._applied[mapping.machine_deployment] = replicas
+        self.objects.wait_changed("machinedeployment", mapping.machine_deployment, before)
+        what = "mirror" if moved else "drift"
+        self.metrics.write[what].inc()
+        was = current if current is not None else "unset"
+        if moved:
+            reason, message = REASON_SCALED, f"Set replicas to {replicas} from mirror Deployment {mapping.mirror_ref}{detail}"
+        else:
+            reason, message = REASON_DRIFT, f"Set replicas to {replicas} (was {was}) to match mirror Deployment {mapping.mirror_ref}{detail}"
+            log.warning("MachineDeployment differed from its mirror; set", extra={
+                "mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref, "was": was, "replicas": replicas})
+        self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message))
+        return Change(mapping, what, replicas)
 
-    def _maintain(self, mapping: Mapping) -> None:
-        """Safe scale-in: pre-drain hooks and deleting Machines (every pass, drift or not)."""
-        if self.safe is None or mapping.safe_scale_in is None:
+    def _adopt(self, mapping: Mapping, current: int | None) -> Change | None:
+        if current is None:
+            self._tell(mapping, REASON_ADOPTED, f"MachineDeployment {mapping.machine_deployment_ref} has no spec.replicas; "
+                       f"mirror {mapping.mirror_ref} is not adopted until it has", warning=True)
+            return None
+        self.fence()
+        before = _version(self.objects.mirror(mapping))
+        self.scaler.adopt(mapping.mirror, current, ADOPTED_ANNOTATION, mapping.machine_deployment_ref)
+        self.objects.wait_changed("mirror", mapping.mirror, before)
+        self._applied[mapping.machine_deployment] = current
+        self.metrics.write["adopt"].inc()
+        log.info("mirror adopted", extra={"mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref, "replicas": current})
+        self.events.record(ScaleEvent.on(
+            mapping.machine_deployment, self.scaler.api_version, REASON_ADOPTED,
+            f"Mapped to mirror Deployment {mapping.mirror_ref}: the mirror was set to this MachineDeployment's {current} "
+            "replicas (mapping never changes the pool); from now on the MachineDeployment follows the mirror",
+        ))
+        return Change(mapping, "adopt", current)
+
+    def _release_removed(self, table: MappingTable) -> None:
+        """Mappings gone since the last pass: take the adoption mark off their mirrors (best effort)."""
+        kept = {m.mirror for m in table}
+        for mapping in self._followed:
+            if mapping.mirror in kept:
+                continue
+            self._applied.pop(mapping.machine_deployment, None)
+            try:
+                self.fence()
+                self.scaler.unmark(mapping.mirror, ADOPTED_ANNOTATION)
+            except ScaleError as exc:
+                log.warning("cannot take the adoption mark off an unmapped mirror", extra={"mirror": mapping.mirror_ref, "error": exc.cause})
+
+    def _tell(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
+        """Log and record an Event once per (MachineDeployment, reason, message): a waiting state is said once."""
+        key = (mapping.machine_deployment, reason)
+        if self._told.get(key) == message:
             return
-        try:
-            self.safe.maintain(mapping)
-        except ScaleError as exc:
-            self._failed(mapping, exc)
+        self._told[key] = message
+        log.warning(message, extra={"machinedeployment": mapping.machine_deployment_ref, "reason": reason})
+        if reason != "missing":
+            self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning))
 
     def _failed(self, mapping: Mapping, exc: ScaleError) -> None:
+        self._errors += 1
         self.metrics.reconcile_errors.inc()
         log.warning(
             "cannot reconcile MachineDeployment with its mirror",
@@ -170,7 +264,7 @@ class Reconciler:
     # --- the loop ---------------------------------------------------------------------------------
 
     def trigger(self) -> None:
-        """Ask for a pass soon (thread-safe; the mapping source calls it on every change)."""
+        """Ask for a pass soon (thread-safe; watches, the mapping source and the elector call it)."""
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closing
@@ -189,18 +283,22 @@ class Reconciler:
                 await asyncio.to_thread(self._discover_and_reconcile)
             except Exception:
                 log.exception("reconcile pass failed")
+            if self._errors:
+                pause = min(self._retry_in, self.resync_seconds)
+                self._retry_in = min(self._retry_in * 2, RETRY_SECONDS[1])
+            else:
+                pause, self._retry_in = self.resync_seconds, RETRY_SECONDS[0]
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             try:
-                await asyncio.wait(waiters, timeout=self.resync_seconds, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waiters, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for waiter in waiters:
                     waiter.cancel()
 
     def _discover_and_reconcile(self) -> None:
         try:
-            self.scaler.resource_path()  # warm discovery so admissions make one call
+            self.scaler.resource_path()  # the MachineDeployment watches need the served CAPI version
         except ScaleError as exc:
             log.warning("cannot discover the MachineDeployment API version", extra={"error": exc.cause})
             self.metrics.reconcile_errors.inc()
-            return
         self.reconcile_once()

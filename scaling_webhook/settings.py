@@ -7,7 +7,7 @@ sets the ports explicitly.
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from common.meta import is_dns1123_label, is_dns1123_subdomain
 from common.settings import ServiceSettings
@@ -30,8 +30,32 @@ class ScalingSettings(ServiceSettings):
     resync_seconds: float = Field(30.0, gt=0, description="Period of the reconciler that heals MachineDeployment drift.")
     patch_timeout_seconds: float = Field(
         2.0, gt=0, le=25,
-        description="Budget of the MachineDeployment /scale patch on the admission path; keep below the webhook timeout.",
+        description="Timeout of one MachineDeployment /scale patch and of the admission's mirror read.",
     )
+    leader_election: bool = Field(
+        True,
+        description="Elect one writer among the replicas with a Lease (turn off only when a single replica runs).",
+    )
+    lease_name: str = Field(
+        "slime-scaling-webhook",
+        description="Name of the coordination.k8s.io Lease, in --namespace, that elects the one writer.",
+    )
+    lease_duration_seconds: float = Field(
+        15.0, gt=0, le=300,
+        description="How long a Lease nobody renews stays held before another replica takes it (client-go's default).",
+    )
+    lease_renew_deadline_seconds: float = Field(
+        10.0, gt=0,
+        description="The leader stops writing this long after its last renewal; must be shorter than the lease duration.",
+    )
+    lease_retry_seconds: float = Field(2.0, gt=0, description="How often replicas try to take or renew the Lease.")
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> ScalingSettings:
+        if not self.lease_retry_seconds < self.lease_renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError("need --lease-retry-seconds < --lease-renew-deadline-seconds < --lease-duration-seconds, got "
+                             f"{self.lease_retry_seconds:g}, {self.lease_renew_deadline_seconds:g}, {self.lease_duration_seconds:g}")
+        return self
 
     @field_validator("namespace")
     @classmethod
@@ -40,9 +64,9 @@ class ScalingSettings(ServiceSettings):
             raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label: lower case letters, digits and '-', at most 63)")
         return value
 
-    @field_validator("config_map")
+    @field_validator("config_map", "lease_name")
     @classmethod
     def _config_map(cls, value: str) -> str:
         if not is_dns1123_subdomain(value):
-            raise ValueError(f"{value!r} is not a valid ConfigMap name (DNS-1123 subdomain: lower case letters, digits, '-' and '.', at most 253)")
+            raise ValueError(f"{value!r} is not a valid object name (DNS-1123 subdomain: lower case letters, digits, '-' and '.', at most 253)")
         return value

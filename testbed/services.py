@@ -14,7 +14,7 @@ import httpx
 
 from injection_webhook.main import build as build_injection
 from injection_webhook.settings import InjectionSettings
-from kubemu import Emulator, RecordedRequest
+from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, RecordedRequest
 from scaling_webhook.main import ScalingService, build_service
 from scaling_webhook.settings import ScalingSettings
 from testbed.serve import RunningService, serve_in_thread
@@ -66,15 +66,27 @@ class Scaling:
                 return float(line.split()[-1])
         return None
 
+    def sees_mirror(self, namespace: str, name: str, replicas: int, timeout: float = 5.0) -> None:
+        """Wait until the webhook's watch of mirror ``namespace/name`` shows ``replicas`` (it acts on what it sees)."""
+        mapping = self.service.source.table.get(namespace, name)
+        assert mapping is not None, f"{namespace}/{name} is not mapped"
+
+        def seen() -> bool:
+            mirror = self.service.objects.mirror(mapping)
+            return bool(mirror) and (mirror.get("spec") or {}).get("replicas") == replicas  # type: ignore[union-attr]
+
+        wait_for(seen, timeout, f"the webhook's watch to see mirror {namespace}/{name} at {replicas}")
+
     def calls(self, **filters: Any) -> list[RecordedRequest]:
         """The API calls the emulator recorded whose attributes equal ``filters``."""
         assert self.emulator is not None, "calls are recorded by kubemu only"
         return [r for r in self.emulator.requests if all(getattr(r, k) == v for k, v in filters.items())]
 
     def hot_path_calls(self) -> list[RecordedRequest]:
-        """Every request except Event creation (sent off the admission path) and the ConfigMap watch."""
+        """The webhook's own requests except Event creation (sent off the hot path), the ConfigMap watch and the Lease."""
         assert self.emulator is not None, "calls are recorded by kubemu only"
-        return [r for r in self.emulator.requests if r.resource not in ("events", "configmaps")]
+        return [r for r in self.emulator.requests if r.user_agent.startswith("slime-scaling-webhook")
+                and r.resource not in ("events", "configmaps", "leases")]
 
 
 def start_scaling(
@@ -82,7 +94,6 @@ def start_scaling(
     tls: ServingFiles,
     *,
     emulator: Emulator | None = None,
-    settle_seconds: float = 0.02,
     wait_reconciled: bool = True,
     ready_timeout: float = 15.0,
     **settings: Any,
@@ -91,9 +102,45 @@ def start_scaling(
     values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
     values.update(settings)
     service = build_service(ScalingSettings(**values))
-    service.reconciler.settle_seconds = settle_seconds
     running = serve_in_thread(service.runner, tls.ca_file, "scaling-webhook")
     wait_for(running.ready, ready_timeout, "scaling-webhook /readyz")
     if wait_reconciled:
         wait_for(lambda: service.reconciler.passes >= 1, ready_timeout, "the first reconcile pass")
+        service.events.flush()  # the first pass's Events (adoptions) are sent before the test looks
     return Scaling(service, running, emulator)
+
+
+class ScaleWebhookRoute:
+    """A kubemu admission hook that sends ``deployments/scale`` updates to scaling webhooks, as kube-apiserver would.
+
+    Pass it as ``Emulator(admission=...)``; ``add`` the running webhooks. Like a Service in front
+    of several replicas, it takes them in turn. A denial becomes the API server's refusal of the
+    write (the mirror is not stored). With no webhook added, every write is admitted.
+    """
+
+    def __init__(self) -> None:
+        self.webhooks: list[Scaling] = []
+        self._next = 0
+
+    def add(self, scaling: Scaling) -> None:
+        self.webhooks.append(scaling)
+
+    def remove(self, scaling: Scaling) -> None:
+        self.webhooks.remove(scaling)
+
+    def __call__(self, attrs: AdmissionAttributes) -> None:
+        if attrs.subresource != "scale" or attrs.resource != "deployments" or not self.webhooks:
+            return None
+        webhook = self.webhooks[self._next % len(self.webhooks)]
+        self._next += 1
+        request = {
+            "kind": attrs.kind, "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "subResource": attrs.subresource, "requestSubResource": attrs.subresource, "namespace": attrs.namespace,
+            "name": attrs.name, "operation": attrs.operation, "object": attrs.object, "oldObject": attrs.old_object,
+            "dryRun": attrs.dry_run, "userInfo": attrs.user_info,
+        }
+        response = webhook.review(request)
+        if not response["allowed"]:
+            raise AdmissionDenied(response["status"]["message"], response["status"]["code"])
+        return None
+

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from scaling_webhook.reconciler import ADOPTED_ANNOTATION
+
 Obj = dict[str, Any]
 
 CAPI = "cluster.x-k8s.io"
@@ -241,8 +243,12 @@ def machine_deployment(name: str, namespace: str, replicas: int = 1, version: st
     return obj
 
 
-def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1) -> Obj:
-    """A mirror Deployment (``replicas=None``: left out, as the chart renders it)."""
+def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1, adopted_from: str | None = None) -> Obj:
+    """A mirror Deployment (``replicas=None``: left out, as the chart renders it).
+
+    ``adopted_from``: the ``<namespace>/<name>`` of the MachineDeployment it was already adopted
+    from, as the scaling webhook marks it (a mapping that existed before this test).
+    """
     labels = {"app": name}
     spec: Obj = {
         "selector": {"matchLabels": labels},
@@ -250,7 +256,10 @@ def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1
     }
     if replicas is not None:
         spec = {"replicas": replicas, **spec}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    metadata: Obj = {"name": name, "namespace": namespace}
+    if adopted_from is not None:
+        metadata["annotations"] = {ADOPTED_ANNOTATION: adopted_from}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}
 
 
 def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:
@@ -269,3 +278,22 @@ def md_events(api: ObjectApi, namespace: str, name: str, reason: str | None = No
         if e.get("involvedObject", {}).get("name") == name and e.get("involvedObject", {}).get("kind") == "MachineDeployment"
     ]
     return [e for e in events if reason is None or e.get("reason") == reason]
+
+
+def scale_mirror(emulator: Any, namespace: str, name: str, replicas: int, dry_run: bool = False) -> Obj:
+    """``PATCH deployments/<name>/scale`` through the API, as KEDA's HPA does: admission runs, then the mirror is stored.
+
+    Raises the kubernetes client's ``ApiException`` when the API server (an admission webhook) refuses it.
+    """
+    from kubernetes import client
+
+    api = emulator.api_client()
+    try:
+        apps = client.AppsV1Api(api)
+        answer = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
+                                                        dry_run="All" if dry_run else None)
+        result: Obj = api.sanitize_for_serialization(answer)
+        return result
+    finally:
+        api.close()
+

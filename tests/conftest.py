@@ -13,7 +13,7 @@ import pytest
 from kubemu import Emulator
 from testbed.pki import Pki, make_pki
 from testbed.serve import started_services
-from testbed.services import Scaling, start_scaling
+from testbed.services import ScaleWebhookRoute, Scaling, start_scaling
 from testbed.world import SLIME_NAMESPACE, issued_secrets
 from tests.support.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
 
@@ -66,13 +66,26 @@ def pki(tmp_path: Path) -> Pki:
 
 
 @pytest.fixture
-def emulator_factory(tmp_path: Path) -> Iterator[Callable[..., Emulator]]:
-    """Start emulators (a management and a workload cluster, say); all stop after the test."""
+def scale_routes() -> dict[int, ScaleWebhookRoute]:
+    """Per emulator (by id): the admission route its ``deployments/scale`` writes take to scaling webhooks."""
+    return {}
+
+
+@pytest.fixture
+def emulator_factory(tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]) -> Iterator[Callable[..., Emulator]]:
+    """Start emulators (a management and a workload cluster, say); all stop after the test.
+
+    Unless a test brings its own ``admission`` hook, a mirror ``/scale`` write through the API goes to the
+    scaling webhooks started against that emulator (``scaling_factory``), as kube-apiserver sends it.
+    """
     started: list[tuple[Emulator, bool]] = []
 
     def start(workload: bool = False, **options: object) -> Emulator:
         """``workload=True``: a CAPI workload cluster, whose RBAC comes from its kubeconfig, not our chart."""
+        route = ScaleWebhookRoute()
+        options.setdefault("admission", route)
         emulator = Emulator(**options).start()  # type: ignore[arg-type]
+        scale_routes[id(emulator)] = route
         started.append((emulator, workload))
         return emulator
 
@@ -95,18 +108,21 @@ def kubeconfig(emulator: Emulator, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def scaling_factory(pki: Pki, tmp_path: Path) -> Iterator[Callable[..., Scaling]]:
-    """Start scaling webhooks against an emulator; all stop after the test."""
+def scaling_factory(pki: Pki, tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]) -> Iterator[Callable[..., Scaling]]:
+    """Start scaling webhooks against an emulator (each joins its admission route); all stop after the test."""
     started: list[Scaling] = []
 
-    def start(emulator: Emulator, wait_reconciled: bool = True, settle_seconds: float = 0.02, **options: Any) -> Scaling:
+    def start(emulator: Emulator, wait_reconciled: bool = True, **options: Any) -> Scaling:
         values: dict[str, Any] = {"namespace": SLIME_NAMESPACE, "resync_seconds": 3600, "patch_timeout_seconds": 1.0, "log_level": "DEBUG"}
         values.update(options)
         scaling = start_scaling(
             emulator.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}"), pki, emulator=emulator,
-            settle_seconds=settle_seconds, wait_reconciled=wait_reconciled, ready_timeout=5.0, **values,
+            wait_reconciled=wait_reconciled, ready_timeout=5.0, **values,
         )
         started.append(scaling)
+        route = scale_routes.get(id(emulator))
+        if route is not None:
+            route.add(scaling)
         return scaling
 
     yield start

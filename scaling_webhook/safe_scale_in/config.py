@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Ref = tuple[str, str]  # (namespace, name)
+Ref = tuple[str, str]  # (namespace, name): the same shape as scaling_webhook.mappings.Ref
 
 # The slurmrestd API versions the client speaks, newest first: the order in which it probes.
 SLURM_API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42")
@@ -22,5 +22,7 @@ class SafeScaleInConfig:
     jwt_secret: Ref  # (namespace, name) of the Secret holding the HS256 signing key
     jwt_key: str = "jwt_hs256.key"
     api_version: str | None = None  # None: probe newest first
-    drain_timeout_seconds: float = 3600.0
+    # After this long held for a node that is still busy: Warning Events and a metric. Never a
+    # release: a busy node is never let go, however long it takes (None: no warnings).
+    drain_timeout_seconds: float | None = None
     token_user: str = "slurm"

@@ -1,18 +1,25 @@
 """Slurm-aware scale-in of opted-in MachineDeployments (docs/scaling.md, "Safe scale-in").
 
-One entry point, :meth:`SafeScaleIn.apply`, is shared by the admission path and the reconciler:
+The leader's reconciler calls it; every write first asks ``fence`` (the Lease check), so a
+replica that lost the Lease stops between two writes.
 
-* scale-down N -> M: choose up to N-M safe victims (:mod:`.victims`), DRAIN each
-  in Slurm, check it is still not busy, mark its Machine ``cluster.x-k8s.io/delete-machine``,
-  and only then lower the replicas, by the number of victims marked. Fewer safe victims than
-  asked: a ``ScaleInDeferred`` Warning and a metric; the reconciler finishes later.
-  slurmrestd unusable: no scale-in at all (a ``SlurmUnavailable`` Warning).
-* scale-up: first reclaim Machines we marked that are not deleting yet (UNDRAIN, remove the
-  mark), then set the replicas. Works without Slurm (nothing is reclaimed then).
-
-:meth:`SafeScaleIn.maintain` (reconciler) keeps the pre-drain hook on every Machine of the
-MachineDeployment and releases deleting Machines once Slurm reports their node drained (the
-node is then deleted in Slurm) or after ``drainTimeoutSeconds``.
+* :meth:`SafeScaleIn.apply`: bring the MachineDeployment towards a target.
+  - Scale-down N -> M: choose up to N-M victims (:mod:`.victims`), DRAIN each in Slurm (a node
+    already drained by an admin keeps its reason), read Slurm again (a job may have landed:
+    give that node back), mark each Machine ``cluster.x-k8s.io/delete-machine`` with the
+    pre-drain hook and the node's name, and only then lower the replicas by the number marked.
+    Fewer safe victims than asked: a ``ScaleInDeferred`` Warning; the reconciler retries.
+    slurmrestd unusable: no scale-in at all (``SlurmUnavailable``).
+  - Scale-up: first reclaim Machines we marked that are not deleting yet (remove the mark;
+    UNDRAIN only drains SliMe made), then set the replicas. Works without Slurm.
+* :meth:`SafeScaleIn.maintain` (every pass): keep the pre-drain hook on every Machine; for
+  each deleting Machine, read Slurm *for that Machine at that moment* and release the hook only
+  when Slurm reports its node drained and idle (then the node is deleted in Slurm), or gone
+  after it had joined, or when :func:`.victims.never_joined` holds. Otherwise it waits: a node
+  not drained yet is drained; a busy one is never let go, however long (``drainTimeoutSeconds``
+  only adds Warnings and a metric); nothing is released while slurmrestd is unusable. Nodes
+  SliMe drained whose Machines are neither marked nor deleting are undrained when no scale-in
+  needs them (a scale-in that stopped half way leaves none drained for good).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,26 +43,38 @@ from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmNode, Slu
 from scaling_webhook.safe_scale_in.victims import (
     DELETE_MACHINE,
     DELETE_MACHINE_VALUE,
+    DRAIN_REASON,
     PRE_DRAIN_HOOK,
     PRE_DRAIN_HOOK_OWNER,
+    SLURM_NODE_ANNOTATION,
+    Candidate,
     choose_victims,
+    drained_by_us,
     is_deleting,
     is_pending_victim,
     machine_annotations,
     machine_name,
+    never_joined,
     node_for,
 )
 
 log = logging.getLogger("slime.scaling.safe_scale_in")
 
-DRAIN_REASON = "slime: scale-in"
 DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
 REASON_VICTIMS = "ScaleInVictims"
 REASON_DEFERRED = "ScaleInDeferred"
 REASON_SLURM = "SlurmUnavailable"
 REASON_RECLAIMED = "Reclaimed"
 REASON_NODE_DELETED = "SlurmNodeDeleted"
-REASON_DRAIN_TIMEOUT = "DrainTimeout"
+REASON_RELEASED = "ReleasedNeverJoined"
+REASON_DRAIN_OVERDUE = "DrainOverdue"
+REASON_UNDRAINED = "OrphanDrainUndone"
+
+Fence = Callable[[], None]  # raises when this replica may not write
+
+
+def _no_fence() -> None:
+    return None
 
 
 @dataclass
@@ -95,6 +115,7 @@ class SafeScaleIn:
         self.metrics = metrics
         self._slurm: dict[SafeScaleInConfig, SlurmClient] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._overdue_warned: set[tuple[str, str]] = set()
         self._guard = threading.Lock()
 
     # --- plumbing ------------------------------------------------------------------------------
@@ -137,7 +158,8 @@ class SafeScaleIn:
             raise ScaleError(f"cannot list the Machines of MachineDeployment {namespace}/{name}: {exc}", denial_code(exc.status)) from None
         return [m for m in listing.get("items") or [] if isinstance(m, dict)]
 
-    def _annotate(self, mapping: Mapping, machine: str, values: dict[str, str | None]) -> None:
+    def _annotate(self, mapping: Mapping, machine: str, values: dict[str, str | None], fence: Fence) -> None:
+        fence()
         namespace = mapping.machine_deployment[0]
         try:
             path = self.client.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
@@ -147,9 +169,13 @@ class SafeScaleIn:
         except KubeError as exc:
             raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", denial_code(exc.status)) from None
 
-    # --- apply: the one scale function ------------------------------------------------------
+    def _set_replicas(self, mapping: Mapping, replicas: int, fence: Fence) -> None:
+        fence()
+        self.scaler.set_replicas(*mapping.machine_deployment, replicas, timeout=max(self.scaler.timeout, 5.0))
 
-    def apply(self, mapping: Mapping, target: int) -> Outcome:
+    # --- apply: the one scale function ----------------------------------------------------------
+
+    def apply(self, mapping: Mapping, target: int, fence: Fence = _no_fence) -> Outcome:
         """Bring the MachineDeployment towards ``target`` replicas safely; raise ScaleError on API errors."""
         config = mapping.safe_scale_in
         assert config is not None, "apply() is for mappings with safeScaleIn"
@@ -157,22 +183,24 @@ class SafeScaleIn:
             current = self.scaler.get_replicas(*mapping.machine_deployment)
             outcome = Outcome(target=target, previous=current)
             if current is None or target >= current:
-                self._scale_up(mapping, config, current, target, outcome)
+                self._scale_up(mapping, config, current, target, outcome, fence)
             else:
-                self._scale_down(mapping, config, current, target, outcome)
+                self._scale_down(mapping, config, current, target, outcome, fence)
             return outcome
 
-    def _scale_up(self, mapping: Mapping, config: SafeScaleInConfig, current: int | None, target: int, outcome: Outcome) -> None:
+    def _scale_up(self, mapping: Mapping, config: SafeScaleInConfig, current: int | None, target: int, outcome: Outcome,
+                  fence: Fence) -> None:
         increase = target - (current or 0)
         if increase > 0:
             pending = sorted((m for m in self.machines(mapping) if is_pending_victim(m)), key=machine_name)
             if pending:
-                self._reclaim(mapping, config, pending[:increase], outcome)
+                self._reclaim(mapping, config, pending[:increase], outcome, fence)
         if current != target:
-            self.scaler.set_replicas(*mapping.machine_deployment, target)
+            self._set_replicas(mapping, target, fence)
             outcome.replicas = target
 
-    def _reclaim(self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], outcome: Outcome) -> None:
+    def _reclaim(self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], outcome: Outcome,
+                 fence: Fence) -> None:
         slurm = self.slurm(config)
         try:
             nodes = slurm.nodes()
@@ -184,19 +212,21 @@ class SafeScaleIn:
             name = machine_name(machine)
             node = node_for(machine, nodes)
             try:
-                if node is not None and "DRAIN" in node.states:
+                if node is not None and drained_by_us(node):  # an admin's drain keeps its state and reason
+                    fence()
                     slurm.undrain(node.name)
             except SlurmUnavailable as exc:
                 self._slurm_failed(mapping, exc, f"cannot undrain the node of Machine {name}")
                 return
-            self._annotate(mapping, name, {DELETE_MACHINE: None})
+            self._annotate(mapping, name, {DELETE_MACHINE: None}, fence)
             outcome.reclaimed.append(name)
             self.metrics.reclaimed.inc()
         if outcome.reclaimed:
             self._event(mapping, REASON_RECLAIMED, f"Reclaimed {len(outcome.reclaimed)} Machine(s) marked for deletion "
                         f"instead of provisioning new ones: {', '.join(outcome.reclaimed)}")
 
-    def _scale_down(self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome) -> None:
+    def _scale_down(self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome,
+                    fence: Fence) -> None:
         want = current - target
         machines = self.machines(mapping)
         live = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
@@ -220,18 +250,21 @@ class SafeScaleIn:
                 self._slurm_failed(mapping, exc, f"scale-in from {current} to {target} not done (never guessing which node is idle)")
                 return
             chosen, ineligible = choose_victims(live, nodes, need)
+            drained: list[tuple[Candidate, bool]] = []
             try:
-                drained = self._drain(slurm, chosen)
+                drained = self._drain(slurm, chosen, fence)
                 if chosen:
                     # A job may have started between the read and the drain: look again.
-                    after = slurm.nodes()
-                    drained = self._recheck(slurm, chosen, drained, after)
+                    drained = self._recheck(slurm, drained, slurm.nodes(), fence)
             except SlurmUnavailable as exc:
                 outcome.slurm_error = exc.cause
                 self._slurm_failed(mapping, exc, f"scale-in from {current} to {target} stopped")
-                drained = []
-            for candidate in drained:
-                self._annotate(mapping, candidate.machine, {DELETE_MACHINE: DELETE_MACHINE_VALUE, PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER})
+                drained = []  # the drains made stay ours (reason): the next pass reuses or undoes them
+            for candidate, _ in drained:
+                values: dict[str, str | None] = {DELETE_MACHINE: DELETE_MACHINE_VALUE, PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER}
+                if candidate.node is not None:
+                    values[SLURM_NODE_ANNOTATION] = candidate.node.name
+                self._annotate(mapping, candidate.machine, values, fence)
                 victims.append(candidate.machine)
                 self.metrics.scale_in_victims.inc()
             busy = [f"{c.machine} ({c.why})" for c in ineligible if c.why != "already deleting"]
@@ -240,7 +273,7 @@ class SafeScaleIn:
         outcome.victims = victims
         outcome.deferred = want - free - len(victims)
         if replicas != current:
-            self.scaler.set_replicas(*mapping.machine_deployment, replicas)
+            self._set_replicas(mapping, replicas, fence)
             outcome.replicas = replicas
         if victims:
             self._event(mapping, REASON_VICTIMS, f"Drained in Slurm and marked for deletion: {', '.join(victims)}")
@@ -254,70 +287,118 @@ class SafeScaleIn:
             )
 
     @staticmethod
-    def _drain(slurm: SlurmClient, chosen: list[Any]) -> list[Any]:
+    def _drain(slurm: SlurmClient, chosen: list[Candidate], fence: Fence) -> list[tuple[Candidate, bool]]:
+        """DRAIN each chosen node not drained yet; (candidate, whether we drained it now)."""
         done = []
         for candidate in chosen:
-            if candidate.node is not None and "DRAIN" not in candidate.node.states:
+            ours = candidate.node is not None and "DRAIN" not in candidate.node.states
+            if ours:
+                assert candidate.node is not None
+                fence()
                 slurm.drain(candidate.node.name, DRAIN_REASON)
-            done.append(candidate)
+            done.append((candidate, ours))
         return done
 
     @staticmethod
-    def _recheck(slurm: SlurmClient, chosen: list[Any], drained: list[Any], after: list[SlurmNode]) -> list[Any]:
+    def _recheck(slurm: SlurmClient, drained: list[tuple[Candidate, bool]], after: list[SlurmNode],
+                 fence: Fence) -> list[tuple[Candidate, bool]]:
         by_name = {n.name: n for n in after}
         kept = []
-        for candidate in drained:
+        for candidate, ours in drained:
             node = candidate.node
             now = by_name.get(node.name) if node is not None else None
             if now is not None and now.busy:
-                slurm.undrain(now.name)  # a job landed meanwhile: give the node back
+                if ours:  # a job landed meanwhile: give the node back (only a drain we made)
+                    fence()
+                    slurm.undrain(now.name)
                 continue
-            kept.append(candidate)
+            kept.append((candidate, ours))
         return kept
 
-    # --- maintain: hooks and deleting Machines (reconciler) ---------------------------------
+    # --- maintain: hooks, deleting Machines, drains left behind (every pass) ---------------------
 
-    def maintain(self, mapping: Mapping) -> None:
-        """Keep the pre-drain hook on every Machine; release deleting ones when Slurm lets go."""
+    def maintain(self, mapping: Mapping, scale_in_pending: bool, fence: Fence = _no_fence) -> None:
+        """Keep hooks on; release deleting Machines Slurm lets go; undo orphan drains when no scale-in needs them."""
         config = mapping.safe_scale_in
         assert config is not None
         with self._lock(mapping):
             machines = self.machines(mapping)
             for machine in machines:
                 if not is_deleting(machine) and PRE_DRAIN_HOOK not in machine_annotations(machine):
-                    self._annotate(mapping, machine_name(machine), {PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER})
+                    self._annotate(mapping, machine_name(machine), {PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER}, fence)
             held = [m for m in machines if is_deleting(m) and PRE_DRAIN_HOOK in machine_annotations(m)]
-            if held:
-                self._release(mapping, config, held)
+            for machine in held:
+                if not self._release(mapping, config, machine, fence):
+                    return  # slurmrestd unusable: nothing is released, nothing else is done
+            if not scale_in_pending:
+                self._undo_orphan_drains(mapping, config, machines, fence)
 
-    def _release(self, mapping: Mapping, config: SafeScaleInConfig, held: list[dict[str, Any]]) -> None:
+    def _release(self, mapping: Mapping, config: SafeScaleInConfig, machine: dict[str, Any], fence: Fence) -> bool:
+        """Release one held Machine if Slurm, read now, lets it go; False when slurmrestd is unusable."""
+        slurm = self.slurm(config)
+        name = machine_name(machine)
+        try:
+            nodes = slurm.nodes()  # read for this Machine, now: a node may have joined since the last read
+            node = node_for(machine, nodes)
+            if node is None:
+                recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
+                if recorded:
+                    evidence = f"its Slurm node {recorded} joined before and is gone from Slurm now"
+                elif never_joined(machine):
+                    evidence = "it never joined Slurm and its infrastructure was never provisioned, so it cannot"
+                else:
+                    self._overdue(mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned")
+                    return True
+                self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
+                self._event(mapping, REASON_RELEASED, f"Machine {name}: {evidence}; deletion may proceed")
+                return True
+            if node.drained:
+                fence()
+                slurm.delete(node.name)
+                self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
+                self._event(mapping, REASON_NODE_DELETED, f"Machine {name}: Slurm node {node.name} drained and deleted; deletion may proceed")
+                return True
+            if "DRAIN" not in node.states:  # deleted by someone else, or joined after it was chosen
+                fence()
+                slurm.drain(node.name, DRAIN_REASON)
+                self._annotate(mapping, name, {SLURM_NODE_ANNOTATION: node.name}, fence)
+            self._overdue(mapping, config, machine, f"Slurm node {node.name} is {'+'.join(sorted(node.states))}")
+            return True
+        except SlurmUnavailable as exc:
+            self._slurm_failed(mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)")
+            return False
+
+    def _overdue(self, mapping: Mapping, config: SafeScaleInConfig, machine: dict[str, Any], state: str) -> None:
+        """Warn (once per Machine) when a held Machine waits past drainTimeoutSeconds. Never a release."""
+        if config.drain_timeout_seconds is None:
+            return
+        elapsed = _age_seconds((machine.get("metadata") or {}).get("deletionTimestamp"))
+        key = (mapping.machine_deployment[0], machine_name(machine))
+        if elapsed is None or elapsed <= config.drain_timeout_seconds or key in self._overdue_warned:
+            return
+        self._overdue_warned.add(key)
+        self.metrics.drain_overdue.inc()
+        self._event(mapping, REASON_DRAIN_OVERDUE, f"Machine {key[1]} held for {elapsed:.0f}s, more than drainTimeoutSeconds "
+                    f"({config.drain_timeout_seconds:g}s): {state}. It stays held until Slurm lets it go; it is never released "
+                    "while its node may run jobs.", warning=True)
+
+    def _undo_orphan_drains(self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], fence: Fence) -> None:
+        kept = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
+        if not kept:
+            return
         slurm = self.slurm(config)
         try:
-            nodes: list[SlurmNode] | None = slurm.nodes()
-        except SlurmUnavailable as exc:
-            self._slurm_failed(mapping, exc, "cannot check the Slurm nodes of deleting Machines")
-            nodes = None
-        for machine in held:
-            name = machine_name(machine)
-            if nodes is not None:
+            nodes = slurm.nodes()
+            for machine in kept:
                 node = node_for(machine, nodes)
-                try:
-                    if node is None or node.drained:
-                        if node is not None:
-                            slurm.delete(node.name)
-                        self._annotate(mapping, name, {PRE_DRAIN_HOOK: None})
-                        self._event(mapping, REASON_NODE_DELETED, f"Machine {name}: Slurm node "
-                                    f"{node.name + ' drained and deleted' if node else 'gone'}; deletion may proceed")
-                        continue
-                    if "DRAIN" not in node.states:
-                        slurm.drain(node.name, DRAIN_REASON)  # deleted by someone else: drain it first
-                except SlurmUnavailable as exc:
-                    self._slurm_failed(mapping, exc, f"cannot release Machine {name}")
-            elapsed = _age_seconds((machine.get("metadata") or {}).get("deletionTimestamp"))
-            if elapsed is not None and elapsed > config.drain_timeout_seconds:
-                self._annotate(mapping, name, {PRE_DRAIN_HOOK: None})
-                self._event(mapping, REASON_DRAIN_TIMEOUT, f"Machine {name}: Slurm did not report its node drained within "
-                            f"{config.drain_timeout_seconds:g}s; deletion proceeds anyway", warning=True)
+                if node is not None and drained_by_us(node):
+                    fence()
+                    slurm.undrain(node.name)
+                    self.metrics.orphans_undrained.inc()
+                    self._event(mapping, REASON_UNDRAINED, f"Machine {machine_name(machine)}: Slurm node {node.name} was drained by "
+                                "a scale-in that did not finish; no scale-in needs it now, so it takes jobs again")
+        except SlurmUnavailable as exc:
+            self._slurm_failed(mapping, exc, "cannot check for nodes left drained")
 
 
 def _age_seconds(stamp: Any) -> float | None:

@@ -7,6 +7,11 @@ a 401 from slurmrestd drops it so the next call reads the Secret again (key rota
 
 Every failure raises :class:`SlurmUnavailable` with a message fit for an Event. Neither the
 token nor the key ever appears in a message or a log line.
+
+What real slurmrestd 24.11 answers (checked against it, docs/scaling.md): a token it cannot
+verify gets 511 (error 1007), a request without one 401; both make the client read the key
+again once. Updating or deleting a node that does not exist gets 500 with error 2018, which a
+DELETE treats as done; a busy node gets 2016.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ SECRETS = ResourcePath("", "v1", "secrets")
 TOKEN_LIFETIME_SECONDS = 60
 TIMEOUT_SECONDS = 2.0
 BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+# 401: no token; 511 (Network Authentication Required, error 1007): a token slurmrestd cannot verify.
+AUTH_FAILURES = (401, 511)
+INVALID_NODE_NAME = 2018  # slurm_errno ESLURM_INVALID_NODE_NAME: no such node (any more)
 
 
 class SlurmUnavailable(Exception):
@@ -124,7 +132,7 @@ class SlurmClient:
 
     # --- transport ---------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = None, ok404: bool = False) -> dict[str, Any]:
+    def _call(self, method: str, path: str, body: Any = None, gone_is_done: bool = False) -> dict[str, Any]:
         for attempt in (1, 2):
             headers = {"X-SLURM-USER-TOKEN": self._token(), "Accept": "application/json"}
             try:
@@ -133,11 +141,13 @@ class SlurmClient:
                 raise SlurmUnavailable(f"{self.where} did not answer {method} {path} within {self.timeout:g}s") from None
             except httpx.HTTPError as exc:
                 raise SlurmUnavailable(f"cannot reach {self.where}: {type(exc).__name__}: {exc}") from None
-            if response.status_code == 401 and attempt == 1:
+            if response.status_code in AUTH_FAILURES:
+                if attempt == 2:
+                    raise SlurmUnavailable(f"{self.where} refused the JWT ({response.status_code}) twice; check jwtSecret/jwtKey/tokenUser")
                 log.warning("slurmrestd refused the token; reading the signing key again", extra={"slurmrestd": self.config.slurmrestd})
                 self._key = None
                 continue
-            if response.status_code == 404 and ok404:
+            if gone_is_done and _error_numbers(response) == {INVALID_NODE_NAME}:
                 return {}
             if not 200 <= response.status_code <= 299:
                 raise SlurmUnavailable(f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}")
@@ -149,7 +159,7 @@ class SlurmClient:
             if problems:
                 raise SlurmUnavailable(f"{self.where} reported errors for {method} {path}: {problems}")
             return data if isinstance(data, dict) else {}
-        raise SlurmUnavailable(f"{self.where} refused the JWT (401) twice; check jwtSecret/jwtKey/tokenUser")
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def version(self) -> str:
         """The API version to use: the configured one, else the newest that answers ``/ping``."""
@@ -192,7 +202,7 @@ class SlurmClient:
 
     def delete(self, name: str) -> None:
         """Delete a dynamic node; a node already gone is fine."""
-        self._call("DELETE", f"/slurm/{self.version()}/node/{quote(name)}", ok404=True)
+        self._call("DELETE", f"/slurm/{self.version()}/node/{quote(name)}", gone_is_done=True)
 
 
 def _errors_of(data: Any) -> str:
@@ -204,6 +214,17 @@ def _errors_of(data: Any) -> str:
         if isinstance(error, dict):
             parts.append(str(error.get("description") or error.get("error") or error)[:200])
     return "; ".join(parts)
+
+
+def _error_numbers(response: httpx.Response) -> set[int]:
+    """The ``error_number`` of each error in a JSON answer (empty when there are none or it is not JSON)."""
+    try:
+        errors = response.json().get("errors")
+    except (ValueError, AttributeError):
+        return set()
+    if not isinstance(errors, list):
+        return set()
+    return {e["error_number"] for e in errors if isinstance(e, dict) and isinstance(e.get("error_number"), int)}
 
 
 def _errors(response: httpx.Response) -> str:

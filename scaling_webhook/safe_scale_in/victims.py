@@ -1,10 +1,18 @@
 """Which Machines a scale-down may remove, from Slurm's view: pure functions, no I/O.
 
-Order (after Slinky's NodeSet): a Machine whose Slurm node is unknown (not joined yet, or gone)
-first, then nodes that serve no job (IDLE, IDLE+DRAIN, DOWN without jobs; already drained ones
-first). A node that is ALLOCATED, MIXED or COMPLETING is never chosen, nor a Machine already
-being deleted. Ties break by the Machine's name, so the choice is deterministic. (Slinky also
-orders busy nodes by their jobs' end; busy nodes are never victims here, so that key is moot.)
+A node that is ALLOCATED, MIXED or COMPLETING is never chosen, nor a Machine already being
+deleted. The others, cheapest to remove first (after Slinky's NodeSet: not-ready before idle,
+cordoned late):
+
+0. no Slurm node, and the Machine's infrastructure was never provisioned: nothing has booted;
+1. a node that is DOWN or NOT_RESPONDING and runs nothing;
+2. a node SliMe drained (reason ``slime: scale-in``) that runs nothing: already on its way out;
+3. an IDLE node;
+4. no Slurm node although the infrastructure is provisioned: joining now, or broken. Its
+   release must wait until Slurm tells (see :func:`never_joined`), so it comes after idle nodes;
+5. a node someone else drained (an admin's reason): kept until last, it is theirs to bring back.
+
+Ties break by the Machine's name, so the choice is deterministic.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
 DELETE_MACHINE_VALUE = "slime"
 PRE_DRAIN_HOOK = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
 PRE_DRAIN_HOOK_OWNER = "slime-scaling-webhook"
+# On a Machine whose node SliMe drained: the Slurm node name, so a node that later disappears
+# from Slurm is known to have joined (and to be gone), not to be still on its way.
+SLURM_NODE_ANNOTATION = "slime/slurm-node"
+DRAIN_REASON = "slime: scale-in"
 ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
 
 
@@ -48,6 +60,33 @@ def is_pending_victim(machine: dict[str, Any]) -> bool:
     return machine_annotations(machine).get(DELETE_MACHINE) == DELETE_MACHINE_VALUE and not is_deleting(machine)
 
 
+def drained_by_us(node: SlurmNode) -> bool:
+    return "DRAIN" in node.states and node.reason == DRAIN_REASON
+
+
+def infrastructure_provisioned(machine: dict[str, Any]) -> bool:
+    """Cluster API's contract: the infrastructure provider reported the machine provisioned.
+
+    v1beta2: ``status.initialization.infrastructureProvisioned``; v1beta1:
+    ``status.infrastructureReady``. CAPM3 reports it once the BareMetalHost is provisioned, that
+    is once the image is written and the host set to boot it: before that, no operating system
+    (so no cloud-init, no slurmd) has run on the host.
+    """
+    status = machine.get("status") or {}
+    initialization = status.get("initialization") or {}
+    return initialization.get("infrastructureProvisioned") is True or status.get("infrastructureReady") is True
+
+
+def never_joined(machine: dict[str, Any]) -> bool:
+    """Evidence that a Machine's host has not joined Slurm and cannot before it is gone.
+
+    No node SliMe recorded for it, and its infrastructure never provisioned (see
+    :func:`infrastructure_provisioned`). Deleting the Machine deprovisions the host, which then
+    never boots the image.
+    """
+    return SLURM_NODE_ANNOTATION not in machine_annotations(machine) and not infrastructure_provisioned(machine)
+
+
 def machine_addresses(machine: dict[str, Any]) -> list[str]:
     found = []
     for entry in (machine.get("status") or {}).get("addresses") or []:
@@ -57,12 +96,13 @@ def machine_addresses(machine: dict[str, Any]) -> list[str]:
 
 
 def node_for(machine: dict[str, Any], nodes: Iterable[SlurmNode]) -> SlurmNode | None:
-    """The Slurm node whose name, hostname or address is one of the Machine's addresses."""
+    """The Slurm node of a Machine: the one SliMe recorded, else one whose name, hostname or address is a Machine address."""
+    recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
     addresses = set(machine_addresses(machine))
-    if not addresses:
+    if not addresses and not recorded:
         return None
     for node in nodes:
-        if {node.name, node.hostname, node.address} & addresses:
+        if node.name == recorded or {node.name, node.hostname, node.address} & addresses:
             return node
     return None
 
@@ -73,13 +113,22 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
         return Candidate(name, None, False, "already deleting")
     node = node_for(machine, nodes)
     if node is None:
-        return Candidate(name, None, True, "no Slurm node", (0, 0, name))
+        if never_joined(machine):
+            return Candidate(name, None, True, "no Slurm node, not provisioned", (0, name))
+        return Candidate(name, None, True, "no Slurm node yet", (4, name))
     if node.busy:
         busy = sorted(node.states & {"ALLOCATED", "MIXED", "COMPLETING"})
         return Candidate(name, node, False, "+".join(busy))
-    # Not busy: a drained node first (we or someone already asked it to leave), then the rest.
-    tier = 0 if "DRAIN" in node.states else 1
-    return Candidate(name, node, True, "+".join(sorted(node.states)) or "no state", (1, tier, name))
+    states = "+".join(sorted(node.states)) or "no state"
+    if node.states & {"DOWN", "NOT_RESPONDING"}:
+        tier = 1
+    elif drained_by_us(node):
+        tier = 2
+    elif "DRAIN" in node.states:
+        tier = 5
+    else:
+        tier = 3
+    return Candidate(name, node, True, states, (tier, name))
 
 
 def order_candidates(machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode]) -> tuple[list[Candidate], list[Candidate]]:

@@ -47,8 +47,13 @@ SCALING_CALLS = [
       for ns, md in (("metal3", "md-a"), ("metal3-b", "md-b"))],
     R("get", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
     R("get", CAPI, "machinedeployments", namespace="metal3-b", name="md-b"),
-    R("get", "apps", "deployments", namespace=NAMESPACE, name="mirror-a"),
-    R("get", "apps", "deployments", namespace="mirrors", name="mirror-b"),
+    *[R(v, "apps", "deployments", namespace=ns, name=name) for v in ("get", "list", "watch", "patch")
+      for ns, name in ((NAMESPACE, "mirror-a"), ("mirrors", "mirror-b"))],
+    *[R(v, CAPI, "machinedeployments", namespace=ns, name=name) for v in ("list", "watch")
+      for ns, name in (("metal3", "md-a"), ("metal3-b", "md-b"))],
+    *[R(v, CAPI, "clusters", namespace=ns, name="c1") for v in ("list", "watch") for ns in ("metal3", "metal3-b")],
+    R("create", "coordination.k8s.io", "leases", namespace=NAMESPACE),
+    *[R(v, "coordination.k8s.io", "leases", namespace=NAMESPACE, name="slime-scaling-webhook") for v in ("get", "update")],
     R("create", "", "events", namespace="metal3"),
     R("create", "", "events", namespace="metal3-b"),
     R("list", CAPI, "machines", namespace="metal3"),
@@ -62,7 +67,7 @@ def test_interfaces_doc_resources_are_all_in_the_lists():
     doc = (REPO_ROOT / "docs" / "interfaces.md").read_text()
     section = doc.split("## Kubernetes API calls", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`([a-z0-9]+(?:/[a-z]+)?)`", section))
-    verbs = {"get", "list", "watch", "patch", "create"}
+    verbs = {"get", "list", "watch", "patch", "create", "update"}
     groups = {"apps"}
     resources = named - verbs - groups
     covered = {r.resource + (f"/{r.subresource}" if r.subresource else "")

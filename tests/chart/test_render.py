@@ -67,7 +67,7 @@ def test_validating_webhook(render):
     cfg = one(render(TWO_MAPPINGS), "ValidatingWebhookConfiguration", SCL)
     (wh,) = cfg["webhooks"]
     assert wh["admissionReviewVersions"] == ["v1"]
-    assert wh["sideEffects"] == "NoneOnDryRun"
+    assert wh["sideEffects"] == "None"  # the admission writes nothing: the leader follows the stored mirror
     assert wh["failurePolicy"] == "Ignore"
     assert wh["timeoutSeconds"] == 5
     assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 443}

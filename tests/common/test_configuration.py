@@ -65,10 +65,10 @@ CASES = [
     ("injection", ["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag 1", ""),
     ("injection", [], {"SLIME_PORT": "https"}, "--port (env SLIME_PORT)", "valid integer"),
     ("scaling", [], {"POD_NAMESPACE": "Bad_NS"}, "--namespace (env POD_NAMESPACE)", "'Bad_NS' is not a valid namespace name"),
-    ("scaling", [], {"SLIME_CONFIG_MAP": "Bad/Name"}, "--config-map (env SLIME_CONFIG_MAP)", "'Bad/Name' is not a valid ConfigMap name"),
+    ("scaling", [], {"SLIME_CONFIG_MAP": "Bad/Name"}, "--config-map (env SLIME_CONFIG_MAP)", "'Bad/Name' is not a valid object name"),
     ("scaling", ["--resync-seconds", "0"], {}, "--resync-seconds (env SLIME_RESYNC_SECONDS)", "greater than 0"),
     ("scaling", ["--patch-timeout-seconds", "-1"], {}, "--patch-timeout-seconds (env SLIME_PATCH_TIMEOUT_SECONDS)", "greater than 0"),
-    ("scaling", ["--config-map", ""], {}, "--config-map (env SLIME_CONFIG_MAP)", "is not a valid ConfigMap name"),
+    ("scaling", ["--config-map", ""], {}, "--config-map (env SLIME_CONFIG_MAP)", "is not a valid object name"),
 ]
 
 

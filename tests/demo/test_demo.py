@@ -41,7 +41,8 @@ def test_demo_runs_the_whole_story_and_never_shows_the_key(audited: Callable[[De
     # (3) both heals
     assert re.search(r"healed: MachineDeployment metal3/md-slurm-workers = 1 after", text)
     assert "stays at 1 while the mirror says 2" in text
-    assert re.search(r"healed: MachineDeployment metal3/md-slurm-workers = 2 after", text)
+    assert "the mirror is adopted at the MachineDeployment's 1 (a new mapping never moves a pool)" in text
+    assert re.search(r"followed: MachineDeployment metal3/md-slurm-workers = 2 after", text)
     assert "Demo complete" in text
 
     # the key, read from the emulator, is in the stored Secret but never in the output

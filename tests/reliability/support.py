@@ -37,8 +37,8 @@ def seed_injection_cluster(emu: Emulator, nodeport: bool = True) -> tuple[SlurmC
 
 
 def seed_scaling_cluster(emu: Emulator) -> Emulator:
-    """``slime/mirror-a`` -> ``metal3/md-a`` (2 replicas each), list form."""
-    emu.create(mirror("mirror-a", replicas=2))
+    """``slime/mirror-a`` -> ``metal3/md-a`` (2 replicas each, the mirror already adopted), list form."""
+    emu.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emu.create(machine_deployment("md-a", "metal3", replicas=2))
     emu.create(config_map({"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"}))
     return emu
@@ -72,10 +72,10 @@ class Services:
         self.running.append(service)
         return service
 
-    def scaling(self, emu: Emulator, settle_seconds: float = 0.02, **overrides: Any) -> Scaling:
+    def scaling(self, emu: Emulator, **overrides: Any) -> Scaling:
         values: dict[str, Any] = {"namespace": SLIME_NAMESPACE, "resync_seconds": 3600, "patch_timeout_seconds": 1.0}
         values.update(overrides)
-        scaling = start_scaling(self._kubeconfig(emu), self.pki, emulator=emu, settle_seconds=settle_seconds, **values)
+        scaling = start_scaling(self._kubeconfig(emu), self.pki, emulator=emu, **values)
         self.running.append(scaling.running)
         return scaling
 

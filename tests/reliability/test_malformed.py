@@ -141,7 +141,7 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
     secret = metadata_secret(data)
     templates = [
         {**REVIEW, "request": {"uid": "injection-template", **secret_request(secret)}},
-        {**REVIEW, "request": {"uid": "scaling-template", **scale_request(SLIME_NAMESPACE, "mirror-a", 3)}},
+        {**REVIEW, "request": {"uid": "scaling-template", **scale_request(SLIME_NAMESPACE, "mirror-a", 3, old_replicas=2)}},
     ]
     assert injection.review("/mutate", templates[0]["request"])["patchType"] == "JSONPatch"  # warm caches
     cases = list(generate(SEED, BODIES, templates))
@@ -174,8 +174,8 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
         assert httpx.get(f"{service.metrics_url}/healthz", timeout=5).text == "ok"
         assert httpx.get(f"{service.metrics_url}/readyz", timeout=5).status_code == 200
     assert injection.review("/mutate", templates[0]["request"])["patchType"] == "JSONPatch"
-    assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 4))["allowed"] is True
-    assert md_replicas(emulator) == 4
+    assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 4, old_replicas=2))["allowed"] is True
+    assert md_replicas(emulator) == 2  # a review alone moves nothing: only a stored mirror does
     crashed = [line for line in EVIDENCE.log_lines if '"msg":"handler failed"' in line]
     figures["malformed"]["handler_exceptions_logged"] = len(crashed)
     for service, webhook in ((injection, "injection"), (scaling.running, "scaling")):

@@ -66,7 +66,7 @@ def test_no_slurm_key_in_logs_metrics_or_errors(emulator: Emulator, pki: Pki, tm
                                template_labels={"slurm-controller-namespace": "slurm", "slurm-controller-name": "missing"})
         assert _review(injection, metadata_secret(other, machine="m3m-9"))["allowed"] is False
         # The scaling webhook never sees the key, but its logs are part of the check too.
-        assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3))["allowed"] is True
+        assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3, old_replicas=2))["allowed"] is True
         assert yaml.safe_load(base64.b64decode(json.loads(base64.b64decode(first["patch"]))[0]["value"]))["slurm_key_base64"] == key64
     finally:
         services.close()  # keeps each service's metrics page as evidence

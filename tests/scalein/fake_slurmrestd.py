@@ -1,8 +1,16 @@
 """A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, DELETE, HS256 JWT auth, v0.0.42-v0.0.44.
 
 Test code drives a small job model (``start_job`` / ``finish_job``); a node's state is IDLE or
-ALLOCATED from its jobs, plus DRAIN when drained. ``fail_status`` makes every call answer that
-status; ``stop()`` takes the server down (connection refused).
+ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node here joined with
+``slurmd -Z``). ``fail_status`` makes every call answer that status; ``stop()`` takes the server
+down (connection refused).
+
+It answers as real slurmrestd 24.11 does (checked against it; the conformance test sends the same
+requests to both): a request without a token gets 401 text/plain, a token it cannot verify 511
+with error 1007; updating or deleting an unknown node 500 with error 2018, deleting a busy one 500
+with error 2016; a POST without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps
+the drain reason; ``reason_set_by_user`` is the token's ``sun``; bodies carry ``errors``,
+``warnings`` and ``meta``.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,10 +36,12 @@ class Node:
     jobs: dict[int, float] = field(default_factory=dict)  # job id -> end time
     drain: bool = False
     reason: str = ""
+    reason_set_by_user: str = ""
+    hostname: str = ""
 
     def states(self) -> list[str]:
         base = ["ALLOCATED"] if self.jobs else ["IDLE"]
-        return base + (["DRAIN"] if self.drain else [])
+        return base + (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
 
     @property
     def busy(self) -> bool:
@@ -50,6 +61,8 @@ class FakeSlurmrestd:
         self.drains: list[str] = []
         self.undrains: list[str] = []
         self.tokens_seen: list[dict[str, Any]] = []
+        # Called after every GET of the node list has been answered (tests use it to play a race).
+        self.after_nodes_read: Callable[[], None] | None = None
         self._next_job = 1
         fake = self
 
@@ -57,10 +70,11 @@ class FakeSlurmrestd:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _answer(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
+            def _answer(self, status: int, body: dict[str, Any] | str) -> None:
+                text = isinstance(body, str)
+                data = body.encode() if text else json.dumps(body).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -69,8 +83,13 @@ class FakeSlurmrestd:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 fake.calls.append((method, self.path))
+                if method == "POST" and (self.headers.get("Content-Type") or "").split(";")[0] != "application/json":
+                    self._answer(400, "Unable to parse query.")
+                    return
                 status, body = fake.handle(method, self.path, self.headers.get("X-SLURM-USER-TOKEN"), raw)
                 self._answer(status, body)
+                if method == "GET" and "/nodes" in self.path and fake.after_nodes_read is not None:
+                    fake.after_nodes_read()
 
             def do_GET(self) -> None:
                 self._handle("GET")
@@ -96,9 +115,15 @@ class FakeSlurmrestd:
 
     # --- the model ----------------------------------------------------------------------------
 
-    def add_node(self, name: str, address: str) -> None:
+    def add_node(self, name: str, address: str, hostname: str = "") -> None:
         with self.lock:
-            self.nodes[name] = Node(name, address)
+            self.nodes[name] = Node(name, address, hostname=hostname or name)
+
+    def admin_drain(self, node: str, reason: str) -> None:
+        """An administrator's ``scontrol update nodename=... state=drain reason=...``."""
+        with self.lock:
+            found = self.nodes[node]
+            found.drain, found.reason, found.reason_set_by_user = True, reason, "root"
 
     def start_job(self, node: str, end: float) -> int:
         with self.lock:
@@ -118,48 +143,61 @@ class FakeSlurmrestd:
 
     # --- HTTP -------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, token: str | None, raw: bytes) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, path: str, token: str | None, raw: bytes) -> tuple[int, dict[str, Any] | str]:
         if self.fail_status is not None:
-            return self.fail_status, {"errors": [{"description": "injected failure", "error_number": 1}]}
-        try:
-            claims = jwt.decode(token or "", self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
-        except jwt.PyJWTError as exc:
-            return 401, {"errors": [{"description": f"authentication failed: {type(exc).__name__}"}]}
-        self.tokens_seen.append(claims)
+            return self.fail_status, _body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
         match = _PATH.match(path)
-        if not match:
-            return 404, {"errors": [{"description": "no such path"}]}
+        if not match or match.group(1) not in self.versions:
+            return 404, "Unable to find requested URL"  # text/plain, as slurmrestd answers an unknown path
         version, what, name = match.groups()
-        if version not in self.versions:
-            return 404, {"errors": [{"description": f"{version} not served"}]}
+        if token is None:
+            return 401, "Authentication failure"
+        try:
+            claims = jwt.decode(token, self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
+        except jwt.PyJWTError:
+            if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: the controller is "DOWN"
+                return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "DOWN", "responding": False}])
+            return 511, _body(errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")])
+        self.tokens_seen.append(claims)
         with self.lock:
             if what == "ping" and method == "GET":
-                return 200, {"pings": [{"hostname": "slurmctld", "pinged": "UP"}], "errors": []}
+                return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "UP", "responding": True}])
             if what == "nodes" and method == "GET":
-                return 200, {"nodes": [
-                    {"name": n.name, "hostname": n.name, "address": n.address, "state": n.states(), "reason": n.reason}
+                return 200, _body(nodes=[
+                    {"name": n.name, "hostname": n.hostname, "address": n.address, "state": n.states(), "reason": n.reason,
+                     "reason_set_by_user": n.reason_set_by_user}
                     for n in self.nodes.values()
-                ], "errors": []}
+                ])
             node = self.nodes.get(name or "")
             if node is None:
-                return 404, {"errors": [{"description": f"node {name} not found"}]}
+                return 500, _body(errors=[_error(f"Failure to update node {name}", 2018, "Invalid node name specified", "op_handler_node")])
             if method == "POST":
                 body = json.loads(raw or b"{}")
                 states = body.get("state") or []
                 if "DRAIN" in states:
-                    node.drain, node.reason = True, body.get("reason", "")
+                    node.drain, node.reason, node.reason_set_by_user = True, body.get("reason", ""), str(claims.get("sun"))
                     self.drains.append(node.name)
                 elif "UNDRAIN" in states or "RESUME" in states:
-                    node.drain, node.reason = False, ""
+                    node.drain = False  # slurmctld keeps the reason until the node is next allocated
                     self.undrains.append(node.name)
                 else:
-                    return 400, {"errors": [{"description": f"unsupported state {states}"}]}
-                return 200, {"errors": []}
+                    return 500, _body(errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")])
+                return 200, _body()
             if method == "DELETE":
                 if node.busy:
                     self.violations.append(f"DELETE of busy node {node.name}")
-                    return 500, {"errors": [{"description": "node has running jobs"}]}
+                    return 500, _body(errors=[_error(f"Failure to update node {name}", 2016, "Requested nodes are busy", "op_handler_node")])
                 del self.nodes[node.name]
                 self.deleted.append(node.name)
-                return 200, {"errors": []}
-        return 405, {"errors": [{"description": "method not allowed"}]}
+                return 200, _body()
+        return 405, "Method not allowed"
+
+
+def _error(description: str, number: int, error: str, source: str) -> dict[str, Any]:
+    return {"description": description, "error_number": number, "error": error, "source": source}
+
+
+def _body(errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
+    meta = {"plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld", "data_parser": "data_parser/v0.0.42"},
+            "slurm": {"release": "24.11.5", "cluster": "fake"}}
+    return {**payload, "meta": meta, "errors": errors or [], "warnings": []}

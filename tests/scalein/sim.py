@@ -8,9 +8,8 @@ from typing import Any
 
 from kubemu import Emulator
 from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, PRE_DRAIN_HOOK
-from testbed.reviews import scale_request
 from testbed.services import Scaling
-from testbed.world import CAPI, SLIME_NAMESPACE, config_map, md_replicas
+from testbed.world import CAPI, SLIME_NAMESPACE, config_map, md_replicas, scale_mirror
 from tests.scalein.fake_slurmrestd import FakeSlurmrestd
 
 MD_NS, MD = "metal3", "md"
@@ -45,24 +44,39 @@ class CapiSim:
     def machine(self, name: str) -> dict[str, Any] | None:
         return self.emulator.get(f"{CAPI}/v1beta1", "Machine", MD_NS, name)
 
-    def add_machine(self, join: bool = True) -> str:
+    def add_machine(self, join: bool = True, provisioned: bool = True) -> str:
+        """A new Machine; ``provisioned``: its host is provisioned (CAPM3 reports infrastructure ready),
+        ``join``: its slurmd has joined Slurm."""
         self.counter += 1
         name = f"{MD}-{self.counter:03d}"
         node, address = f"node-{self.counter:03d}", f"10.0.0.{self.counter}"
+        status: dict[str, Any] = {"infrastructureReady": provisioned}
+        if provisioned:
+            status["addresses"] = [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]
         self.emulator.create({
             "apiVersion": f"{CAPI}/v1beta1", "kind": "Machine",
             "metadata": {"name": name, "namespace": MD_NS, "finalizers": [FINALIZER],
                          "labels": {"cluster.x-k8s.io/deployment-name": MD, "cluster.x-k8s.io/cluster-name": "c1"}},
             "spec": {"clusterName": "c1"},
-            "status": {"addresses": [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]},
+            "status": status,
         })
         if join:
             self.slurm.add_node(node, address)
         return name
 
+    def provision(self, name: str, join: bool = True) -> None:
+        """The host of Machine ``name`` finishes provisioning (and its slurmd joins)."""
+        number = int(name.rsplit("-", 1)[1])
+        node, address = f"node-{number:03d}", f"10.0.0.{number}"
+        self.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, name, {"status": {
+            "infrastructureReady": True,
+            "addresses": [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]}})
+        if join:
+            self.slurm.add_node(node, address)
+
     @staticmethod
     def node_of(machine: dict[str, Any]) -> str:
-        return next(a["address"] for a in machine["status"]["addresses"] if a["type"] == "Hostname")
+        return f"node-{int(machine['metadata']['name'].rsplit('-', 1)[1]):03d}"
 
     def step(self) -> None:
         replicas = md_replicas(self.emulator, MD_NS, MD) or 0
@@ -103,13 +117,12 @@ class Env:
         self.emulator.create(safe_config_map(self.slurm.url, **extra))
         return self.start(self.emulator)
 
-    def scale(self, scaling: Scaling, replicas: int) -> dict[str, Any]:
-        """KEDA scales the mirror: the webhook admits it, then the API server persists it."""
-        old = self.emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, MIRROR)["spec"]["replicas"]
-        response = scaling.review(scale_request(SLIME_NAMESPACE, MIRROR, replicas, old_replicas=old))
-        if response["allowed"]:
-            self.emulator.patch("apps/v1", "Deployment", SLIME_NAMESPACE, MIRROR, {"spec": {"replicas": replicas}})
-        return response
+    def scale(self, scaling: Scaling, replicas: int) -> None:
+        """KEDA scales the mirror through the API (the webhook admits it, the API server stores it),
+        then the reconciler acts on it (it also would on the watch event; a pass here makes it now)."""
+        scale_mirror(self.emulator, SLIME_NAMESPACE, MIRROR, replicas)
+        scaling.sees_mirror(SLIME_NAMESPACE, MIRROR, replicas)
+        scaling.service.reconcile_once()
 
     def annotated(self) -> list[str]:
         return [m["metadata"]["name"] for m in self.capi.machines()

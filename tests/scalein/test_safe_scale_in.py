@@ -1,4 +1,9 @@
-"""Safe scale-in against kubemu and a fake slurmrestd, through the real service."""
+"""Safe scale-in against kubemu and a fake slurmrestd (it answers as real slurmrestd 24.11), through the real service.
+
+The scale-in cannot fail open: a hook is released only when Slurm, read for that Machine at that
+moment, lets it go; no timeout and no outage releases a busy node; drains SliMe leaves behind are
+undone; an administrator's drain is never undone.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,12 @@ import pytest
 
 from scaling_webhook.mappings import MappingError, parse_mappings
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
-from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, order_candidates
+from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, DRAIN_REASON, SLURM_NODE_ANNOTATION, order_candidates
 from testbed.wait import wait_for
 from testbed.world import md_events, md_replicas
 from tests.scalein.sim import MD, MD_NS, Env
+
+IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
 
 
 def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env]) -> None:
@@ -24,12 +31,12 @@ def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env
     e.slurm.start_job("node-003", time.time() + 120)
     e.slurm.finish_jobs("node-001")
     e.slurm.finish_jobs("node-003")
-    response = e.scale(scaling, 1)
-    assert response["allowed"], response
+    e.scale(scaling, 1)
     assert sorted(e.annotated()) == ["md-001", "md-003"]
     assert md_replicas(e.emulator, MD_NS, MD) == 1
-    assert e.slurm.state("node-002") == ["ALLOCATED"]  # X never drained, never marked
+    assert e.slurm.state("node-002") == ALLOCATED  # X never drained, never marked
     assert "DRAIN" in e.slurm.state("node-001") and "DRAIN" in e.slurm.state("node-003")
+    assert e.capi.machine("md-001")["metadata"]["annotations"][SLURM_NODE_ANNOTATION] == "node-001"
     e.capi.step()  # CAPI deletes the marked Machines; the pre-drain hook holds them
     assert e.hooked("md-001") and e.capi.machine("md-001")["metadata"].get("deletionTimestamp")
     scaling.service.reconcile_once()  # nodes drained: Slurm DELETE, then the hook goes
@@ -46,12 +53,11 @@ def test_too_few_idle_nodes_defers_and_reconciler_finishes(env: Callable[[int], 
     scaling = e.scaling()
     for node in ("node-001", "node-002"):
         e.slurm.start_job(node, time.time() + 600)
-    response = e.scale(scaling, 0)
-    assert response["allowed"] and "deferred" in response["status"]["message"]
+    e.scale(scaling, 0)
     assert e.annotated() == ["md-003"] and md_replicas(e.emulator, MD_NS, MD) == 2
-    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ScaleInDeferred"), what="the deferral event")
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ScaleInDeferred")[:1], what="the deferral event")
     assert event["type"] == "Warning" and "2 replica(s) deferred" in event["message"] and "md-001 (ALLOCATED)" in event["message"]
-    assert scaling.metric("slime_scaling_scale_in_deferred_total") == 2
+    assert (scaling.metric("slime_scaling_scale_in_deferred_total") or 0) >= 2
     e.slurm.finish_jobs("node-001")
     scaling.service.reconcile_once()
     assert md_replicas(e.emulator, MD_NS, MD) == 1 and sorted(e.annotated()) == ["md-001", "md-003"]
@@ -64,15 +70,14 @@ def test_slurmrestd_down_no_scale_in_but_scale_up_works(env: Callable[[int], Env
     e = env(3)
     scaling = e.scaling()
     e.slurm.stop()
-    response = e.scale(scaling, 1)
-    assert response["allowed"], response
+    e.scale(scaling, 1)
     assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 3
     (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the SlurmUnavailable event")
     assert event["type"] == "Warning" and "cannot reach slurmrestd" in event["message"]
     assert "eyJ" not in event["message"]  # never a token
     scaling.service.reconcile_once()
     assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 3
-    assert e.scale(scaling, 5)["allowed"]
+    e.scale(scaling, 5)
     assert md_replicas(e.emulator, MD_NS, MD) == 5
     assert (scaling.metric("slime_scaling_slurm_errors_total") or 0) >= 2
 
@@ -81,7 +86,7 @@ def test_slurmrestd_errors_mean_no_scale_in(env: Callable[[int], Env]) -> None:
     e = env(2)
     scaling = e.scaling(apiVersion="v0.0.42")
     e.slurm.fail_status = 500
-    assert e.scale(scaling, 0)["allowed"]
+    e.scale(scaling, 0)
     assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 2
     e.slurm.fail_status = None
     scaling.service.reconcile_once()
@@ -93,24 +98,77 @@ def test_version_probe_uses_the_newest_served(env: Callable[[int], Env]) -> None
     e = env(1)
     e.slurm.versions = ("v0.0.42", "v0.0.43")
     scaling = e.scaling()
-    assert e.scale(scaling, 0)["allowed"]
+    e.scale(scaling, 0)
     assert md_replicas(e.emulator, MD_NS, MD) == 0
     assert ("GET", "/slurm/v0.0.44/ping") in e.slurm.calls and ("GET", "/slurm/v0.0.43/nodes/") in e.slurm.calls
+
+
+def test_a_token_slurmrestd_cannot_verify_rereads_the_key_once(env: Callable[[int], Env]) -> None:
+    """Real slurmrestd answers 511 (error 1007) to a bad token, not 401: the key is read again."""
+    e = env(1)
+    scaling = e.scaling(apiVersion="v0.0.42")
+    good = e.slurm.key
+    e.slurm.key = b"another key"  # the signing key was rotated in Slurm, not yet in the Secret
+    e.scale(scaling, 0)
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the refusal")
+    assert "refused the JWT (511) twice" in event["message"]
+    e.slurm.key = good
+    scaling.service.reconcile_once()
+    assert md_replicas(e.emulator, MD_NS, MD) == 0
 
 
 def test_scale_up_reclaims_pending_victims(env: Callable[[int], Env]) -> None:
     e = env(3)
     scaling = e.scaling()
-    assert e.scale(scaling, 1)["allowed"]
+    e.scale(scaling, 1)
     assert sorted(e.annotated()) == ["md-001", "md-002"]  # not deleted yet (CAPI has not acted)
-    assert e.scale(scaling, 2)["allowed"]
+    e.scale(scaling, 2)
     assert e.annotated() == ["md-002"]
-    assert e.slurm.state("node-001") == ["IDLE"]  # undrained
+    assert e.slurm.state("node-001") == IDLE  # undrained: the drain was ours
     assert md_replicas(e.emulator, MD_NS, MD) == 2
     e.capi.step()
     assert e.capi.counter == 3  # nothing new provisioned
     assert scaling.metric("slime_scaling_reclaimed_total") == 1
     wait_for(lambda: md_events(e.emulator, MD_NS, MD, "Reclaimed"), what="the Reclaimed event")
+
+
+def test_an_admins_drain_is_never_undone(env: Callable[[int], Env]) -> None:
+    """An admin drains an idle node for maintenance; scale-downs leave it for last, and a reclaim keeps its drain."""
+    e = env(3)
+    scaling = e.scaling()
+    e.slurm.admin_drain("node-001", "maintenance: disk swap")
+    e.scale(scaling, 2)
+    assert e.annotated() == ["md-002"]  # an idle node goes before the admin's
+    e.slurm.start_job("node-002", time.time() + 600)  # (reclaim below gives node-002 back; jobs land on it)
+    e.scale(scaling, 3)
+    e.slurm.start_job("node-003", time.time() + 600)
+    e.scale(scaling, 2)  # the only idle node now is the admin's
+    assert e.annotated() == ["md-001"]
+    e.scale(scaling, 3)  # reclaimed: the mark goes, the admin's drain stays
+    assert e.annotated() == []
+    node = e.slurm.nodes["node-001"]
+    assert node.drain and node.reason == "maintenance: disk swap" and node.reason_set_by_user == "root"
+    assert "node-001" not in e.slurm.undrains
+
+
+def test_a_drain_left_behind_is_undone_when_no_scale_in_needs_it(env: Callable[[int], Env]) -> None:
+    """A scale-in drained a node and stopped before marking its Machine: the node must not stay drained for good."""
+    e = env(2)
+    scaling = e.scaling()
+    e.emulator.add_fault(_patch_fault("md-001", times=2))  # marking the victim fails (the API hiccups)
+    e.scale(scaling, 1)
+    assert e.slurm.nodes["node-001"].drain and e.annotated() == []
+    e.scale(scaling, 2)  # the scale-in is no longer needed
+    scaling.service.reconcile_once()
+    assert not e.slurm.nodes["node-001"].drain and "node-001" in e.slurm.undrains
+    assert scaling.metric("slime_scaling_orphan_drains_undone_total") == 1
+    wait_for(lambda: md_events(e.emulator, MD_NS, MD, "OrphanDrainUndone"), what="the event")
+
+
+def _patch_fault(machine: str, times: int):  # type: ignore[no-untyped-def]
+    from kubemu import Fault
+
+    return Fault(method="PATCH", path_regex=rf"/machines/{machine}$", status=500, times=times)
 
 
 def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
@@ -120,7 +178,7 @@ def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
     e.slurm.start_job("node-001", time.time() + 60)
     e.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")  # someone deletes it directly
     scaling.service.reconcile_once()
-    assert e.slurm.state("node-001") == ["ALLOCATED", "DRAIN"] and e.hooked("md-001")
+    assert e.slurm.state("node-001") == ["ALLOCATED", "DRAIN", "DYNAMIC_NORM"] and e.hooked("md-001")
     e.capi.step()
     assert e.capi.machine("md-001") is not None  # held
     e.slurm.finish_jobs("node-001")
@@ -130,7 +188,7 @@ def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
     assert e.capi.machine("md-001") is None and e.capi.violations == []
 
 
-def test_pre_drain_hook_timeout(env: Callable[[int], Env]) -> None:
+def test_a_drain_timeout_warns_and_never_releases_a_busy_node(env: Callable[[int], Env]) -> None:
     e = env(2)
     scaling = e.scaling(drainTimeoutSeconds=2)
     e.slurm.start_job("node-001", time.time() + 3600)
@@ -139,16 +197,83 @@ def test_pre_drain_hook_timeout(env: Callable[[int], Env]) -> None:
     assert e.hooked("md-001")
     time.sleep(3.1)  # deletionTimestamp has a one-second resolution
     scaling.service.reconcile_once()
-    assert not e.hooked("md-001") and "node-001" not in e.slurm.deleted
-    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "DrainTimeout"), what="the DrainTimeout event")
-    assert event["type"] == "Warning" and "md-001" in event["message"]
+    scaling.service.reconcile_once()
+    assert e.hooked("md-001") and "node-001" not in e.slurm.deleted  # still held: it runs a job
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "DrainOverdue"), what="the DrainOverdue Warning")
+    assert event["type"] == "Warning" and "md-001" in event["message"] and "never released" in event["message"]
+    assert scaling.metric("slime_scaling_drain_overdue_total") == 1  # warned once, not every pass
+    e.slurm.finish_jobs("node-001")
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001") and "node-001" in e.slurm.deleted
+
+
+def test_nothing_is_released_while_slurmrestd_is_unreachable(env: Callable[[int], Env]) -> None:
+    e = env(2)
+    scaling = e.scaling(drainTimeoutSeconds=1)
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")
+    scaling.service.reconcile_once()
+    e.slurm.stop()
+    time.sleep(2.1)
+    for _ in range(3):
+        scaling.service.reconcile_once()
+    assert e.hooked("md-001")
+    e.capi.step()
+    assert e.capi.machine("md-001") is not None and e.capi.violations == []
+
+
+def test_a_victim_that_joins_after_it_was_chosen_is_drained_and_waited_for(env: Callable[[int], Env]) -> None:
+    """The release race: a node that joins between a read of Slurm and its Machine's release must not be lost."""
+    e = env(1)
+    scaling = e.scaling()
+    e.capi.add_machine(join=False, provisioned=True)  # md-002: provisioned, slurmd not joined yet
+    e.emulator.patch("cluster.x-k8s.io/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 2}})
+    e.scale(scaling, 1)  # md-002 (no Slurm node) is a victim, after the idle node? no: md-001 is idle, so md-001
+    victims = e.annotated()
+    assert victims == ["md-001"]
+    # Now the other way round: md-002 is the only candidate, and joins while it is held.
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.scale(scaling, 2)
+    e.scale(scaling, 1)
+    assert e.annotated() == ["md-002"]
+    e.capi.step()
+    joined = {"done": False}
+
+    def join_after_the_first_read() -> None:
+        if not joined["done"]:
+            joined["done"] = True
+            e.capi.provision("md-002")  # slurmd joins right after SliMe read the node list
+
+    e.slurm.after_nodes_read = join_after_the_first_read
+    scaling.service.reconcile_once()
+    assert e.hooked("md-002"), "a provisioned Machine with no Slurm node yet is not released"
+    e.slurm.start_job("node-002", time.time() + 3600)  # a job lands on the node that just joined
+    scaling.service.reconcile_once()
+    assert e.hooked("md-002") and e.slurm.nodes["node-002"].drain
+    e.capi.step()
+    assert e.capi.violations == []
+
+
+def test_a_never_provisioned_victim_is_released_with_its_evidence(env: Callable[[int], Env]) -> None:
+    e = env(1)
+    scaling = e.scaling()
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.capi.add_machine(join=False, provisioned=False)  # md-002: its host never provisioned
+    e.emulator.patch("cluster.x-k8s.io/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 2}})
+    e.scale(scaling, 2)
+    e.scale(scaling, 1)
+    assert e.annotated() == ["md-002"]
+    e.capi.step()
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-002")
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ReleasedNeverJoined"), what="the release event")
+    assert "never joined Slurm and its infrastructure was never provisioned" in event["message"]
 
 
 def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], Env]) -> None:
     rng = random.Random(20240611)
     e = env(4)
     scaling = e.scaling()
-    scaling.service.reconciler.settle_seconds = 0
     annotated_busy: list[str] = []
     for _ in range(100):
         for name, node in list(e.slurm.nodes.items()):  # jobs start on usable nodes, others end
@@ -156,7 +281,7 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], En
                 e.slurm.finish_jobs(name)
             elif not node.jobs and not node.drain and rng.random() < 0.4:
                 e.slurm.start_job(name, time.time() + rng.randint(10, 1000))
-        assert e.scale(scaling, rng.randint(0, 6))["allowed"]
+        e.scale(scaling, rng.randint(0, 6))
         for machine in e.capi.machines():
             if (machine["metadata"].get("annotations") or {}).get(DELETE_MACHINE):
                 node = e.slurm.nodes.get(e.capi.node_of(machine))
@@ -182,25 +307,29 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], En
 # --- pure parts -------------------------------------------------------------------------------
 
 
-def _machine(name: str, host: str, deleting: bool = False) -> dict:
+def _machine(name: str, host: str, deleting: bool = False, provisioned: bool = True) -> dict:
     meta = {"name": name, **({"deletionTimestamp": "2024-01-01T00:00:00Z"} if deleting else {})}
-    return {"metadata": meta, "status": {"addresses": [{"type": "InternalIP", "address": host}]}}
+    return {"metadata": meta, "status": {"infrastructureReady": provisioned, "addresses": [{"type": "InternalIP", "address": host}]}}
 
 
 def test_order_candidates() -> None:
     nodes = [
         SlurmNode("n1", address="10.0.0.1", states=frozenset({"IDLE"})),
         SlurmNode("n2", address="10.0.0.2", states=frozenset({"MIXED"})),
-        SlurmNode("n3", address="10.0.0.3", states=frozenset({"IDLE", "DRAIN"})),
+        SlurmNode("n3", address="10.0.0.3", states=frozenset({"IDLE", "DRAIN"}), reason=DRAIN_REASON),
         SlurmNode("n4", address="10.0.0.4", states=frozenset({"ALLOCATED", "DRAIN"})),
         SlurmNode("n5", address="10.0.0.5", states=frozenset({"IDLE", "COMPLETING"})),
+        SlurmNode("n6", address="10.0.0.6", states=frozenset({"IDLE", "DRAIN"}), reason="maintenance"),
+        SlurmNode("n7", address="10.0.0.7", states=frozenset({"DOWN", "NOT_RESPONDING"})),
+        SlurmNode("n8", address="10.0.0.8", states=frozenset({"DOWN", "ALLOCATED", "NOT_RESPONDING"})),
     ]
-    machines = [_machine(f"m{i}", f"10.0.0.{i}") for i in range(1, 6)]
-    machines += [_machine("m9", "10.0.0.9"), _machine("m0", "10.0.0.1", deleting=True)]
+    machines = [_machine(f"m{i}", f"10.0.0.{i}") for i in range(1, 9)]
+    machines += [_machine("m9", "10.0.0.9", provisioned=False), _machine("ma", "10.0.0.10"), _machine("m0", "10.0.0.1", deleting=True)]
     eligible, ineligible = order_candidates(machines, nodes)
-    assert [c.machine for c in eligible] == ["m9", "m3", "m1"]
+    # not provisioned < DOWN < drained by us < idle < provisioned but not joined < an admin's drain
+    assert [c.machine for c in eligible] == ["m9", "m7", "m3", "m1", "ma", "m6"]
     assert {c.machine: c.why for c in ineligible} == {
-        "m0": "already deleting", "m2": "MIXED", "m4": "ALLOCATED", "m5": "COMPLETING"}
+        "m0": "already deleting", "m2": "MIXED", "m4": "ALLOCATED", "m5": "COMPLETING", "m8": "ALLOCATED"}
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -223,5 +352,6 @@ def test_config_defaults() -> None:
     (mapping,) = table
     config = mapping.safe_scale_in
     assert config is not None and config.slurmrestd == "http://slurm-restapi.slurm:6820"
-    assert (config.jwt_key, config.api_version, config.drain_timeout_seconds, config.token_user) == ("jwt_hs256.key", None, 3600.0, "slurm")
+    # No drain timeout unless an operator sets one (and then it only warns).
+    assert (config.jwt_key, config.api_version, config.drain_timeout_seconds, config.token_user) == ("jwt_hs256.key", None, None, "slurm")
     assert parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in is None

@@ -65,9 +65,22 @@ def test_interfaces_example_combined() -> None:
     assert len(parse_mappings(data, "slime")) == 3
 
 
-def test_two_mirrors_may_drive_one_machine_deployment_only_if_distinct() -> None:
-    table = parse_mappings({"mappings": "- {mirror: a/m1, machineDeployment: x/md}\n- {mirror: a/m2, machineDeployment: x/md}"}, "s")
-    assert len(table) == 2
+def test_two_mirrors_may_not_drive_one_machine_deployment() -> None:
+    """One MachineDeployment, one writer: two mirrors onto one would make it flap between their values."""
+    with pytest.raises(MappingError) as error:
+        parse_mappings({"mappings": "- {mirror: a/m1, machineDeployment: x/md}\n- {mirror: a/m2, machineDeployment: x/md}"}, "s")
+    assert str(error.value) == ("mappings[0] and mappings[1] both target MachineDeployment x/md (from mirrors a/m1 and a/m2); "
+                                "one MachineDeployment must have one writer")
+
+
+def test_thesis_keys_and_a_list_item_onto_one_machine_deployment_are_refused() -> None:
+    with pytest.raises(MappingError, match="^thesis keys and mappings\\[0\\] both target MachineDeployment metal3/md "):
+        parse_mappings({**THESIS, "mappings": "- {mirror: slime/other, machineDeployment: metal3/md}"}, "slime")
+
+
+def test_max_replicas() -> None:
+    table = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: 12}\n- {mirror: a/n, machineDeployment: x/o}"}, "s")
+    assert [m.max_replicas for m in table] == [12, None]
 
 
 def test_table_is_immutable_and_comparable() -> None:
@@ -115,12 +128,17 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
             "mappings[0]: mirror slime/mirror-deployment is already mapped by thesis keys (to MachineDeployment metal3/md); "
             "a mirror may drive only one MachineDeployment",
         ),
+        ({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: -1}"}, "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got -1"),
+        ({"mappings": f"- {{mirror: a/m, machineDeployment: x/md, maxReplicas: {2**31}}}"},
+         "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got 2147483648"),
+        ({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: '5'}"}, "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got '5'"),
+        ({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: true}"}, "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got True"),
     ],
     ids=[
         "thesis-no-namespace", "thesis-mirror-only", "thesis-empty", "thesis-bad-name", "thesis-bad-namespace",
         "thesis-bad-mirror-namespace", "thesis-name-too-long", "yaml-error", "not-a-list", "item-not-a-map",
         "missing-md", "missing-mirror", "unknown-keys", "no-slash", "two-slashes", "empty-namespace", "ref-not-string",
-        "ref-uppercase", "duplicate-in-list", "duplicate-across-forms",
+        "ref-uppercase", "duplicate-in-list", "duplicate-across-forms", "max-negative", "max-too-big", "max-string", "max-bool",
     ],
 )
 def test_errors(data: dict[str, str], message: str) -> None:
