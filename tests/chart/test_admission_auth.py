@@ -250,8 +250,8 @@ def _check_notes(helm: Path, kubeconfig: str, tmp_path: Path) -> None:
     assert "The chart cannot configure kube-apiserver" in notes
     assert f"kubectl -n {NAMESPACE} get secret {CLIENT} -o jsonpath='{{.data.tls\\.crt}}' | base64 -d" in notes
     assert "--admission-control-config-file=/etc/kubernetes/admission/admission.yaml" in notes
-    for svc in (INJ, SCL):
-        assert f"- name: {svc}.{NAMESPACE}.svc:443" in notes
+    for svc, port in ((INJ, 8443), (SCL, 8444)):
+        assert f"- name: {svc}.{NAMESPACE}.svc:{port}" in notes
     for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"):
         assert f"- name: {plugin}" in notes
     assert "kind: WebhookAdmissionConfiguration" in notes and "REQUIRE" in notes
@@ -285,5 +285,5 @@ def test_docs_examples_parse_and_match_the_chart(render):
     for cfg in [*by_kind(objs, "MutatingWebhookConfiguration"), *by_kind(objs, "ValidatingWebhookConfiguration")]:
         svc = cfg["webhooks"][0]["clientConfig"]["service"]
         hosts.add(f"{svc['name']}.{svc['namespace']}.svc:{svc['port']}")
-        assert svc["port"] == 443, "the docs rely on port 443 for the port-less key form"
+        assert svc["port"] != 443, "the docs key users by <svc>.<ns>.svc:<port>: the port-less form matches only 443"
     assert {u["name"] for u in kubeconfig["users"]} == hosts

@@ -10,6 +10,8 @@ from tests.chart.helpers import COMBOS, NAMESPACE, RELEASE, TWO_MAPPINGS, by_kin
 
 INJ = f"{RELEASE}-injection-webhook"
 SCL = f"{RELEASE}-scaling-webhook"
+# Each component's ports (the services' own defaults): container port = Service port = clientConfig port.
+PORTS = {"injection-webhook": {"https": 8443, "metrics": 8080}, "scaling-webhook": {"https": 8444, "metrics": 8081}}
 
 
 @pytest.mark.parametrize("combo", list(COMBOS))
@@ -52,7 +54,7 @@ def test_mutating_webhook(render):
     assert wh["failurePolicy"] == "Fail"
     assert wh["timeoutSeconds"] == 10
     assert wh["reinvocationPolicy"] == "Never"
-    assert wh["clientConfig"]["service"] == {"name": INJ, "namespace": NAMESPACE, "path": "/mutate", "port": 443}
+    assert wh["clientConfig"]["service"] == {"name": INJ, "namespace": NAMESPACE, "path": "/mutate", "port": 8443}
     (rule,) = wh["rules"]
     assert rule["apiGroups"] == [""] and rule["apiVersions"] == ["v1"]
     assert rule["resources"] == ["secrets"]
@@ -70,7 +72,7 @@ def test_validating_webhook(render):
     assert wh["sideEffects"] == "None"  # the admission writes nothing: the leader follows the stored mirror
     assert wh["failurePolicy"] == "Ignore"
     assert wh["timeoutSeconds"] == 5
-    assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 443}
+    assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 8444}
     (rule,) = wh["rules"]
     assert rule == {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments/scale"],
                     "operations": ["UPDATE"], "scope": "Namespaced"}
@@ -198,7 +200,7 @@ def test_webhook_deployment(render, svc, command):
     assert pod["serviceAccountName"] == svc
     assert c["resources"]["requests"] and c["resources"]["limits"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"https": 8443, "metrics": 8080}
+    assert ports == PORTS[command]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     sleep = c["lifecycle"]["preStop"]["exec"]["command"]
@@ -226,8 +228,9 @@ def test_webhook_deployment(render, svc, command):
 
     service = one(objs, "Service", svc)
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
-    https = next(p for p in service["spec"]["ports"] if p["name"] == "https")
-    assert (https["port"], https["targetPort"]) == (443, 8443)
+    # Service port = container port (the named one), so an ExternalName Service reaches it too.
+    exposed = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert exposed == {name: (port, name) for name, port in PORTS[command].items()}
     one(objs, "ServiceAccount", svc)
 
 
@@ -389,19 +392,35 @@ def test_network_policy_per_webhook(render):
         assert spec["podSelector"] == {"matchLabels": one(objs, "Deployment", svc)["spec"]["selector"]["matchLabels"]}
         assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
         admission, metrics = spec["ingress"]
-        assert admission == {"from": APISERVER_PEERS, "ports": [{"protocol": "TCP", "port": 8443}]}
-        assert metrics == {"from": PROMETHEUS, "ports": [{"protocol": "TCP", "port": 8080}]}
+        ports = PORTS[f"{svc.removeprefix(f'{RELEASE}-')}"]
+        assert admission == {"from": APISERVER_PEERS, "ports": [{"protocol": "TCP", "port": ports["https"]}]}
+        assert metrics == {"from": PROMETHEUS, "ports": [{"protocol": "TCP", "port": ports["metrics"]}]}
         # ...and no other pods (not the other webhook, not the mirrors).
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == svc.removeprefix(f"{RELEASE}-")
 
 
 def test_network_policy_without_metrics_peers_and_custom_ports(render):
-    objs = render({"webhookPort": 9443, "metricsPort": 9090, "scaling": {"enabled": False},
+    objs = render({"injection": {"port": 9443, "metricsPort": 9090}, "scaling": {"enabled": False},
                    "networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS}})
     (policy,) = by_kind(objs, "NetworkPolicy")
     assert policy["metadata"]["name"] == INJ
     # Only the admission rule: the metrics port answers nobody but the node (kubelet probes).
     assert policy["spec"]["ingress"] == [{"from": APISERVER_PEERS, "ports": [{"protocol": "TCP", "port": 9443}]}]
+
+
+def test_custom_ports_are_one_number_end_to_end(render):
+    """<component>.port is the container port, SLIME_PORT, the Service port and clientConfig.service.port at once."""
+    objs = render({"injection": {"port": 9443, "metricsPort": 9090}, "scaling": {"port": 9444, "metricsPort": 9091}})
+    configs = {**{c["metadata"]["name"]: c for c in by_kind(objs, "MutatingWebhookConfiguration")},
+               **{c["metadata"]["name"]: c for c in by_kind(objs, "ValidatingWebhookConfiguration")}}
+    for svc, (port, metrics) in ((INJ, (9443, 9090)), (SCL, (9444, 9091))):
+        (c,) = one(objs, "Deployment", svc)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert (env["SLIME_PORT"], env["SLIME_METRICS_PORT"]) == (str(port), str(metrics))
+        assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"https": port, "metrics": metrics}
+        exposed = {p["name"]: p["port"] for p in one(objs, "Service", svc)["spec"]["ports"]}
+        assert exposed == {"https": port, "metrics": metrics}
+        assert configs[svc]["webhooks"][0]["clientConfig"]["service"]["port"] == port
 
 
 def test_network_policy_never_renders_an_allow_all_rule(render):
