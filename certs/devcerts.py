@@ -114,6 +114,33 @@ def issue_serving_cert(
     return cert
 
 
+def issue_client_cert(ca: CertificateAuthority, cert_file: Path, key_file: Path, common_name: str,
+                      organization: str = "", days: int = 30) -> x509.Certificate:
+    """Sign a clientAuth certificate (what kube-apiserver presents to a webhook) and write the pair."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attributes))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - dt.timedelta(minutes=5))
+        .not_valid_after(_now() + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    cert_file.parent.mkdir(parents=True, exist_ok=True)
+    _write_private(key_file, key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    _write_public(cert_file, cert.public_bytes(serialization.Encoding.PEM))
+    return cert
+
+
 def write_dev_pki(out_dir: Path, dns_names: list[str], ip_addresses: list[str]) -> CertificateAuthority:
     """A CA plus ``tls.crt``/``tls.key`` for the given names, as a cert-manager Secret would hold."""
     ca = create_ca(out_dir)
