@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins controller-gen and the CAPM3 API types it generates CRDs from (see ../README.md).
+package tools
+
+import (
+	_ "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta1"
+	_ "sigs.k8s.io/controller-tools/cmd/controller-gen"
+)
