@@ -270,6 +270,8 @@ def test_mirror_deployments(render):
         assert "replicas" not in dep["spec"], "KEDA owns the mirror's replicas"
         labels = dep["metadata"]["labels"]
         assert labels["slime/mirror"] == name and labels["slime/machine-deployment"].startswith("md-")
+        # The adoption mark is the scaling leader's to set, after it copied the MachineDeployment's replicas.
+        assert "slime/machine-deployment" not in (dep["metadata"].get("annotations") or {})
         pod = dep["spec"]["template"]["spec"]
         (c,) = pod["containers"]
         assert c["image"] == "registry.k8s.io/pause:3.10"
