@@ -1,0 +1,270 @@
+"""Run a chart Deployment's pod template as the kubelet would, with podman (or, faster, as local processes).
+
+There is no kubelet here, so this module plays its part for one pod, from the Deployment the
+chart installed (``helm get manifest``), exactly as written there:
+
+- the container's ``command``, ``args`` and ``env`` (``fieldRef`` ``metadata.namespace`` and
+  ``metadata.name`` resolved as the downward API does), plus ``KUBERNETES_SERVICE_HOST/PORT``
+  pointing at the test API server (the in-cluster configuration the services load);
+- every ``volumeMount`` at its ``mountPath``: ``secret`` and ``configMap`` volumes materialized
+  from the API server (``items`` and ``defaultMode`` honoured, group-owned by ``fsGroup``),
+  ``emptyDir`` as a tmpfs, and the service-account token from the TokenRequest API with the
+  cluster CA and namespace at ``/var/run/secrets/kubernetes.io/serviceaccount`` (what the
+  ServiceAccount admission plugin's projected volume gives a pod), so every API call the service
+  makes is checked by the real RBAC of its ServiceAccount;
+- the ``securityContext``: ``runAsUser``/``runAsGroup``/``fsGroup``, ``readOnlyRootFilesystem``
+  (podman ``--read-only`` with no extra tmpfs: only the pod's own volumes are writable),
+  ``capabilities.drop: [ALL]``, ``allowPrivilegeEscalation: false``; ``runAsNonRoot`` is checked;
+- readiness from the container's ``readinessProbe`` (``httpGet`` on its named port).
+
+The pod runs on the host network (there is no pod network), so its ports are the chart's
+ports: the tier picks free ones for ``injection.port``/``scaling.port`` at install.
+Resource limits, affinity and the preStop hook are not applied (nothing schedules here).
+
+:func:`run_process` is the inner-loop variant: the same console script, env and token, as a
+local process; the token comes in a kubeconfig instead of the in-cluster files, and file paths
+under a ``mountPath`` point at the materialized copies.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from testbed.real.controlplane import ControlPlane
+from testbed.real.image import podman, podman_env
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class PodFailed(RuntimeError):
+    """The pod did not start or get ready; the message ends with its log."""
+
+
+@dataclass
+class Pod:
+    """One running pod (a podman container, or a local process)."""
+
+    name: str
+    namespace: str
+    container: dict[str, Any]
+    volumes_dir: Path
+    container_id: str = ""
+    process: subprocess.Popen[bytes] | None = None
+    log_file: Path | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def port(self, name: str) -> int:
+        return self.ports[name]
+
+    def logs(self) -> str:
+        if self.container_id:
+            proc = podman("logs", self.container_id, check=False, timeout=30)
+            return (proc.stdout + proc.stderr).decode(errors="replace")
+        return self.log_file.read_text(errors="replace") if self.log_file and self.log_file.exists() else ""
+
+    def running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        proc = podman("inspect", "--format", "{{.State.Running}}", self.container_id, check=False, timeout=30)
+        return proc.stdout.decode().strip() == "true"
+
+    def ready(self) -> bool:
+        """The readinessProbe: its httpGet path on its (named) port answers 2xx."""
+        probe = (self.container.get("readinessProbe") or {}).get("httpGet") or {}
+        port = probe.get("port", 0)
+        number = self.ports[port] if isinstance(port, str) else int(port)
+        try:
+            return 200 <= httpx.get(f"http://127.0.0.1:{number}{probe.get('path', '/')}", timeout=2).status_code < 300
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise PodFailed(f"pod {self.namespace}/{self.name} exited:\n{self.logs()[-3000:]}")
+            if self.ready():
+                return
+            time.sleep(0.2)
+        raise PodFailed(f"pod {self.namespace}/{self.name} not ready after {timeout:.0f} s:\n{self.logs()[-3000:]}")
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL after 5 s) and remove the container; by container ID or PID."""
+        if self.container_id:
+            podman("stop", "-t", "5", self.container_id, check=False, timeout=60)
+            podman("rm", "-f", self.container_id, check=False, timeout=60)
+        elif self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def _volume_files(cp: ControlPlane, namespace: str, volume: dict[str, Any]) -> tuple[dict[str, bytes], int] | None:
+    """The files a secret or configMap volume holds (path -> bytes) and their mode; None for other kinds."""
+    if "secret" in volume:
+        source = volume["secret"]
+        obj = cp.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{source['secretName']}")
+        data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    elif "configMap" in volume:
+        source = volume["configMap"]
+        obj = cp.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{source['name']}")
+        data = {k: v.encode() for k, v in (obj.get("data") or {}).items()}
+    else:
+        return None
+    items = source.get("items")
+    files = {item["path"]: data[item["key"]] for item in items} if items else data
+    return files, int(source.get("defaultMode", 0o644))
+
+
+def _materialize(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], container: dict[str, Any], token: str,
+                 root: Path) -> tuple[dict[str, Path], list[str]]:
+    """Write each mounted volume under ``root``; return mountPath -> host dir, and the tmpfs mount paths."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+    security = pod_spec.get("securityContext") or {}
+    fs_group = security.get("fsGroup")
+    mounts: dict[str, Path] = {}
+    tmpfs: list[str] = []
+    for mount in container.get("volumeMounts") or []:
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            tmpfs.append(mount["mountPath"])
+            continue
+        found = _volume_files(cp, namespace, volume)
+        if found is None:
+            raise PodFailed(f"volume {mount['name']}: only secret, configMap and emptyDir volumes are supported here")
+        files, mode = found
+        target = root / mount["name"]
+        target.mkdir(parents=True, exist_ok=True)
+        for rel, content in files.items():
+            path = target / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+            os.chmod(path, mode)
+            if fs_group is not None and os.geteuid() == 0:
+                os.chown(path, 0, int(fs_group))
+        mounts[mount["mountPath"]] = target
+    if pod_spec.get("automountServiceAccountToken", True):
+        sa = root / "kube-api-access"
+        sa.mkdir(parents=True, exist_ok=True)
+        for name, content in (("token", token.encode()), ("ca.crt", cp.ca_pem), ("namespace", namespace.encode())):
+            (sa / name).write_bytes(content)
+            os.chmod(sa / name, 0o644)  # as the projected volume's default mode
+        mounts[SA_DIR] = sa
+    return mounts, tmpfs
+
+
+def _env(container: dict[str, Any], namespace: str, pod_name: str, cp: ControlPlane) -> dict[str, str]:
+    env: dict[str, str] = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cp.port)}
+    fields = {"metadata.namespace": namespace, "metadata.name": pod_name}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "fieldRef" in (item.get("valueFrom") or {}):
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            raise PodFailed(f"env {item['name']}: only value and fieldRef (metadata.namespace/name) are supported here")
+    return env
+
+
+def _pod_parts(deployment: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod_spec = deployment["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    return pod_spec, container
+
+
+def _ports(container: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: int(p["containerPort"]) for p in container.get("ports") or []}
+
+
+def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: Path, ready_timeout: float = 90.0) -> Pod:
+    """Run the Deployment's pod template with podman on the host network; return once it is ready."""
+    namespace = deployment["metadata"]["namespace"]
+    pod_spec, container = _pod_parts(deployment)
+    name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
+    token = cp.token(namespace, pod_spec["serviceAccountName"])
+    root = workdir / name
+    mounts, tmpfs = _materialize(cp, namespace, pod_spec, container, token, root)
+    env = _env(container, namespace, name, cp)
+    security = {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+    if security.get("runAsNonRoot") and int(security.get("runAsUser", 0)) == 0:
+        raise PodFailed(f"{name}: runAsNonRoot with uid 0 would not start")
+    args = ["run", "-d", "--name", name, "--network=host", "--hostname", name]
+    if "runAsUser" in security:
+        args += ["--user", f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"]
+    if "fsGroup" in (pod_spec.get("securityContext") or {}):
+        args += ["--group-add", str(pod_spec["securityContext"]["fsGroup"])]
+    if security.get("readOnlyRootFilesystem"):
+        args += ["--read-only", "--read-only-tmpfs=false"]  # writable: only the pod's own volumes
+    drop = (security.get("capabilities") or {}).get("drop") or []
+    if "ALL" in drop:
+        args.append("--cap-drop=all")
+    if security.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    read_only = {m["mountPath"]: bool(m.get("readOnly")) for m in container.get("volumeMounts") or []}
+    for path, host in mounts.items():
+        ro = read_only.get(path, path == SA_DIR)
+        args += ["-v", f"{host}:{path}:{'ro' if ro else 'rw'}"]
+    for path in tmpfs:
+        args += ["--tmpfs", f"{path}:rw,size=64m,mode=1777"]
+    for key, value in env.items():
+        args += ["-e", f"{key}={value}"]
+    if container.get("command"):
+        args += ["--entrypoint", json.dumps(container["command"])]
+    args += [image, *(container.get("args") or [])]
+    started = podman(*args, timeout=120)
+    pod = Pod(name, namespace, container, root, container_id=started.stdout.decode().strip(), ports=_ports(container))
+    try:
+        pod.wait_ready(ready_timeout)
+    except PodFailed:
+        pod.stop()
+        raise
+    return pod
+
+
+def run_process(cp: ControlPlane, deployment: dict[str, Any], workdir: Path, ready_timeout: float = 60.0) -> Pod:
+    """The inner-loop variant: the pod's console script as a local process, same env, token and files."""
+    namespace = deployment["metadata"]["namespace"]
+    pod_spec, container = _pod_parts(deployment)
+    name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
+    token = cp.token(namespace, pod_spec["serviceAccountName"])
+    root = workdir / name
+    mounts, _ = _materialize(cp, namespace, pod_spec, container, token, root)
+    env = _env(container, namespace, name, cp)
+    for key, value in list(env.items()):  # paths under a mountPath point at the materialized copy
+        for path, host in mounts.items():
+            if value.startswith(path.rstrip("/") + "/"):
+                env[key] = str(host) + value[len(path.rstrip("/")):]
+    env["KUBECONFIG"] = str(cp.write_token_kubeconfig(root / "token.kubeconfig", token, pod_spec["serviceAccountName"]))
+    command = [*(container.get("command") or []), *(container.get("args") or [])]
+    script = Path(sys.executable).parent / command[0]
+    command[0] = str(script) if script.exists() else (shutil.which(command[0]) or command[0])
+    log_file = root / "process.log"
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    pod = Pod(name, namespace, container, root, process=proc, log_file=log_file, ports=_ports(container))
+    try:
+        pod.wait_ready(ready_timeout)
+    except PodFailed:
+        pod.stop()
+        raise
+    return pod
+
+
+def podman_available() -> bool:
+    return shutil.which("podman") is not None and bool(podman_env())

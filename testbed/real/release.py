@@ -1,0 +1,170 @@
+"""``charts/slime`` installed with ``helm`` on the real API server, routed to webhooks on loopback.
+
+**Routing.** kube-apiserver resolves a webhook's ``clientConfig.service`` through the Service: a
+ClusterIP Service is dialled at its ClusterIP (nothing listens there on this machine, and the
+tier must not dial it), an ``ExternalName`` Service at ``<externalName>:<clientConfig.service.port>``.
+So after ``helm install``/``upgrade`` the two webhook Services are patched to
+``type: ExternalName, externalName: localhost`` (:meth:`Release.route_to_localhost`). The
+webhook configurations stay exactly as the chart rendered them: the same ``service`` reference,
+the same TLS name ``<svc>.<ns>.svc`` checked against the chart-generated certificate, the same
+port, which is why the chart makes the Service port equal to the container port.
+
+**Authenticated admission.** With ``admissionAuth.enabled`` the chart generates the client CA and
+certificate (``<fullname>-apiserver-client``); :meth:`Release.admission_configuration` writes the
+``AdmissionConfiguration`` and its kubeconfig (users keyed ``<svc>.<ns>.svc:<port>``, as
+docs/install.md says) that kube-apiserver then gets with ``--admission-control-config-file``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.helm import REPO_ROOT, helm_binary
+from testbed.real.controlplane import ControlPlane, ControlPlaneError, free_port
+
+CHART = REPO_ROOT / "charts" / "slime"
+RELEASE = "slime"
+COMPONENTS = ("injection", "scaling")
+
+
+class HelmFailed(RuntimeError):
+    def __init__(self, args: list[str], proc: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(f"helm {' '.join(args[:2])} exited {proc.returncode}: {proc.stderr.strip()}")
+        self.stderr = proc.stderr
+
+
+def tier_values(image: str, mappings: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+    """The values the tier installs with: chart-generated TLS, client-certificate admission, free ports, one pod each."""
+    repository, _, tag = image.rpartition(":")
+    values: dict[str, Any] = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "certManager": {"enabled": False},
+        "admissionAuth": {"enabled": True},
+        "logLevel": "INFO",
+    }
+    for component in COMPONENTS:
+        values[component] = {
+            "replicas": 1, "port": free_port(), "metricsPort": free_port(),
+            # Host network here: listen on loopback only (the services' --host, a chart value).
+            "extraEnv": [{"name": "SLIME_HOST", "value": "127.0.0.1"}],
+        }
+    values["scaling"]["mappings"] = mappings
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key].update(value)
+        else:
+            values[key] = value
+    return values
+
+
+@dataclass
+class Release:
+    cp: ControlPlane
+    namespace: str
+    values: dict[str, Any]
+    workdir: Path
+    chart: Path = CHART
+    name: str = RELEASE
+    history: list[str] = field(default_factory=list)
+
+    def helm(self, *args: str, timeout: float = 120.0) -> str:
+        values = self.workdir / "values.json"
+        values.write_text(json.dumps(self.values))
+        cmd = [str(helm_binary()), *args, "--kubeconfig", str(self.cp.kubeconfig)]
+        if args[0] in ("install", "upgrade"):
+            cmd += ["-f", str(values)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise HelmFailed(list(args), proc)
+        self.history.append(" ".join(args[:2]))
+        return proc.stdout
+
+    def install(self) -> str:
+        out = self.helm("install", self.name, str(self.chart), "-n", self.namespace, "--create-namespace")
+        self.route_to_localhost()
+        return out
+
+    def upgrade(self) -> str:
+        out = self.helm("upgrade", self.name, str(self.chart), "-n", self.namespace)
+        self.route_to_localhost()
+        return out
+
+    def uninstall(self) -> str:
+        return self.helm("uninstall", self.name, "-n", self.namespace, "--wait")
+
+    def manifest(self) -> list[dict[str, Any]]:
+        """The objects of the installed release, as Helm stored them."""
+        out = self.helm("get", "manifest", self.name, "-n", self.namespace)
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    def service_name(self, component: str) -> str:
+        name: str = next(o["metadata"]["name"] for o in self.manifest()
+                         if o["kind"] == "Service" and o["metadata"]["labels"].get("app.kubernetes.io/component") == f"{component}-webhook")
+        return name
+
+    def deployment(self, component: str) -> dict[str, Any]:
+        return next(o for o in self.manifest()
+                    if o["kind"] == "Deployment" and o["metadata"]["labels"].get("app.kubernetes.io/component") == f"{component}-webhook")
+
+    def port(self, component: str) -> int:
+        return int(self.values[component]["port"])
+
+    def route_to_localhost(self) -> None:
+        """Turn the two webhook Services into ExternalName ``localhost`` (see the module doc)."""
+        patch = {"spec": {"type": "ExternalName", "externalName": "localhost", "clusterIP": None, "clusterIPs": None,
+                          "selector": None, "ipFamilies": None, "ipFamilyPolicy": None, "internalTrafficPolicy": None,
+                          "sessionAffinity": None}}
+        for component in COMPONENTS:
+            if not self.values.get(component, {}).get("enabled", True):
+                continue
+            name = self.service_name(component)
+            self.cp.kubectl("-n", self.namespace, "patch", "service", name, "--type=merge", "-p", json.dumps(patch),
+                            "--field-manager=slime-real-k8s")
+
+    def secret_data(self, name: str) -> dict[str, bytes]:
+        obj = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
+        return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+
+    def client_certificate(self) -> dict[str, bytes]:
+        """The chart-generated Secret ``<fullname>-apiserver-client`` (tls.crt, tls.key, ca.crt)."""
+        name = next(o["metadata"]["name"] for o in self.manifest()
+                    if o["kind"] == "Secret" and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "admission-auth")
+        return self.secret_data(name)
+
+    def admission_configuration(self, directory: Path) -> Path:
+        """AdmissionConfiguration + kubeconfig giving kube-apiserver the chart's client certificate (docs/install.md)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        client = self.client_certificate()
+        users = [{"name": f"{self.service_name(c)}.{self.namespace}.svc:{self.port(c)}",
+                  "user": {"client-certificate-data": base64.b64encode(client["tls.crt"]).decode(),
+                           "client-key-data": base64.b64encode(client["tls.key"]).decode()}}
+                 for c in COMPONENTS if self.values.get(c, {}).get("enabled", True)]
+        kubeconfig = directory / "webhook-kubeconfig.yaml"
+        kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": users}))
+        kubeconfig.chmod(0o600)
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": str(kubeconfig)}
+        config = directory / "admission.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": "ValidatingAdmissionWebhook", "configuration": plugin},
+                        {"name": "MutatingAdmissionWebhook", "configuration": plugin}]}))
+        return config
+
+
+def webhook_configurations(cp: ControlPlane, release: str) -> list[str]:
+    """Names of the Mutating/ValidatingWebhookConfigurations labelled with ``release``."""
+    names: list[str] = []
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        try:
+            listed = cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}?labelSelector=app.kubernetes.io/instance={release}")
+        except ControlPlaneError:
+            continue
+        names += [f"{kind}/{o['metadata']['name']}" for o in listed.get("items") or []]
+    return names
