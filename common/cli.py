@@ -35,7 +35,8 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-_METAVARS = {"host": "ADDRESS", "log_level": "LEVEL", "namespace": "NAME", "config_map": "NAME", "controller_selector": "SELECTOR"}
+_METAVARS = {"host": "ADDRESS", "log_level": "LEVEL", "namespace": "NAME", "config_map": "NAME", "controller_selector": "SELECTOR",
+             "conf_server_policy": "POLICY", "conf_server_node_addresses": "ADDRESSES", "extra_join_data": "ITEMS"}
 
 
 def _metavar(name: str, info: FieldInfo) -> str:
@@ -71,7 +72,7 @@ def build_parser(settings_type: type[ServiceSettings], prog: str, description: s
     parser = _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="A flag wins over its environment variable, which wins over the default.")
     for name, info in settings_type.fields().items():
-        default = "none" if info.default is None else info.default
+        default = "none" if info.default in (None, "") else info.default
         parser.add_argument(
             flag(name), dest=name, metavar=_metavar(name, info), default=None,
             help=f"{info.description} [env {settings_type.env_name(name)}; default {default}]",

@@ -37,16 +37,25 @@ class MetaDataSecret:
 
 @dataclass(frozen=True, slots=True)
 class JoinInfo:
-    """Where a new slurmd finds slurmctld, and the key it needs. ``key_base64`` is secret."""
+    """Where a new slurmd finds slurmctld, and the keys it needs. ``key_base64`` and
+    ``jwt_key_base64`` are secret."""
 
     host: str
     port: int
     key_base64: str
     source: str  # e.g. "Controller slurm/slurm in cluster local": for messages and logs
     metal3data_uid: str = ""  # the uid of the owner Metal3Data as the cluster has it
+    conf_server: str = ""  # "" means host:port; may list several host:port, tried in order
+    controller_name: str = ""  # the SlurmctldHost name, when the template opts in
+    jwt_key_base64: str = ""  # the auth/jwt key, when the template opts in
 
-    def __repr__(self) -> str:  # keep the key out of any accidental repr in a log or traceback
-        return f"JoinInfo(host={self.host!r}, port={self.port}, source={self.source!r})"
+    @property
+    def where(self) -> str:
+        return self.conf_server or f"{self.host}:{self.port}"
+
+    def __repr__(self) -> str:  # keep the keys out of any accidental repr in a log or traceback
+        return (f"JoinInfo(conf_server={self.where!r}, controller_name={self.controller_name!r}, "
+                f"jwt_key={'yes' if self.jwt_key_base64 else 'no'}, source={self.source!r})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +129,13 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: its owner reference names Metal3Data "
                     f"{secret.namespace}/{secret.metal3data} with a uid that Metal3Data does not have; CAPM3 creates this "
                     "Secret with the uid of its Metal3Data")
-    entries = join_entries(resolution.host, resolution.port, resolution.key_base64)
+    entries = join_entries(resolution.host, resolution.port, resolution.key_base64, conf_server=resolution.conf_server,
+                           controller_name=resolution.controller_name, jwt_key_base64=resolution.jwt_key_base64)
     try:
         encoded = merged_metadata(secret.encoded_metadata, entries)
     except MetaDataError as exc:
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {exc}", code=400, reason="BadRequest")
-    where = f"slurmctld {resolution.host}:{resolution.port}"
+    where = f"slurmctld {resolution.where}"
     if encoded is None:
         return allow(f"Secret {secret.ref} already carries the Slurm join data for {where}")
     return patch_response([{"op": "replace", "path": f"/data/{METADATA_KEY}", "value": encoded}],

@@ -24,6 +24,7 @@ def build(settings: InjectionSettings) -> ServiceRunner:
         settings.controller_selector,
         settings.cache_sync_timeout_seconds,
         workload_client=lambda data, name: client_from_kubeconfig(data, name, USER_AGENT),
+        options=settings.join_options(),
     )
     resolver.start()
     readiness = Readiness()

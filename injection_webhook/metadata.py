@@ -23,6 +23,9 @@ from typing import Any
 import yaml
 
 JOIN_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
+# Added only where the template (or the chart default) opts in: see confserver.py.
+CONTROLLER_NAME_KEY = "slurm_controller_name"
+JWT_KEY_KEY = "slurm_jwt_hs256_key_base64"
 # kube-apiserver refuses a Secret whose data exceed 1 MiB (validation.MaxSecretSize), so a
 # larger metaData cannot come from a real API server and is not worth parsing.
 MAX_METADATA_BYTES = 1024 * 1024
@@ -32,14 +35,23 @@ class MetaDataError(ValueError):
     """The metaData value cannot be edited safely; the message says why (never the content)."""
 
 
-def join_entries(host: str, port: int, key_base64: str) -> dict[str, str]:
-    """The four keys cloud-init reads as ``ds.meta_data.<key>``; all strings, like CAPM3's."""
-    return {
+def join_entries(host: str, port: int, key_base64: str, *, conf_server: str = "", controller_name: str = "",
+                 jwt_key_base64: str = "") -> dict[str, str]:
+    """The keys cloud-init reads as ``ds.meta_data.<key>``; all strings, like CAPM3's.
+
+    ``conf_server`` defaults to ``host:port``; it may list several ``host:port`` (slurmd tries
+    them in order). The two optional keys are added only when given."""
+    entries = {
         "slurm_controller_host": host,
         "slurm_controller_port": str(port),
-        "slurm_conf_server": f"{host}:{port}",
+        "slurm_conf_server": conf_server or f"{host}:{port}",
         "slurm_key_base64": key_base64,
     }
+    if controller_name:
+        entries[CONTROLLER_NAME_KEY] = controller_name
+    if jwt_key_base64:
+        entries[JWT_KEY_KEY] = jwt_key_base64
+    return entries
 
 
 def _dump(entries: Mapping[str, object]) -> str:
@@ -49,7 +61,7 @@ def _dump(entries: Mapping[str, object]) -> str:
 
 def _lines(entries: Mapping[str, str]) -> str:
     """``key: "value"`` lines. A JSON string is a valid YAML double-quoted scalar, and rendering
-    four lines this way is several times cheaper than a YAML dump on the admission hot path."""
+    a few lines this way is several times cheaper than a YAML dump on the admission hot path."""
     return "".join(f"{key}: {json.dumps(value)}\n" for key, value in entries.items())
 
 

@@ -3,8 +3,10 @@
 The chain: Secret -> Metal3Data -> Metal3DataTemplate (owner reference, else
 ``spec.template.name``, since CAPM3 >= 1.14 dropped that owner) -> opt-in label -> target
 cluster (local, or a CAPI workload cluster through its ``<cluster>-kubeconfig`` Secret) ->
-slurmctld pod (``status.hostIP``) -> StatefulSet -> Slinky Controller -> key Secret, and a
-NodePort Service for the port.
+slurmctld pod -> StatefulSet -> Slinky Controller -> key Secret (and, where the template opts
+in, the JWT key Secret). The address comes from the template's conf-server policy
+(``confserver.py``): the pod's ``status.hostIP`` and a NodePort Service, a LoadBalancer or
+NodePort Service, or an explicit host.
 
 Every lookup reads an informer, so a warm admission makes no API call. ``resolve`` has two
 modes. ``wait=False`` never blocks and raises :class:`NeedsWait` when a cache is cold. The app
@@ -28,6 +30,25 @@ from common.cache import Informer, InformerSet
 from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
 from common.logs import redactor
 from common.meta import owner_name
+from injection_webhook.confserver import (
+    CONF_SERVER_ANNOTATION,
+    CONTROLLER_NAME,
+    EXTRA_JOIN_DATA_ANNOTATION,
+    HOST_IP,
+    JWT_KEY,
+    SERVICE,
+    SLURMCTLD_PORT,
+    Endpoint,
+    JoinOptions,
+    Policy,
+    PolicyError,
+    Unsatisfied,
+    hostip_port,
+    parse_extras,
+    parse_policy,
+    service_endpoint,
+    shown,
+)
 from injection_webhook.handler import (
     CLUSTER_NAME_LABEL,
     METAL3_GROUP,
@@ -45,7 +66,6 @@ CLUSTER_OVERRIDE_LABEL = "slurm-controller-cluster"
 CONTROLLER_NAME_LABEL = "slurm-controller-name"
 LOCAL_CLUSTER = "local"
 SLINKY_GROUP = "slinky.slurm.net"
-SLURMCTLD_PORT = 6817
 METAL3_VERSIONS = ("v1beta2", "v1beta1")
 SLINKY_VERSIONS = ("v1beta1", "v1alpha1")
 
@@ -80,16 +100,32 @@ def _metal3data_record(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 _TEMPLATE_LABELS = (OPT_IN_LABEL, CLUSTER_OVERRIDE_LABEL, CONTROLLER_NAME_LABEL)
+_TEMPLATE_ANNOTATIONS = (CONF_SERVER_ANNOTATION, EXTRA_JOIN_DATA_ANNOTATION)
 
 
 def _template_record(obj: dict[str, Any]) -> dict[str, str]:
-    """A Metal3DataTemplate as resolution reads it: only SliMe's own labels."""
+    """A Metal3DataTemplate as resolution reads it: only SliMe's own labels and annotations
+    (their names differ, so one flat map holds both)."""
     labels = _labels(obj)
-    return {k: sys.intern(labels[k]) for k in _TEMPLATE_LABELS if isinstance(labels.get(k), str)}
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    record = {k: sys.intern(labels[k]) for k in _TEMPLATE_LABELS if isinstance(labels.get(k), str)}
+    record.update({k: annotations[k] for k in _TEMPLATE_ANNOTATIONS if isinstance(annotations.get(k), str)})
+    return record
 
 
 def _slim_statefulset(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": _slim_metadata(obj)}
+
+
+def _slim_service(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the address policies read of a Service: its type, selector, ports and ingress."""
+    spec = obj.get("spec") or {}
+    ingress = ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress")
+    return {
+        "metadata": _slim_metadata(obj),
+        "spec": {k: spec[k] for k in ("type", "selector", "ports") if k in spec},
+        "status": {"loadBalancer": {"ingress": ingress}} if ingress else {},
+    }
 
 
 def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
@@ -124,23 +160,25 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
-def _selector_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+def _b64_value(secret: dict[str, Any], key: str, what: str, cluster: str) -> str:
+    """The Secret's ``key`` as canonical base64, or _Missing naming what is wrong (never the value)."""
+    meta = secret.get("metadata") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    encoded = (secret.get("data") or {}).get(key)
+    if not encoded:
+        raise _Missing(f"Secret {name} has no data key {key!r} ({what}; cluster {cluster})")
+    try:
+        return base64.b64encode(base64.b64decode(encoded, validate=True)).decode("ascii")
+    except (binascii.Error, ValueError):
+        raise _Missing(f"Secret {name} key {key!r} is not valid base64 ({what}; cluster {cluster})") from None
 
 
-def nodeport_for_slurmctld(services: list[dict[str, Any]], pod_labels: dict[str, str]) -> int | None:
-    """The nodePort of a NodePort Service that selects the pod and exposes slurmctld."""
-    for service in sorted(services, key=lambda s: (s.get("metadata") or {}).get("name", "")):
-        spec = service.get("spec") or {}
-        if spec.get("type") != "NodePort" or not _selector_matches(spec.get("selector") or {}, pod_labels):
-            continue
-        for port in spec.get("ports") or ():
-            target = port.get("targetPort", port.get("port"))
-            exposes = target in (SLURMCTLD_PORT, str(SLURMCTLD_PORT), "slurmctld") or port.get("name") == "slurmctld"
-            node_port = port.get("nodePort")
-            if exposes and isinstance(node_port, int):
-                return node_port
-    return None
+@dataclass(frozen=True, slots=True)
+class _TemplateOptions:
+    """What one template chose (its annotations over the chart defaults)."""
+
+    policy: Policy
+    extras: frozenset[str]
 
 
 @dataclass
@@ -174,7 +212,8 @@ class ClusterView:
 
     def services(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/services", description=f"services in {namespace} ({self.name})",
+            f"/api/v1/namespaces/{namespace}/services",
+            transform=_slim_service, description=f"services in {namespace} ({self.name})",
         )
 
     def secret(self, namespace: str, name: str) -> Informer:
@@ -207,7 +246,9 @@ class InjectionResolver:
         controller_selector: str,
         sync_timeout: float = 5.0,
         workload_client: Callable[[bytes, str], KubeClient] = client_from_kubeconfig,
+        options: JoinOptions | None = None,
     ) -> None:
+        self.options = options or JoinOptions()
         self.local = ClusterView(local, controller_selector, self._caches_changed)
         self.controller_selector = controller_selector
         # Resolutions computed from caches alone, valid until any cache changes. Warm
@@ -337,10 +378,27 @@ class InjectionResolver:
         slurm_namespace = labels.get(OPT_IN_LABEL)
         if not slurm_namespace:
             return NotOptedIn()
+        options = self._template_options(template, f"{ns}/{template_name}")
         cluster_name = metal3data["cluster"] or secret.cluster_name
         view = self._target_cluster(ns, cluster_name, labels.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
-        info = self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), wait)
+        info = self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), options, wait)
         return replace(info, metal3data_uid=metal3data["uid"]) if isinstance(info, JoinInfo) else info
+
+    def _template_options(self, template: dict[str, str], ref: str) -> _TemplateOptions:
+        """The template's annotations over the chart defaults; an invalid one is denied, naming it."""
+        policy, extras = self.options.policy, self.options.extras
+        for annotation in _TEMPLATE_ANNOTATIONS:
+            value = template.get(annotation)
+            if value is None:
+                continue
+            try:
+                if annotation == CONF_SERVER_ANNOTATION:
+                    policy = parse_policy(value)
+                else:
+                    extras = parse_extras(value)
+            except PolicyError as exc:
+                raise _Missing(f"Metal3DataTemplate {ref} has an invalid annotation {annotation}={shown(value)}: {exc}") from None
+        return _TemplateOptions(policy, extras)
 
     def _target_cluster(self, namespace: str, cluster_name: str, override: str, template: str, wait: bool) -> ClusterView:
         if override == LOCAL_CLUSTER:
@@ -385,7 +443,8 @@ class InjectionResolver:
             replaced[1].stop()
         return view
 
-    def _join_info(self, view: ClusterView, namespace: str, controller_name: str, wait: bool) -> Resolution:
+    def _join_info(self, view: ClusterView, namespace: str, controller_name: str, options: _TemplateOptions,
+                   wait: bool) -> Resolution:
         where = f"namespace {namespace} of cluster {view.name}"
         try:
             pods = self._ready(view.pods(namespace), view.name, wait).items()
@@ -427,28 +486,56 @@ class InjectionResolver:
             )
         controller_ref, (pod, controller) = next(iter(candidates.items()))
         pod_ref = f"{namespace}/{pod['metadata'].get('name')}"
-        status = pod.get("status") or {}
-        if status.get("phase") != "Running":
-            raise _Missing(f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster {view.name})")
-        host = status.get("hostIP")
-        if not host:
-            raise _Missing(f"slurmctld pod {pod_ref} has no status.hostIP yet (cluster {view.name})")
+        endpoint = self._endpoint(options.policy, pod, pod_ref, services.items(), namespace, view.name)
+        source = f"Controller {namespace}/{controller_ref} in cluster {view.name}"
 
         key_ref = (controller.get("spec") or {}).get("slurmKeyRef") or {}
         secret_name = key_ref.get("name") or f"{controller_ref}-auth-slurm"
-        secret_key = key_ref.get("key") or "slurm.key"
         key_secret = self._ready(view.secret(namespace, secret_name), view.name, wait).get(namespace, secret_name)
         if key_secret is None:
             raise _Missing(f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not exist in cluster {view.name}")
-        encoded_key = (key_secret.get("data") or {}).get(secret_key)
-        if not encoded_key:
-            raise _Missing(f"Secret {namespace}/{secret_name} has no data key {secret_key!r} (cluster {view.name})")
-        try:
-            key_base64 = base64.b64encode(base64.b64decode(encoded_key, validate=True)).decode("ascii")
-        except (binascii.Error, ValueError):
-            raise _Missing(f"Secret {namespace}/{secret_name} key {secret_key!r} is not valid base64 (cluster {view.name})") from None
-        port = nodeport_for_slurmctld(services.items(), _labels(pod)) or SLURMCTLD_PORT
-        return JoinInfo(host=host, port=port, key_base64=key_base64, source=f"Controller {namespace}/{controller_ref} in cluster {view.name}")
+        key_base64 = _b64_value(key_secret, key_ref.get("key") or "slurm.key", f"slurm key of Controller {namespace}/{controller_ref}", view.name)
+
+        jwt_key_base64 = ""
+        if JWT_KEY in options.extras:
+            # Slinky >= 1.x names it spec.jwtKeyRef (jwtHs256KeyRef is its deprecated alias and the
+            # v1alpha1 field); the Helm chart's default Secret is <controller>-auth-jwths256.
+            spec = controller.get("spec") or {}
+            jwt_ref = spec.get("jwtKeyRef") or spec.get("jwtHs256KeyRef") or {}
+            jwt_name = jwt_ref.get("name") or f"{controller_ref}-auth-jwths256"
+            jwt_secret = self._ready(view.secret(namespace, jwt_name), view.name, wait).get(namespace, jwt_name)
+            if jwt_secret is None:
+                raise _Missing(f"Secret {namespace}/{jwt_name} (JWT key of Controller {namespace}/{controller_ref}; "
+                               f"the template asks for {JWT_KEY}) does not exist in cluster {view.name}")
+            jwt_key_base64 = _b64_value(jwt_secret, jwt_ref.get("key") or "jwt_hs256.key",
+                                        f"JWT key of Controller {namespace}/{controller_ref}", view.name)
+
+        # The SlurmctldHost name Slinky writes into slurm.conf is the StatefulSet's pod 0
+        # (<controller>-controller-0): fixed by the StatefulSet, whichever node runs it.
+        statefulset_name = _owner(pod, "StatefulSet", "apps")
+        controller_host_name = f"{statefulset_name}-0" if CONTROLLER_NAME in options.extras else ""
+        return JoinInfo(host=endpoint.host, port=endpoint.port, key_base64=key_base64, source=source,
+                        conf_server=endpoint.conf_server, controller_name=controller_host_name, jwt_key_base64=jwt_key_base64)
+
+    def _endpoint(self, policy: Policy, pod: dict[str, Any], pod_ref: str, services: list[dict[str, Any]],
+                  namespace: str, cluster: str) -> Endpoint:
+        """Where nodes reach slurmctld under ``policy``; _Missing when it cannot be satisfied yet."""
+        if policy.kind == HOST_IP:
+            status = pod.get("status") or {}
+            if status.get("phase") != "Running":
+                raise _Missing(f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster {cluster})")
+            host = status.get("hostIP")
+            if not host:
+                raise _Missing(f"slurmctld pod {pod_ref} has no status.hostIP yet (cluster {cluster})")
+            return Endpoint((str(host),), hostip_port(services, _labels(pod)))
+        if policy.kind == SERVICE:
+            # Neither the pod's phase nor its node matter here: the Service's address does not
+            # move with slurmctld, so a node may be given it while slurmctld restarts.
+            try:
+                return service_endpoint(policy, services, _labels(pod), pod_ref, namespace, self.options.node_addresses)
+            except Unsatisfied as exc:
+                raise _Missing(f"{exc.reason} (cluster {cluster})") from None
+        return Endpoint((policy.host,), policy.port or SLURMCTLD_PORT)
 
 
 class _Missing(Exception):

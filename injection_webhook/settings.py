@@ -6,6 +6,7 @@ from pydantic import Field, field_validator
 
 from common.meta import label_selector_problem
 from common.settings import ServiceSettings
+from injection_webhook.confserver import JoinOptions, PolicyError, parse_extras, parse_node_addresses, parse_policy
 
 DEFAULT_CONTROLLER_SELECTOR = "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
 
@@ -20,6 +21,21 @@ class InjectionSettings(ServiceSettings):
         3.0, gt=0, le=25,
         description="How long a first admission for a new cluster or namespace waits for its caches; keep below the webhook timeout.",
     )
+    conf_server_policy: str = Field(
+        "hostIP",
+        description="Default conf-server address policy (a Metal3DataTemplate's slurm-conf-server annotation wins): "
+                    "hostIP, service, service/<name>, or an explicit host[:port].",
+    )
+    conf_server_node_addresses: str = Field(
+        "",
+        description="Comma-separated stable node addresses (IPs or DNS names) that reach a NodePort Service under "
+                    "policy service; nodes get them all, tried in order.",
+    )
+    extra_join_data: str = Field(
+        "",
+        description="Default extra join data (a template's slurm-extra-join-data annotation wins): a comma list of "
+                    "controller-name, jwt-key.",
+    )
 
     @field_validator("controller_selector")
     @classmethod
@@ -28,3 +44,35 @@ class InjectionSettings(ServiceSettings):
         if problem:
             raise ValueError(problem)
         return value
+
+    @field_validator("conf_server_policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        try:
+            parse_policy(value)
+        except PolicyError as exc:
+            raise ValueError(f"{value!r} is not a conf-server policy: {exc}") from None
+        return value
+
+    @field_validator("conf_server_node_addresses")
+    @classmethod
+    def _node_addresses(cls, value: str) -> str:
+        try:
+            parse_node_addresses(value)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("extra_join_data")
+    @classmethod
+    def _extras(cls, value: str) -> str:
+        try:
+            parse_extras(value)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    def join_options(self) -> JoinOptions:
+        """The validated defaults, parsed (every field was checked above)."""
+        return JoinOptions(parse_policy(self.conf_server_policy), parse_node_addresses(self.conf_server_node_addresses),
+                           parse_extras(self.extra_join_data))

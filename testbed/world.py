@@ -1,8 +1,9 @@
 """Seed a management cluster the way Slinky, CAPI and CAPM3 shape it, and read it back.
 
 The shapes follow docs/interfaces.md and the upstream contracts: a Slinky ``Controller`` with its
-slurmctld StatefulSet and pod (with a ``hostIP``), the auth Secret (``slurm.key``: 1024 random
-ASCII characters, like Slinky's Helm default), a NodePort Service, an opted-in
+slurmctld StatefulSet and pod (with a ``hostIP``), the auth Secrets (``slurm.key``: 1024 random
+ASCII characters, like Slinky's Helm default; ``jwt_hs256.key``: 32 random bytes), a NodePort or
+LoadBalancer Service, an opted-in
 ``Metal3DataTemplate`` and its ``Metal3Data``, the ``metaData`` Secret CAPM3 creates, CAPI
 ``MachineDeployment``s, the mirror Deployments and the scaling ConfigMap.
 
@@ -39,6 +40,14 @@ class ObjectApi(Protocol):
 
     def list(self, api_version: str, kind_or_plural: str, namespace: str = "",
              label_selector: str = "", field_selector: str = "") -> list[Obj]: ...
+
+
+class MutableObjectApi(ObjectApi, Protocol):
+    """An :class:`ObjectApi` that can also change objects (kubemu's Emulator is one)."""
+
+    def update(self, obj: Obj) -> Obj: ...
+
+    def patch(self, api_version: str, kind_or_plural: str, namespace: str, name: str, patch: Obj) -> Obj: ...
 
 
 def b64(data: bytes | str) -> str:
@@ -87,9 +96,16 @@ class SlurmCluster:
     key: bytes
     host_ip: str
     key_secret: str = ""
+    jwt_key: bytes = b""
+    jwt_secret: str = ""
 
-    def __repr__(self) -> str:  # never show the key, even in a traceback
-        return f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} bytes>)"
+    def __repr__(self) -> str:  # never show the keys, even in a traceback
+        return (f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} bytes>, "
+                f"jwt_secret={self.jwt_secret!r}, jwt_key=<{len(self.jwt_key)} bytes>)")
+
+    @property
+    def pod(self) -> str:
+        return f"{self.controller}-controller-0"
 
 
 def seed_slinky(
@@ -103,13 +119,21 @@ def seed_slinky(
     labels: dict[str, str] | None = None,
     with_controller: bool = True,
     with_key_secret: bool = True,
+    jwt_key_ref: dict[str, str] | None = None,
+    jwt_ref_field: str = "jwtKeyRef",
+    with_jwt_secret: bool = True,
 ) -> SlurmCluster:
-    """A Slinky Controller, its slurmctld StatefulSet and pod, and the auth key Secret."""
+    """A Slinky Controller, its slurmctld StatefulSet and pod, and the auth key Secrets.
+
+    ``jwt_ref_field``: ``jwtKeyRef`` (Slinky 1.x) or ``jwtHs256KeyRef`` (v1alpha1, and its
+    deprecated 1.x alias); the ref is written only when ``jwt_key_ref`` is given."""
     labels = labels or {**CONTROLLER_SELECTOR_LABELS, "app.kubernetes.io/instance": controller}
     ensure_namespace(api, namespace)
     spec: dict[str, Any] = {"clusterName": controller}
     if key_ref:
         spec["slurmKeyRef"] = key_ref
+    if jwt_key_ref:
+        spec[jwt_ref_field] = jwt_key_ref
     ctrl = {"apiVersion": f"slinky.slurm.net/{controller_version}", "kind": "Controller",
             "metadata": {"name": controller, "namespace": namespace}, "spec": spec}
     ctrl_uid = api.create(ctrl)["metadata"]["uid"] if with_controller else "missing-uid"
@@ -141,7 +165,22 @@ def seed_slinky(
     if with_key_secret:
         api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name, "namespace": namespace},
                     "type": "Opaque", "data": {secret_key: b64(key)}})
-    return SlurmCluster(namespace, controller, key, host_ip, secret_name)
+    jwt_key = make_jwt_key()
+    jwt_name = (jwt_key_ref or {}).get("name", f"{controller}-auth-jwths256")
+    if with_jwt_secret:
+        api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": jwt_name, "namespace": namespace},
+                    "type": "Opaque", "data": {(jwt_key_ref or {}).get("key", "jwt_hs256.key"): b64(jwt_key)}})
+    return SlurmCluster(namespace, controller, key, host_ip, secret_name, jwt_key, jwt_name)
+
+
+def move_slurmctld(api: MutableObjectApi, slurm: SlurmCluster, host_ip: str, phase: str = "Running") -> None:
+    """slurmctld rescheduled: its pod (same name, as a StatefulSet recreates it) now on ``host_ip``."""
+    pod = api.get("v1", "Pod", slurm.namespace, slurm.pod)
+    assert pod is not None, f"no slurmctld pod {slurm.namespace}/{slurm.pod}"
+    pod["status"] = {**pod["status"], "phase": phase, "hostIP": host_ip}
+    if not host_ip:
+        pod["status"].pop("hostIP")
+    api.update(pod)
 
 
 def seed_nodeport(api: ObjectApi, namespace: str, controller: str, node_port: int = 30817, target: int | str = 6817) -> None:
@@ -153,6 +192,26 @@ def seed_nodeport(api: ObjectApi, namespace: str, controller: str, node_port: in
                  "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
                  "ports": [{"name": "slurmctld", "port": 6817, "targetPort": target, "nodePort": node_port}]},
     })
+
+
+def seed_loadbalancer(api: ObjectApi, namespace: str, controller: str, name: str = "", port: int = 6817,
+                      node_port: int = 31817) -> str:
+    """A LoadBalancer Service for slurmctld with no ingress yet (as MetalLB creates it, pending); its name."""
+    name = name or f"{controller}-controller-lb"
+    api.create({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"type": "LoadBalancer",
+                 "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
+                 "ports": [{"name": "slurmctld", "port": port, "targetPort": 6817, "nodePort": node_port}]},
+    })
+    return name
+
+
+def assign_ingress(api: MutableObjectApi, namespace: str, name: str, ip: str = "", hostname: str = "") -> None:
+    """The load balancer controller assigns the Service's ingress (``status.loadBalancer.ingress``)."""
+    entry = {"ip": ip} if ip else {"hostname": hostname}
+    api.patch("v1", "Service", namespace, name, {"status": {"loadBalancer": {"ingress": [entry]}}})
 
 
 # --- CAPM3 -----------------------------------------------------------------------------------------
@@ -167,13 +226,15 @@ def seed_metal3(
     index: int = 0,
     version: str = "v1beta1",
     template_owner: bool = True,
+    template_annotations: dict[str, str] | None = None,
 ) -> tuple[Obj, Obj]:
     """A Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13 with the template owner, else without)."""
     ensure_namespace(api, namespace)
     group = f"infrastructure.cluster.x-k8s.io/{version}"
     tmpl = api.get(group, "Metal3DataTemplate", namespace, template) or api.create({
         "apiVersion": group, "kind": "Metal3DataTemplate",
-        "metadata": {"name": template, "namespace": namespace, "labels": template_labels or {}},
+        "metadata": {"name": template, "namespace": namespace, "labels": template_labels or {},
+                     "annotations": template_annotations or {}},
         "spec": {"clusterName": cluster},
     })
     claim = f"{cluster}-claim-{index}"
@@ -260,6 +321,28 @@ def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1
     if adopted_from is not None:
         metadata["annotations"] = {ADOPTED_ANNOTATION: adopted_from}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}
+
+
+def metal3_machine_template(name: str, namespace: str, host_selector: Obj | None = None, version: str = "v1beta1") -> Obj:
+    """A Metal3MachineTemplate (only what capacity counting reads: ``hostSelector``)."""
+    spec: Obj = {"image": {"url": "http://images/node.qcow2", "checksum": "http://images/node.qcow2.sha256sum"}}
+    if host_selector is not None:
+        spec["hostSelector"] = host_selector
+    return {"apiVersion": f"infrastructure.cluster.x-k8s.io/{version}", "kind": "Metal3MachineTemplate",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"template": {"spec": spec}}}
+
+
+def baremetal_host(name: str, namespace: str, state: str = "available", labels: dict[str, str] | None = None,
+                   consumer: str | None = None, annotations: dict[str, str] | None = None, error: str = "") -> Obj:
+    """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``; ``consumer`` a Metal3Machine name."""
+    spec: Obj = {"online": True, "bmc": {"address": f"redfish://bmc.example/{name}", "credentialsName": f"{name}-bmc"}}
+    if consumer is not None:
+        spec["consumerRef"] = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
+                               "name": consumer, "namespace": namespace}
+    status: Obj = {"provisioning": {"state": state}, "operationalStatus": "error" if error else "OK", "errorMessage": error}
+    return {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": annotations or {}},
+            "spec": spec, "status": status}
 
 
 def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:

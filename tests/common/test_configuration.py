@@ -20,7 +20,8 @@ from injection_webhook.main import main as injection_main
 from scaling_webhook.main import main as scaling_main
 
 ENV = ("SLIME_PORT", "SLIME_METRICS_PORT", "SLIME_HOST", "SLIME_CONFIG_MAP", "POD_NAMESPACE", "NAMESPACE", "KUBECONFIG",
-       "SLIME_LOG_LEVEL", "SLIME_CONTROLLER_SELECTOR", "SLIME_CLIENT_CA_FILE")
+       "SLIME_LOG_LEVEL", "SLIME_CONTROLLER_SELECTOR", "SLIME_CLIENT_CA_FILE", "SLIME_CONF_SERVER_POLICY",
+       "SLIME_CONF_SERVER_NODE_ADDRESSES", "SLIME_EXTRA_JOIN_DATA")
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +63,14 @@ CASES = [
     ("injection", ["--log-level", "loud"], {}, "--log-level (env SLIME_LOG_LEVEL)", "'DEBUG', 'INFO', 'WARNING' or 'ERROR'"),
     ("injection", ["--controller-selector", "app name=x"], {}, "--controller-selector (env SLIME_CONTROLLER_SELECTOR)",
      "not a valid label selector requirement"),
+    ("injection", ["--conf-server-policy", "slurm_ctld:6817"], {}, "--conf-server-policy (env SLIME_CONF_SERVER_POLICY)",
+     "'slurm_ctld:6817' is not a conf-server policy: the host is neither an IP address nor an RFC 1123 host name"),
+    ("injection", [], {"SLIME_CONF_SERVER_POLICY": "slurmctld:70000"}, "--conf-server-policy (env SLIME_CONF_SERVER_POLICY)",
+     "the port '70000' is not a number in 1-65535"),
+    ("injection", ["--conf-server-node-addresses", "192.0.2.1,node_2"], {},
+     "--conf-server-node-addresses (env SLIME_CONF_SERVER_NODE_ADDRESSES)", "node address 'node_2': the host is neither"),
+    ("injection", ["--extra-join-data", "jwt-key,munge-key"], {}, "--extra-join-data (env SLIME_EXTRA_JOIN_DATA)",
+     "unknown item 'munge-key'; the items are controller-name, jwt-key"),
     ("injection", ["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag 1", ""),
     ("injection", [], {"SLIME_PORT": "https"}, "--port (env SLIME_PORT)", "valid integer"),
     ("scaling", [], {"POD_NAMESPACE": "Bad_NS"}, "--namespace (env POD_NAMESPACE)", "'Bad_NS' is not a valid namespace name"),
