@@ -31,8 +31,9 @@ INJECTION_CALLS = [
     *[R(v, "", "secrets", namespace="metal3", name="bm-cluster-kubeconfig") for v in ("list", "watch")],
     *[R(v, g, r, namespace="slurm") for v in ("list", "watch")
       for g, r in (("", "pods"), ("apps", "statefulsets"), ("slinky.slurm.net", "controllers"), ("", "services"))],
-    # the slurm.key Secret, fieldSelector metadata.name=<key secret>
-    *[R(v, "", "secrets", namespace="slurm", name="slurm-auth-slurm") for v in ("list", "watch")],
+    # the slurm.key Secret, fieldSelector metadata.name=<key secret>; the JWT key Secret the same way (jwt-key opt-in)
+    *[R(v, "", "secrets", namespace="slurm", name=name) for v in ("list", "watch")
+      for name in ("slurm-auth-slurm", "slurm-auth-jwths256")],
 ]
 
 SCALING_VALUES = {"scaling": {
@@ -79,7 +80,7 @@ def test_interfaces_doc_resources_are_all_in_the_lists():
 @pytest.mark.parametrize("values", [
     None,
     {"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"],
-                   "slurmKeySecretNames": ["slurm-auth-slurm"]}},
+                   "slurmKeySecretNames": ["slurm-auth-slurm"], "jwtKeySecretNames": ["slurm-auth-jwths256"]}},
 ], ids=["cluster-wide", "namespaced"])
 def test_injection_rbac_covers_its_calls(render, values):
     assert_rbac_covers(render(values), INJ_SA, NAMESPACE, INJECTION_CALLS)
@@ -96,6 +97,16 @@ def test_injection_roles_are_namespaced_when_namespaces_are_given(render):
     # Only the Metal3 informers stay cluster wide.
     cluster_roles = [o for o in objs if o["kind"] == "ClusterRole"]
     assert [c["metadata"]["name"] for c in cluster_roles] == [f"{INJ_SA}-metal3"]
+
+
+def test_named_key_secrets_cover_the_jwt_secret_only_when_it_is_named(render):
+    jwt = R("watch", "", "secrets", namespace="slurm", name="slurm-auth-jwths256")
+    # (metal3Namespaces too: left empty, the kubeconfig rule reads Secrets cluster wide.)
+    narrow = {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"], "slurmKeySecretNames": ["slurm-auth-slurm"]}
+    assert not rbac_allows(render({"injection": narrow}), INJ_SA, NAMESPACE, jwt)
+    assert rbac_allows(render({"injection": {**narrow, "jwtKeySecretNames": ["slurm-auth-jwths256"]}}), INJ_SA, NAMESPACE, jwt)
+    # Without slurmKeySecretNames every Secret of the Slurm namespaces is readable: the JWT one too.
+    assert rbac_allows(render({"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"]}}), INJ_SA, NAMESPACE, jwt)
 
 
 def test_scaling_rbac_covers_its_calls(render):

@@ -215,6 +215,8 @@ def test_webhook_deployment(render, svc, command):
     if command == "injection-webhook":
         assert env["SLIME_CONTROLLER_SELECTOR"]["value"] == \
             "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
+        assert (env["SLIME_CONF_SERVER_POLICY"]["value"], env["SLIME_CONF_SERVER_NODE_ADDRESSES"]["value"],
+                env["SLIME_EXTRA_JOIN_DATA"]["value"]) == ("hostIP", "", "")
     else:
         assert env["SLIME_CONFIG_MAP"]["value"] == "scaling-webhook-configmap"
         assert env["SLIME_RESYNC_SECONDS"]["value"] == "30"
@@ -232,6 +234,22 @@ def test_webhook_deployment(render, svc, command):
     exposed = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
     assert exposed == {name: (port, name) for name, port in PORTS[command].items()}
     one(objs, "ServiceAccount", svc)
+
+
+def test_conf_server_values_reach_the_process_and_it_accepts_them(render):
+    from injection_webhook.settings import InjectionSettings
+
+    objs = render({"injection": {"confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21", "k8s-2.example.org"]},
+                                 "extraJoinData": ["controller-name", "jwt-key"]}})
+    (c,) = one(objs, "Deployment", INJ)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"] if e["name"].startswith("SLIME_")}
+    assert env["SLIME_CONF_SERVER_POLICY"] == "service"
+    assert env["SLIME_CONF_SERVER_NODE_ADDRESSES"] == "192.0.2.21,k8s-2.example.org"
+    assert env["SLIME_EXTRA_JOIN_DATA"] == "controller-name,jwt-key"
+    options = InjectionSettings(conf_server_policy=env["SLIME_CONF_SERVER_POLICY"],
+                                conf_server_node_addresses=env["SLIME_CONF_SERVER_NODE_ADDRESSES"],
+                                extra_join_data=env["SLIME_EXTRA_JOIN_DATA"]).join_options()
+    assert options.node_addresses == ("192.0.2.21", "k8s-2.example.org") and options.extras == {"controller-name", "jwt-key"}
 
 
 def test_single_replica_has_no_pdb(render):
