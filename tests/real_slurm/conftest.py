@@ -1,0 +1,81 @@
+"""Fixtures of the real-Slurm tier: the cached Slurm root (once per session) and one :class:`Site` per test.
+
+Without root (or another prerequisite) each test of the tier is skipped with a one-line reason,
+and fails under ``CI=true`` (:func:`testbed.real.prerequisites.unavailable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kubemu import Emulator
+from testbed.pki import Pki
+from testbed.real.netns import Network
+from testbed.real.prerequisites import unavailable
+from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, Unavailable, free_port, prepare_root
+from testbed.services import ScaleWebhookRoute, start_injection
+from testbed.world import seed_nodeport, seed_slinky
+from tests.real_slurm.site import Admission, Site
+from tests.support.audit import EVIDENCE
+
+_ROOT: list[SlurmRoot | str] = []
+
+
+@pytest.fixture
+def slurm_root() -> SlurmRoot:
+    """The trixie root with Slurm 24.11 (made once, cached across sessions); the first test pays for it."""
+    if not _ROOT:
+        try:
+            _ROOT.append(prepare_root())
+        except Unavailable as exc:
+            _ROOT.append(str(exc))
+    found = _ROOT[0]
+    if isinstance(found, str):
+        unavailable(found)
+        raise AssertionError("unreachable")
+    return found
+
+
+@pytest.fixture
+def network(slurm_root: SlurmRoot) -> Iterator[Network]:
+    with Network() as net:
+        yield net
+
+
+def _collect(where: str, logs: dict[str, str]) -> None:
+    """Hand the daemons' logs to the session's secret scan: no key may appear in them."""
+    for name, text in logs.items():
+        EVIDENCE.add_text(f"{where} {name}", text)
+
+
+@pytest.fixture
+def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[..., Emulator],
+         scale_routes: dict[int, ScaleWebhookRoute], pki: Pki, tmp_path: Path) -> Iterator[Site]:
+    """Real slurmctld + slurmrestd, kubemu seeded with Slinky and CAPM3 objects, the injection webhook admitting metaData Secrets."""
+    admission = Admission()
+    emulator = emulator_factory(admission=admission)
+    admission.scale = scale_routes[id(emulator)]
+    cluster = seed_slinky(emulator, host_ip=network.host_address)
+    port = free_port(30000, 32767)  # slurmctld's port is the NodePort Service's nodePort, as in the thesis setup
+    seed_nodeport(emulator, cluster.namespace, cluster.controller, node_port=port)
+    slurm = Slurm(slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=port), slurm_key=cluster.key)
+    injection = None
+    site = None
+    try:
+        slurm.start()
+        injection = start_injection(emulator.write_kubeconfig(tmp_path / "kubeconfig-injection"), pki)
+        admission.injection = injection
+        site = Site(emulator, slurm_root, network, slurm, cluster, tmp_path)
+        yield site
+    finally:
+        if site is not None:
+            site.close()
+            _collect("node", site.node_logs())
+        if injection is not None:
+            injection.stop()
+        slurm.close()
+        _collect("slurm", slurm.logs())
+
