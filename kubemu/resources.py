@@ -111,6 +111,8 @@ def default_resources() -> list[Resource]:
         Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Data", "metal3datas", custom=True),
         Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3DataTemplate", "metal3datatemplates", custom=True),
         Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Machine", "metal3machines", custom=True),
+        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3MachineTemplate", "metal3machinetemplates", custom=True),
+        Resource("metal3.io", ["v1alpha1"], "BareMetalHost", "baremetalhosts", custom=True),
         Resource("slinky.slurm.net", ["v1alpha1", "v1beta1"], "Controller", "controllers", custom=True),
     ]
 

@@ -7,7 +7,7 @@ Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
   (default: the webhook's namespace);
 * ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
   with optional ``maxReplicas`` (the most replicas the MachineDeployment is ever set to; the
-  chart fills it from the KEDA ``maxReplicaCount``) and ``safeScaleIn``.
+  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn`` and ``capacityAware``.
 
 One MachineDeployment has one writer: two mappings onto the same MachineDeployment, or from the
 same mirror, are an error naming both.
@@ -46,7 +46,8 @@ ITEM_KEYS = ("mirror", "machineDeployment")
 # Per-mapping options: ``maxReplicas`` and ``safeScaleIn`` (docs/scaling.md).
 MAX_REPLICAS_KEY = "maxReplicas"
 SAFE_SCALE_IN_KEY = "safeScaleIn"
-OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY)
+CAPACITY_AWARE_KEY = "capacityAware"
+OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AWARE_KEY)
 # Replicas are int32 in Kubernetes (autoscaling/v1 Scale, CAPI MachineDeployment).
 MAX_INT32 = 2**31 - 1
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
@@ -66,6 +67,7 @@ class Mapping:
     options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
     max_replicas: int | None = None  # the MachineDeployment is never set above this
+    capacity_aware: bool = False  # increases are capped at the hosts that can take them (scaling_webhook.capacity)
 
     @property
     def safe_scale_in(self) -> SafeScaleInConfig | None:
@@ -235,6 +237,7 @@ def _list_mappings(text: Any) -> list[Mapping]:
                 options=options,
                 source=where,
                 max_replicas=_max_replicas(item[MAX_REPLICAS_KEY], f"{where}.{MAX_REPLICAS_KEY}") if MAX_REPLICAS_KEY in item else None,
+                capacity_aware=_flag(item[CAPACITY_AWARE_KEY], f"{where}.{CAPACITY_AWARE_KEY}") if CAPACITY_AWARE_KEY in item else False,
             )
         )
     return mappings
@@ -243,6 +246,12 @@ def _list_mappings(text: Any) -> list[Mapping]:
 def _max_replicas(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT32:
         raise MappingError(f"{where}: must be an integer from 0 to {MAX_INT32}, got {value!r}")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise MappingError(f"{where}: must be true or false, got {value!r}")
     return value
 
 

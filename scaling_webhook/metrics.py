@@ -8,7 +8,7 @@ from common.metrics import LATENCY_BUCKETS, WebhookMetrics
 
 DECISION_OUTCOMES = ("accepted", "dry_run", "unmapped", "denied")
 WRITE_REASONS = ("mirror", "drift", "adopt")
-WAIT_REASONS = ("paused", "autoscaler", "capped", "missing")
+WAIT_REASONS = ("paused", "autoscaler", "capped", "capacity", "missing")
 
 
 class ScalingMetrics:
@@ -44,8 +44,14 @@ class ScalingMetrics:
         self.waiting = Gauge(
             "slime_scaling_waiting_mappings",
             "Mappings whose MachineDeployment is not set to its mirror now, by why: paused (MachineDeployment or Cluster), "
-            "autoscaler (a cluster-autoscaler node group), capped (mirror above maxReplicas), missing (mirror or MachineDeployment absent).",
+            "autoscaler (a cluster-autoscaler node group), capped (mirror above maxReplicas), capacity (an increase beyond the "
+            "BareMetalHosts that can take it, capacityAware mappings), missing (mirror or MachineDeployment absent).",
             ["reason"],
+            registry=registry,
+        )
+        self.capacity_shortfall = Gauge(
+            "slime_scaling_capacity_shortfall_replicas",
+            "Replicas that capacityAware mappings' mirrors ask for and no available BareMetalHost can take yet (summed over mappings).",
             registry=registry,
         )
         self.leader = Gauge(

@@ -17,7 +17,9 @@ MachineDeployment or Cluster, on every mapping change, on gaining the Lease, and
    ``cluster.x-k8s.io/paused`` annotation) is not written; the pass after the pause is lifted
    applies the change (Event ``WaitingForUnpause``, gauge ``reason="paused"``).
 4. **Follow.** Target = the mirror's replicas, capped at the mapping's ``maxReplicas`` (Event
-   ``ReplicasCapped``). When the MachineDeployment differs, set it: one absolute ``/scale`` merge
+   ``ReplicasCapped``) and, for ``capacityAware`` mappings, an increase capped at the hosts that
+   can take it (Event ``CapacityLimited``; :mod:`scaling_webhook.capacity`); a host becoming
+   available wakes the reconciler, which raises the rest. When the MachineDeployment differs, set it: one absolute ``/scale`` merge
    patch, or safe scale-in for mappings that opted in. ``ScaledFromMirror`` when the mirror
    moved, ``DriftCorrected`` when the MachineDeployment had been changed by someone else.
 
@@ -35,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from scaling_webhook.capacity import CapacityUnknown
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.events import REASON_DRIFT, REASON_SCALED, EventRecorder, ScaleEvent
 from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
@@ -52,6 +55,7 @@ REASON_ADOPTED = "AdoptedByMirror"
 REASON_AUTOSCALER = "ClusterAutoscalerManaged"
 REASON_PAUSED = "WaitingForUnpause"
 REASON_CAPPED = "ReplicasCapped"
+REASON_CAPACITY = "CapacityLimited"
 SYNC_WAIT_SECONDS = 5.0  # a pass waits this long for new watches to list once (then the next pass tries)
 RETRY_SECONDS = (1.0, 30.0)  # after a failed write: retry after 1 s, doubling, at most 30 s (or the resync, if shorter)
 
@@ -100,6 +104,7 @@ class Reconciler:
         self._told: dict[tuple[Ref, str], str] = {}  # (MachineDeployment, reason) -> message last recorded
         self._followed = MappingTable()
         self._errors = 0  # failed mappings in the last pass
+        self._shortfall = 0  # replicas capacityAware mappings could not have in the last pass
         self._retry_in = RETRY_SECONDS[0]
         self.passes = 0
 
@@ -124,6 +129,7 @@ class Reconciler:
             if self.leading:
                 self._release_removed(table)
                 waiting: Counter[str] = Counter()
+                self._shortfall = 0
                 for mapping in table:
                     try:
                         change = self._reconcile(mapping, waiting)
@@ -137,6 +143,7 @@ class Reconciler:
                         changes.append(change)
                 for reason in WAIT_REASONS:
                     self.metrics.waiting.labels(reason).set(waiting[reason])
+                self.metrics.capacity_shortfall.set(self._shortfall)
             self._followed = table
             self.passes += 1
             return changes
@@ -167,6 +174,8 @@ class Reconciler:
             waiting["capped"] += 1
             self._tell(mapping, REASON_CAPPED, f"mirror {mapping.mirror_ref} asks {mirror_replicas}; MachineDeployment "
                        f"{mapping.machine_deployment_ref} is capped at maxReplicas {mapping.max_replicas}", warning=True)
+        if mapping.capacity_aware and current is not None and target > current:
+            target = self._within_capacity(mapping, current, target, waiting)
         paused = pause_reason(mapping, md, self.objects.cluster(mapping))
         if paused:
             if current != target:
@@ -210,6 +219,26 @@ class Reconciler:
                 "mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref, "was": was, "replicas": replicas})
         self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message))
         return Change(mapping, what, replicas)
+
+    def _within_capacity(self, mapping: Mapping, current: int, target: int, waiting: Counter[str]) -> int:
+        """The part of an increase the free hosts can take (never below ``current``)."""
+        try:
+            capacity = self.objects.capacity(mapping)
+        except CapacityUnknown as exc:
+            allowed, why = current, f"the hosts that could take them cannot be counted: {exc}"
+        else:
+            if capacity.ceiling >= target:
+                self._told.pop((mapping.machine_deployment, REASON_CAPACITY), None)  # a later shortage is told again
+                return target
+            allowed = max(current, capacity.ceiling)
+            why = (f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) match "
+                   "its Metal3MachineTemplate's hostSelector")
+        waiting["capacity"] += 1
+        self._shortfall += target - allowed
+        self._tell(mapping, REASON_CAPACITY, f"mirror {mapping.mirror_ref} asks {target}; MachineDeployment "
+                   f"{mapping.machine_deployment_ref} is held at {allowed} because {why}; the rest follows when hosts become available",
+                   warning=True)
+        return allowed
 
     def _adopt(self, mapping: Mapping, current: int | None) -> Change | None:
         if current is None:

@@ -1,7 +1,10 @@
 """Watched copies of what the mappings name: mirror Deployments, MachineDeployments, their Clusters.
 
 One list+watch cache per named object (``fieldSelector=metadata.name=<name>``, which RBAC can
-narrow with ``resourceNames``). Admissions read them to check a review against the cluster; the
+narrow with ``resourceNames``). Mappings with ``capacityAware`` also watch the pool's
+Metal3MachineTemplate (by name), its Machines (by the ``cluster.x-k8s.io/deployment-name``
+label) and the BareMetalHosts of its namespace, so a host becoming available raises a capped
+pool at once (:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the
 leader's reconciler reads them to act, and every change wakes it (``on_change``), so a mirror
 stored by the API server moves its MachineDeployment within one watch event, and a hand edit of
 a MachineDeployment is healed as fast.
@@ -16,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from common.cache import Informer
-from common.kube import KubeClient, ResourcePath
+from common.kube import KubeClient, KubeError, ResourcePath
+from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_name
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import CAPI_GROUP, DEPLOYMENTS, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable, Ref
@@ -24,6 +28,21 @@ from scaling_webhook.mappings import Mapping, MappingTable, Ref
 log = logging.getLogger("slime.scaling.watches")
 
 Obj = dict[str, Any]
+
+BAREMETALHOSTS = ResourcePath("metal3.io", "v1alpha1", "baremetalhosts")
+INFRASTRUCTURE_GROUP = "infrastructure.cluster.x-k8s.io"
+METAL3_VERSIONS = ("v1beta2", "v1beta1")
+DEPLOYMENT_NAME_LABEL = "cluster.x-k8s.io/deployment-name"
+
+
+def _slim_host(obj: Obj) -> Obj:
+    """What capacity reads of a BareMetalHost (a namespace may hold hundreds)."""
+    metadata, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return {
+        "metadata": {k: metadata[k] for k in ("name", "namespace", "labels", "annotations", "deletionTimestamp", "resourceVersion") if k in metadata},
+        "spec": {"consumerRef": spec["consumerRef"]} if spec.get("consumerRef") else {},
+        "status": {"provisioning": {"state": (status.get("provisioning") or {}).get("state")}, "errorMessage": status.get("errorMessage") or ""},
+    }
 
 
 class MappedObjects:
@@ -33,16 +52,19 @@ class MappedObjects:
         self.on_change = on_change
         self._informers: dict[tuple[str, Ref], Informer] = {}
         self._lock = threading.Lock()
+        self._templates: ResourcePath | None = None  # Metal3MachineTemplates at their served version, once discovered
         self.last_error = ""
 
-    def _informer(self, kind: str, path: ResourcePath, ref: Ref) -> Informer:
+    def _informer(self, kind: str, path: ResourcePath, ref: Ref, label_selector: str | None = None, **options: Any) -> Informer:
+        """The cache of ``kind`` ``ref``: that object, or with ``label_selector`` (or no name) a set in its namespace."""
         key = (kind, ref)
         with self._lock:
             informer = self._informers.get(key)
             if informer is None:
                 namespace, name = ref
-                informer = Informer(self.client, path.collection(namespace), field_selector=f"metadata.name={name}",
-                                    description=f"{kind} {namespace}/{name}")
+                by_name = f"metadata.name={name}" if name and label_selector is None else None
+                informer = Informer(self.client, path.collection(namespace), field_selector=by_name, label_selector=label_selector,
+                                    description=f"{kind} {namespace}/{name or '*'}", **options)
                 informer.add_listener(self.on_change)
                 self._informers[key] = informer.start()
             return informer
@@ -67,6 +89,7 @@ class MappedObjects:
             wanted.add(("machinedeployment", mapping.machine_deployment))
         self._wait_listed(wanted, timeout)
         if machine_deployments is not None:
+            self._follow_capacity(table, machine_deployments, wanted)
             clusters = ResourcePath(CAPI_GROUP, machine_deployments.version, "clusters")
             for mapping in table:
                 cluster = self.cluster_ref(mapping)
@@ -79,6 +102,62 @@ class MappedObjects:
             for key in gone:
                 self._informers.pop(key).stop()
 
+    def _follow_capacity(self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]) -> None:
+        """Watch what capacity counts, for the mappings that opted in (errors surface in :meth:`capacity`)."""
+        for mapping in table:
+            md = self.machine_deployment(mapping)
+            if not mapping.capacity_aware or md is None:
+                continue
+            namespace, name = mapping.machine_deployment
+            try:
+                templates = self._metal3_templates()
+                template = template_name(md)
+            except (CapacityUnknown, ScaleError):
+                continue
+            self._informer("template", templates, (namespace, template))
+            self._informer("hosts", BAREMETALHOSTS, (namespace, ""), transform=_slim_host)
+            self._informer("machines", ResourcePath(CAPI_GROUP, machine_deployments.version, "machines"), mapping.machine_deployment,
+                           label_selector=f"{DEPLOYMENT_NAME_LABEL}={name}")
+            wanted.update({("template", (namespace, template)), ("hosts", (namespace, "")), ("machines", mapping.machine_deployment)})
+
+    def _metal3_templates(self) -> ResourcePath:
+        if self._templates is None:
+            try:
+                self._templates = self.client.resource(INFRASTRUCTURE_GROUP, "metal3machinetemplates", METAL3_VERSIONS)
+            except KubeError as exc:
+                raise ScaleError(f"Metal3MachineTemplates are not served: {exc.message}", 503) from None
+        return self._templates
+
+    def capacity(self, mapping: Mapping) -> Capacity:
+        """How many Machines the pool of ``mapping`` can have; raise :class:`CapacityUnknown` saying why not."""
+        md = self.machine_deployment(mapping)
+        if md is None:
+            raise CapacityUnknown(f"MachineDeployment {mapping.machine_deployment_ref} not found")
+        namespace, name = mapping.machine_deployment
+        template = template_name(md)
+        try:
+            self._metal3_templates()
+        except ScaleError as exc:
+            raise CapacityUnknown(exc.cause) from None
+        template_cache = self._listed("template", (namespace, template), mapping)
+        template_obj = template_cache.get(namespace, template)
+        if template_obj is None:
+            raise CapacityUnknown(f"Metal3MachineTemplate {namespace}/{template} not found")
+        hosts = self._listed("hosts", (namespace, ""), mapping).items()
+        machines = self._listed("machines", mapping.machine_deployment, mapping).items()
+        return count(namespace, name, template_obj, hosts, machines)
+
+    def _listed(self, kind: str, ref: Ref, mapping: Mapping) -> Informer:
+        informer = self._cache(kind, ref)
+        if informer is None or not informer.synced:
+            error = f": {informer.last_error}" if informer is not None and informer.last_error else ""
+            raise CapacityUnknown(f"the {kind} of {mapping.machine_deployment_ref} are not listed yet{error}")
+        return informer
+
+    def _cache(self, kind: str, ref: Ref) -> Informer | None:
+        with self._lock:
+            return self._informers.get((kind, ref))
+
     def _wait_listed(self, keys: set[tuple[str, Ref]], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -87,8 +166,7 @@ class MappedObjects:
             informer.wait_synced(max(0.0, deadline - time.monotonic()))
 
     def _get(self, kind: str, ref: Ref) -> Obj | None:
-        with self._lock:
-            informer = self._informers.get((kind, ref))
+        informer = self._cache(kind, ref)
         return None if informer is None else informer.get(*ref)
 
     def wait_changed(self, kind: str, ref: Ref, before: str, timeout: float = 2.0) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from kubemu import Emulator, Fault
 from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE
-from testbed.services import Scaling, ScaleWebhookRoute
+from testbed.services import ScaleWebhookRoute, Scaling
 from testbed.wait import wait_for
 from testbed.world import SLIME_NAMESPACE, machine_deployment, make_jwt_key, md_replicas, mirror, scale_mirror
 from tests.reliability.support import Services

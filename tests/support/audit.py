@@ -73,7 +73,8 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
                          "machineDeployment": {"namespace": md[0], "name": md[1]}})
     jwt_secrets = sorted({(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name})
     safe_scale_in = {"enabled": True, "jwtSecrets": [{"namespace": ns, "name": name} for ns, name in jwt_secrets]}
-    return {"scaling": {"mappings": mappings, "safeScaleIn": safe_scale_in}}
+    capacity_aware = {"enabled": any(c.resource == "baremetalhosts" for c in calls)}
+    return {"scaling": {"mappings": mappings, "safeScaleIn": safe_scale_in, "capacityAware": capacity_aware}}
 
 
 def audit_injection(calls: list[ApiRequest], workdir: Path) -> None:

@@ -1,0 +1,177 @@
+"""How many Machines of a Metal3 MachineDeployment can really be provisioned, as pure functions.
+
+Scaling a Metal3 MachineDeployment past the BareMetalHosts that can take its Machines leaves the
+extra Machines in Provisioning for ever (metal3-docs#83, CAPBM#188). A mapping with
+``capacityAware: true`` caps every *increase* at :func:`count` ``.ceiling``:
+
+* **free**: BareMetalHosts in the MachineDeployment's namespace that CAPM3's ``chooseHost``
+  (baremetal/metal3machine_manager.go) would hand to a new Metal3Machine of this pool: matching
+  the Metal3MachineTemplate's ``hostSelector``, no ``consumerRef``, not being deleted, no
+  ``status.errorMessage``, not paused (``baremetalhost.metal3.io/paused``), not marked unhealthy
+  (``capm3.metal3.io/unhealthy`` or the older ``capi.metal3.io/unhealthy``), and in BMO's
+  provisioning state ``available`` (``ready`` before BMO 0.5);
+* **bound**: hosts already consumed by the pool's own Machines that are not being deleted
+  (``consumerRef`` names the Metal3Machine a Machine's ``spec.infrastructureRef`` names).
+
+``ceiling = bound + free``: every Machine the pool has or will have needs one host, and a Machine
+still waiting for its host will take one of the free ones. A scale-down is never capped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+METAL3_MACHINE_TEMPLATE = "Metal3MachineTemplate"
+AVAILABLE_STATES = frozenset({"available", "ready"})  # "ready" is BMO's name for it before 0.5
+PAUSED_ANNOTATION = "baremetalhost.metal3.io/paused"
+UNHEALTHY_ANNOTATIONS = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
+# CAPM3 node reuse: a host with this label is kept for the pool its value names (a
+# MachineDeployment name); it is free only for that pool.
+NODE_REUSE_LABEL = "infrastructure.cluster.x-k8s.io/node-reuse"
+
+
+class CapacityUnknown(ValueError):
+    """The free hosts cannot be counted now; the message says why (an increase then waits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    bound: int  # hosts consumed by this pool's live Machines
+    free: int  # hosts CAPM3 could give to a new Machine of this pool
+
+    @property
+    def ceiling(self) -> int:
+        return self.bound + self.free
+
+
+def template_name(machine_deployment: Obj) -> str:
+    """The Metal3MachineTemplate the pool's Machines are made from; raise :class:`CapacityUnknown`."""
+    ref = ((((machine_deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("infrastructureRef")) or {}
+    kind, name = ref.get("kind"), ref.get("name")
+    if kind != METAL3_MACHINE_TEMPLATE or not isinstance(name, str) or not name:
+        found = f"{kind} {name}" if kind else "none"
+        raise CapacityUnknown(f"capacityAware needs a MachineDeployment whose infrastructureRef is a {METAL3_MACHINE_TEMPLATE} (found: {found})")
+    return name
+
+
+def host_selector(template: Obj) -> Obj:
+    """The ``hostSelector`` of a Metal3MachineTemplate (``{}`` selects every host, as in CAPM3)."""
+    spec = (((template.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    selector = spec.get("hostSelector")
+    return selector if isinstance(selector, dict) else {}
+
+
+def _requirement(expression: Any) -> tuple[str, str, list[str]]:
+    if not isinstance(expression, dict) or not isinstance(expression.get("key"), str):
+        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression!r} has no key")
+    values = expression.get("values") or []
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise CapacityUnknown(f"hostSelector.matchExpressions: values of {expression['key']!r} must be a list of strings")
+    # CAPM3 lowercases the operator and hands it to labels.NewRequirement, so the accepted
+    # spellings are Kubernetes' selection operators: In, NotIn, Exists, Gt, Lt, =, ==, !=, !.
+    # (Notably "DoesNotExist" becomes "doesnotexist", which CAPM3 rejects: no host is chosen.)
+    operator = str(expression.get("operator") or "").lower()
+    if operator not in {"in", "notin", "exists", "gt", "lt", "=", "==", "!=", "!"}:
+        raise CapacityUnknown(f"hostSelector.matchExpressions: operator {expression.get('operator')!r} of {expression['key']!r} "
+                              "is not one CAPM3 accepts (In, NotIn, Exists, Gt, Lt); CAPM3 would choose no host")
+    if operator in {"in", "notin"} and not values:
+        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs values")
+    if operator in {"=", "==", "!=", "gt", "lt"} and len(values) != 1:
+        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs exactly one value")
+    if operator in {"exists", "!"} and values:
+        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} takes no values")
+    if operator in {"gt", "lt"}:
+        try:
+            int(values[0])
+        except ValueError:
+            raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs an integer") from None
+    return expression["key"], operator, values
+
+
+@dataclass(frozen=True, slots=True)
+class HostSelector:
+    """A validated ``hostSelector``: ``matchLabels`` and the requirements of ``matchExpressions``."""
+
+    match_labels: tuple[tuple[str, str], ...]
+    requirements: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+    @classmethod
+    def of(cls, selector: Obj) -> HostSelector:
+        """Raise :class:`CapacityUnknown` when CAPM3 could not use ``selector``."""
+        match_labels = selector.get("matchLabels") or {}
+        if not isinstance(match_labels, dict):
+            raise CapacityUnknown("hostSelector.matchLabels must be a map")
+        expressions = selector.get("matchExpressions") or []
+        if not isinstance(expressions, list):
+            raise CapacityUnknown("hostSelector.matchExpressions must be a list")
+        requirements = tuple((key, operator, tuple(values)) for key, operator, values in map(_requirement, expressions))
+        return cls(tuple((str(k), str(v)) for k, v in match_labels.items()), requirements)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.match_labels):
+            return False
+        return all(_satisfied(operator, values, labels.get(key)) for key, operator, values in self.requirements)
+
+
+def _satisfied(operator: str, values: tuple[str, ...], value: str | None) -> bool:
+    if operator == "in":
+        return value in values
+    if operator == "notin":
+        return value not in values
+    if operator == "exists":
+        return value is not None
+    if operator == "!":
+        return value is None
+    if operator in {"=", "=="}:
+        return value == values[0]
+    if operator == "!=":
+        return value != values[0]
+    try:  # gt / lt: Kubernetes compares the label's value as an integer; a non-integer never matches
+        number = int(value) if value is not None else None
+    except ValueError:
+        return False
+    return number is not None and (number > int(values[0]) if operator == "gt" else number < int(values[0]))
+
+
+def host_is_free(host: Obj, pool: str) -> bool:
+    """CAPM3 would give ``host`` to a new Metal3Machine of MachineDeployment ``pool`` (selector aside)."""
+    metadata = host.get("metadata") or {}
+    spec, status = host.get("spec") or {}, host.get("status") or {}
+    annotations, labels = metadata.get("annotations") or {}, metadata.get("labels") or {}
+    reuse = labels.get(NODE_REUSE_LABEL)
+    return (
+        not spec.get("consumerRef")
+        and not metadata.get("deletionTimestamp")
+        and not status.get("errorMessage")
+        and PAUSED_ANNOTATION not in annotations
+        and not any(a in annotations for a in UNHEALTHY_ANNOTATIONS)
+        and ((status.get("provisioning") or {}).get("state") in AVAILABLE_STATES)
+        and (reuse is None or reuse == pool)
+    )
+
+
+def _consumer(host: Obj) -> tuple[str, str] | None:
+    ref = (host.get("spec") or {}).get("consumerRef") or {}
+    if ref.get("kind") != "Metal3Machine" or not isinstance(ref.get("name"), str):
+        return None
+    return str(ref.get("namespace") or (host.get("metadata") or {}).get("namespace") or ""), ref["name"]
+
+
+def count(namespace: str, pool: str, template: Obj, hosts: Iterable[Obj], machines: Iterable[Obj]) -> Capacity:
+    """The capacity of pool ``namespace/pool`` (its Machines are ``machines``, its template ``template``)."""
+    selector = HostSelector.of(host_selector(template))
+    infrastructure = {
+        (namespace, ((m.get("spec") or {}).get("infrastructureRef") or {}).get("name"))
+        for m in machines if not (m.get("metadata") or {}).get("deletionTimestamp")
+    }
+    bound = free = 0
+    for host in hosts:
+        if _consumer(host) in infrastructure:
+            bound += 1
+        elif host_is_free(host, pool) and selector.matches((host.get("metadata") or {}).get("labels") or {}):
+            free += 1
+    return Capacity(bound=bound, free=free)
