@@ -345,28 +345,6 @@ def baremetal_host(name: str, namespace: str, state: str = "available", labels: 
             "spec": spec, "status": status}
 
 
-def metal3_machine_template(name: str, namespace: str, host_selector: Obj | None = None, version: str = "v1beta1") -> Obj:
-    """A Metal3MachineTemplate (only what capacity counting reads: ``hostSelector``)."""
-    spec: Obj = {"image": {"url": "http://images/node.qcow2", "checksum": "http://images/node.qcow2.sha256sum"}}
-    if host_selector is not None:
-        spec["hostSelector"] = host_selector
-    return {"apiVersion": f"infrastructure.cluster.x-k8s.io/{version}", "kind": "Metal3MachineTemplate",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"template": {"spec": spec}}}
-
-
-def baremetal_host(name: str, namespace: str, state: str = "available", labels: dict[str, str] | None = None,
-                   consumer: str | None = None, annotations: dict[str, str] | None = None, error: str = "") -> Obj:
-    """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``; ``consumer`` a Metal3Machine name."""
-    spec: Obj = {"online": True, "bmc": {"address": f"redfish://bmc.example/{name}", "credentialsName": f"{name}-bmc"}}
-    if consumer is not None:
-        spec["consumerRef"] = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
-                               "name": consumer, "namespace": namespace}
-    status: Obj = {"provisioning": {"state": state}, "operationalStatus": "error" if error else "OK", "errorMessage": error}
-    return {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": annotations or {}},
-            "spec": spec, "status": status}
-
-
 def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}, "data": data}
 
