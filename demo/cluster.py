@@ -70,9 +70,12 @@ def seed_slinky(emu: Emulator) -> tuple[bytes, str]:
 
 
 def seed_metal3(emu: Emulator) -> dict[str, Any]:
-    """An opted-in Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13: the template owns it)."""
+    """An opted-in Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13: the template owns it).
+
+    The template keeps the thesis' address policy (hostIP) and opts in to the controller name."""
     labels = {"slurm-controller-namespace": SLURM_NAMESPACE, "cluster.x-k8s.io/cluster-name": CAPI_CLUSTER}
-    _, data = world.seed_metal3(emu, METAL3_NAMESPACE, CAPI_CLUSTER, TEMPLATE, labels, version=METAL3_VERSION.split("/")[1])
+    _, data = world.seed_metal3(emu, METAL3_NAMESPACE, CAPI_CLUSTER, TEMPLATE, labels, version=METAL3_VERSION.split("/")[1],
+                                template_annotations={"slurm-extra-join-data": "controller-name"})
     return data
 
 

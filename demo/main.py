@@ -175,9 +175,10 @@ class Story:
             mark = "   (added)" if key not in sent else ""
             say(f"    {key + ':':<{width}} {shown}{mark}")
         expected = {"slurm_controller_host": cluster.HOST_IP, "slurm_controller_port": str(cluster.NODE_PORT),
-                    "slurm_conf_server": f"{cluster.HOST_IP}:{cluster.NODE_PORT}"}
+                    "slurm_conf_server": f"{cluster.HOST_IP}:{cluster.NODE_PORT}",
+                    "slurm_controller_name": f"{cluster.CONTROLLER}-controller-0"}
         for key, value in expected.items():
-            if str(meta[key]) != value:
+            if str(meta.get(key)) != value:
                 raise DemoError(f"{key} is {meta[key]!r}, expected {value!r}")
         try:
             decoded = base64.b64decode(str(meta["slurm_key_base64"]), validate=True)
