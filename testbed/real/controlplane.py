@@ -190,6 +190,7 @@ class ControlPlane:
     etcd_peer_port: int = field(default_factory=free_port)
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    startup_windows: list[tuple[dt.datetime, dt.datetime]] = field(default_factory=list)  # kube-apiserver start -> /readyz
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -320,8 +321,12 @@ class ControlPlane:
         return args
 
     def start_apiserver(self, timeout: float = 60.0) -> None:
+        started = _now()
         self._spawn("kube-apiserver", self.apiserver_args())
         self._wait("kube-apiserver", lambda: self._exists("/readyz"), timeout)
+        # Until /readyz, the port is open but the RBAC authorizer's informers may not have synced
+        # yet: clients that (re)connect then are refused 403 and retry. The audit reads keep these apart.
+        self.startup_windows.append((started, _now()))
 
     def start_controller_manager(self) -> None:
         if self.binaries.kube_controller_manager is None:
@@ -388,6 +393,11 @@ class ControlPlane:
         self.kubectl(*args, timeout=timeout)
         names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
         self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *[f"crd/{n}" for n in names], timeout=timeout + 10)
+
+    def during_startup(self, timestamp: str, margin: float = 2.0) -> bool:
+        """Whether an audit timestamp falls in a kube-apiserver start (spawn to /readyz, plus ``margin`` s)."""
+        when = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        return any(start <= when <= ready + dt.timedelta(seconds=margin) for start, ready in self.startup_windows)
 
     def audit_events(self) -> list[dict[str, Any]]:
         """The audit log so far (every call a service account made), oldest first."""

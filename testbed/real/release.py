@@ -9,6 +9,10 @@ webhook configurations stay exactly as the chart rendered them: the same ``servi
 the same TLS name ``<svc>.<ns>.svc`` checked against the chart-generated certificate, the same
 port, which is why the chart makes the Service port equal to the container port.
 
+Helm 4 applies objects server-side, so ``helm upgrade`` meets the patch as another field
+manager's: the tier upgrades with ``--force-conflicts`` (Helm takes the Services back to the
+chart's ClusterIP form) and routes them again right after.
+
 **Authenticated admission.** With ``admissionAuth.enabled`` the chart generates the client CA and
 certificate (``<fullname>-apiserver-client``); :meth:`Release.admission_configuration` writes the
 ``AdmissionConfiguration`` and its kubeconfig (users keyed ``<svc>.<ns>.svc:<port>``, as
@@ -92,7 +96,9 @@ class Release:
         return out
 
     def upgrade(self) -> str:
-        out = self.helm("upgrade", self.name, str(self.chart), "-n", self.namespace)
+        # Helm 4 applies server-side: the ExternalName patch is another field manager's, so the
+        # upgrade takes the Services back (--force-conflicts) and they are routed again after it.
+        out = self.helm("upgrade", self.name, str(self.chart), "-n", self.namespace, "--force-conflicts")
         self.route_to_localhost()
         return out
 

@@ -129,6 +129,7 @@ class Stack:
     slurm: SlurmCluster
     workdir: Path
     pods: dict[str, Pod] = field(default_factory=dict)
+    contexts: dict[bool, ssl.SSLContext] = field(default_factory=dict)  # read once: the API server may be down later
 
     @property
     def namespace(self) -> str:
@@ -226,7 +227,9 @@ def send_review(stack: Stack, component: str, request: dict[str, Any], with_cert
     """POST one AdmissionReview straight to a webhook pod (not through the API server): a forged review."""
     path = "/mutate" if component == "injection" else "/validate"
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": str(uuid.uuid4()), **request}}
-    with httpx.Client(verify=client_context(stack, with_certificate), timeout=10) as client:
+    if with_certificate not in stack.contexts:
+        stack.contexts[with_certificate] = client_context(stack, with_certificate)
+    with httpx.Client(verify=stack.contexts[with_certificate], timeout=10) as client:
         answer = client.post(f"https://127.0.0.1:{stack.release.port(component)}{path}", json=body)
     answer.raise_for_status()
     response: dict[str, Any] = answer.json()["response"]
