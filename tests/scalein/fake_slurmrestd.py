@@ -6,11 +6,14 @@ ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node 
 down (connection refused).
 
 It answers as real slurmrestd 24.11 does (checked against it; the conformance test sends the same
-requests to both): a request without a token gets 401 text/plain, a token it cannot verify 511
-with error 1007; updating or deleting an unknown node 500 with error 2018, deleting a busy one 500
-with error 2016; a POST without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps
-the drain reason; ``reason_set_by_user`` is the token's ``sun``; bodies carry ``errors``,
-``warnings`` and ``meta``.
+requests to both, tests/real_slurm/test_conformance.py): a request without a token gets 401
+text/plain, a token it cannot verify 511 with error 1007; updating or deleting an unknown node 500
+with error 2018, deleting a busy one 500 with error 2016 (node errors name ``_update_node`` for a
+POST, ``op_handler_node`` for a DELETE); an unserved version or path 404 text/plain; a POST
+without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps the drain reason until
+the node is next allocated; ``reason_set_by_user`` is the token's ``sun`` (``root`` for a node
+that just registered); bodies carry ``errors``, ``warnings`` and ``meta``. A job here takes the
+whole node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
 """
 
 from __future__ import annotations
@@ -117,7 +120,8 @@ class FakeSlurmrestd:
 
     def add_node(self, name: str, address: str, hostname: str = "") -> None:
         with self.lock:
-            self.nodes[name] = Node(name, address, hostname=hostname or name)
+            # slurmctld records a registering dynamic node as set by root (slurmd's user).
+            self.nodes[name] = Node(name, address, hostname=hostname or name, reason_set_by_user="root")
 
     def admin_drain(self, node: str, reason: str) -> None:
         """An administrator's ``scontrol update nodename=... state=drain reason=...``."""
@@ -129,7 +133,10 @@ class FakeSlurmrestd:
         with self.lock:
             job = self._next_job
             self._next_job += 1
-            self.nodes[node].jobs[job] = end
+            found = self.nodes[node]
+            found.jobs[job] = end
+            if not found.drain:  # slurmctld clears a reason an UNDRAIN left when the node is next allocated
+                found.reason, found.reason_set_by_user = "", ""
             return job
 
     def finish_jobs(self, node: str) -> None:
@@ -148,7 +155,7 @@ class FakeSlurmrestd:
             return self.fail_status, _body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
-            return 404, "Unable to find requested URL"  # text/plain, as slurmrestd answers an unknown path
+            return 404, "Unable find requested URL. Please view /openapi/v3 for API reference."  # text/plain, slurmrestd's words
         version, what, name = match.groups()
         if token is None:
             return 401, "Authentication failure"
@@ -157,7 +164,9 @@ class FakeSlurmrestd:
         except jwt.PyJWTError:
             if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: the controller is "DOWN"
                 return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "DOWN", "responding": False}])
-            return 511, _body(errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")])
+            if name is None:
+                return 511, _body(errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")])
+            return 511, _body(errors=[_error(f"Failure to update node {name}", 1007, "Protocol authentication error", _source(method))])
         self.tokens_seen.append(claims)
         with self.lock:
             if what == "ping" and method == "GET":
@@ -170,7 +179,7 @@ class FakeSlurmrestd:
                 ])
             node = self.nodes.get(name or "")
             if node is None:
-                return 500, _body(errors=[_error(f"Failure to update node {name}", 2018, "Invalid node name specified", "op_handler_node")])
+                return 500, _body(errors=[_error(f"Failure to update node {name}", 2018, "Invalid node name specified", _source(method))])
             if method == "POST":
                 body = json.loads(raw or b"{}")
                 states = body.get("state") or []
@@ -191,6 +200,11 @@ class FakeSlurmrestd:
                 self.deleted.append(node.name)
                 return 200, _body()
         return 405, "Method not allowed"
+
+
+def _source(method: str) -> str:
+    """The function slurmrestd 24.11 names in a node error: ``_update_node`` for a POST, ``op_handler_node`` for a DELETE."""
+    return "_update_node" if method == "POST" else "op_handler_node"
 
 
 def _error(description: str, number: int, error: str, source: str) -> dict[str, Any]:

@@ -1,0 +1,259 @@
+"""The fake slurmrestd answers as real slurmrestd 24.11 does: the same requests to both, the same answers.
+
+tests/scalein/fake_slurmrestd.py stands in for slurmrestd in the fast suites. Here one sequence
+of requests (what SliMe's client sends, and the errors it must understand) goes to the fake and
+to a real slurmrestd with two real dynamic nodes; each answer is reduced to what a client can
+rely on (status, content type, error entries, the node fields SliMe reads) and the two lists
+must be equal. Where they differed, the fake was fixed. Then SliMe's own client
+(``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
+``v0.0.42`` is proven against real Slurm here (24.11 serves v0.0.40 to v0.0.42).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from base64 import b64encode
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+
+from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
+from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from testbed.real.cloudinit import Node, boot, meta_data_for
+from testbed.real.netns import Network
+from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port
+from testbed.wait import wait_for
+from testbed.world import make_jwt_key, make_slurm_key
+from tests.real_slurm.conftest import _collect
+from tests.scalein.fake_slurmrestd import FakeSlurmrestd
+
+pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
+
+V = "v0.0.42"
+IDLE, BUSY = "node-a", "node-b"
+NODE_FIELDS = ("name", "hostname", "address", "state", "reason", "reason_set_by_user")
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    key: bytes
+    make_busy: Callable[[str], None]
+    addresses: dict[str, str]
+
+
+@pytest.fixture
+def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Target]:
+    slurm = Slurm(slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=free_port(30000, 32767)))
+    nodes: list[Node] = []
+    try:
+        slurm.start()
+        nodes = [boot(slurm_root, network, meta_data_for(slurm, name), tmp_path / "nodes", shared=slurm.shared) for name in (IDLE, BUSY)]
+        for node in nodes:
+            node.wait_joined(slurm)
+
+        def make_busy(name: str) -> None:
+            slurm.sbatch("--exclusive", "-w", name, "--wrap", "sleep 300")
+            wait_for(lambda: "ALLOCATED" in slurm.node_states().get(name, set()), 20, f"{name} to run the job")
+
+        yield Target("real slurmrestd 24.11", slurm.restd_url, slurm.jwt_key, make_busy, {n.hostname: n.net.address for n in nodes})
+    finally:
+        for node in nodes:
+            node.power_off(network)
+        slurm.close()
+        _collect("slurm", slurm.logs())
+
+
+@pytest.fixture
+def fake() -> Iterator[Target]:
+    key = make_slurm_key()
+    server = FakeSlurmrestd(key, versions=(V,))  # what Slurm 24.11 serves of the versions SliMe speaks
+    addresses = {IDLE: "10.0.0.11", BUSY: "10.0.0.12"}
+    for name, address in addresses.items():
+        server.add_node(name, address)
+
+    def make_busy(name: str) -> None:
+        server.start_job(name, time.time() + 300)
+
+    yield Target("fake slurmrestd", server.url, key, make_busy, addresses)
+    server.stop()
+
+
+def _token(key: bytes, **claims: Any) -> str:
+    now = int(time.time())
+    return jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60, **claims}, key, algorithm="HS256")
+
+
+def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
+    """What a client can rely on in an answer (addresses replaced by the node they belong to)."""
+    kind = (response.headers.get("content-type") or "").split(";")[0]
+    out: dict[str, Any] = {"status": response.status_code, "type": kind}
+    if kind != "application/json":
+        out["text"] = response.text
+        return out
+    body = response.json()
+    out["errors"] = body.get("errors")
+    out["keys"] = sorted(k for k in body if k in ("errors", "warnings", "meta", "nodes", "pings"))
+    if "nodes" in body:
+        nodes = {}
+        for node in body["nodes"]:
+            missing = [f for f in NODE_FIELDS if f not in node]
+            assert not missing, f"{target.name}: node {node.get('name')} lacks {missing}"
+            nodes[node["name"]] = {"state": node["state"], "reason": node["reason"], "reason_set_by_user": node["reason_set_by_user"],
+                                   "address_is_the_nodes": node["address"] == target.addresses.get(node["name"]),
+                                   "hostname": node["hostname"]}
+        out["nodes"] = nodes
+    if "pings" in body:
+        out["pinged"] = [p.get("pinged") for p in body["pings"]]
+    return out
+
+
+def _settled_nodes(target: Target, client: httpx.Client) -> httpx.Response:
+    """GET nodes once no node is NOT_RESPONDING: real slurmctld re-pings a node ~0.5 s after an UNDRAIN (a transient the fake leaves out)."""
+    response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
+    deadline = time.monotonic() + 10
+    while any("NOT_RESPONDING" in n["state"] for n in response.json().get("nodes", [])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
+    return response
+
+
+def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
+    """The same requests, in the same order, to one slurmrestd; each answer reduced."""
+    answers: list[tuple[str, dict[str, Any]]] = []
+    other_key = make_jwt_key()
+    with httpx.Client(base_url=target.url, timeout=15) as client:
+
+        def send(what: str, method: str, path: str, body: Any = None, token: str | None = "good", json_type: bool = True) -> None:
+            headers = {}
+            if token is not None:
+                headers["X-SLURM-USER-TOKEN"] = _token(target.key) if token == "good" else token
+            content = None if body is None else json.dumps(body).encode()
+            if content is not None and json_type:
+                headers["Content-Type"] = "application/json"
+            answers.append((what, _reduce(target, client.request(method, path, content=content, headers=headers))))
+
+        send("list nodes", "GET", f"/slurm/{V}/nodes/")
+        send("ping", "GET", f"/slurm/{V}/ping/")
+        for version in ("v0.0.43", "v0.0.44"):
+            send(f"list nodes {version} (not served)", "GET", f"/slurm/{version}/nodes/")
+            send(f"ping {version} (not served)", "GET", f"/slurm/{version}/ping")
+        send("no token", "GET", f"/slurm/{V}/nodes/", token=None)
+        send("token signed with another key", "GET", f"/slurm/{V}/nodes/", token=_token(other_key))
+        send("expired token", "GET", f"/slurm/{V}/nodes/", token=_token(target.key, iat=int(time.time()) - 300, exp=int(time.time()) - 100))
+        send("token without sun", "GET", f"/slurm/{V}/nodes/", token=jwt.encode({"iat": int(time.time()), "exp": int(time.time()) + 60},
+                                                                                    target.key, algorithm="HS256"))
+        send("ping with a bad token", "GET", f"/slurm/{V}/ping/", token=_token(other_key))
+        send("drain, bad token", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "x"}, token=_token(other_key))
+        send("delete, bad token", "DELETE", f"/slurm/{V}/node/{IDLE}", token=_token(other_key))
+        send("delete, no token", "DELETE", f"/slurm/{V}/node/{IDLE}", token=None)
+        send("drain idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
+        send("after drain", "GET", f"/slurm/{V}/nodes/")
+        send("drain without Content-Type", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "y"}, json_type=False)
+        send("undrain", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["UNDRAIN"]})
+        answers.append(("after undrain (reason kept)", _reduce(target, _settled_nodes(target, client))))
+        target.make_busy(BUSY)
+        send("busy node", "GET", f"/slurm/{V}/nodes/")
+        send("delete busy node", "DELETE", f"/slurm/{V}/node/{BUSY}")
+        send("drain busy node", "POST", f"/slurm/{V}/node/{BUSY}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
+        send("busy and drained", "GET", f"/slurm/{V}/nodes/")
+        send("delete busy drained node", "DELETE", f"/slurm/{V}/node/{BUSY}")
+        send("drain unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["DRAIN"], "reason": "slime: scale-in"})
+        send("undrain unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["UNDRAIN"]})
+        send("delete unknown node", "DELETE", f"/slurm/{V}/node/nosuch")
+        send("delete idle node", "DELETE", f"/slurm/{V}/node/{IDLE}")
+        send("delete it again (gone)", "DELETE", f"/slurm/{V}/node/{IDLE}")
+        send("after delete", "GET", f"/slurm/{V}/nodes/")
+    return answers
+
+
+def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None:
+    theirs, ours = conversation(real), conversation(fake)
+    differences = [f"{what}:\n  real: {r}\n  fake: {f}" for (what, r), (_, f) in zip(theirs, ours, strict=True) if r != f]
+    assert not differences, "the fake differs from real slurmrestd 24.11:\n" + "\n".join(differences)
+    facts = dict(theirs)
+    # What the product relies on, as real Slurm answers it:
+    assert facts["list nodes"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
+    assert facts["list nodes v0.0.44 (not served)"]["status"] == 404 and facts["list nodes v0.0.44 (not served)"]["type"] == "text/plain"
+    assert (facts["no token"]["status"], facts["no token"]["type"]) == (401, "text/plain")
+    assert facts["token signed with another key"]["status"] == 511
+    assert [e["error_number"] for e in facts["token signed with another key"]["errors"]] == [1007]
+    assert facts["ping with a bad token"]["status"] == 200
+    assert facts["after drain"]["nodes"][IDLE] == {"state": ["IDLE", "DRAIN", "DYNAMIC_NORM"], "reason": "slime: scale-in",
+                                                    "reason_set_by_user": "slurm", "address_is_the_nodes": True, "hostname": IDLE}
+    assert facts["drain without Content-Type"]["status"] == 400
+    assert facts["after undrain (reason kept)"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
+    assert facts["after undrain (reason kept)"]["nodes"][IDLE]["reason"] == "slime: scale-in"
+    assert facts["busy and drained"]["nodes"][BUSY]["state"] == ["ALLOCATED", "DRAIN", "DYNAMIC_NORM"]
+    for what, number in (("delete busy node", 2016), ("delete busy drained node", 2016), ("delete unknown node", 2018),
+                         ("delete it again (gone)", 2018), ("drain unknown node", 2018)):
+        assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
+    assert IDLE not in facts["after delete"]["nodes"]
+
+
+class _SecretReader:
+    """The one Kubernetes call SlurmClient makes: GET the JWT key Secret."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        return {"data": {"jwt_hs256.key": b64encode(self.key).decode()}}
+
+
+def product_client_run(target: Target) -> list[str]:
+    """SliMe's slurmrestd client through the operations safe scale-in uses."""
+    config = SafeScaleInConfig(slurmrestd=target.url, jwt_secret=("slurm", "jwt"))
+    client = SlurmClient(_SecretReader(target.key), config, timeout=15)  # type: ignore[arg-type]
+    seen = [f"version {client.version()}"]
+    try:
+        nodes = {n.name: n for n in client.nodes()}
+        seen.append(f"nodes {sorted(nodes)}; {IDLE} {sorted(nodes[IDLE].states)} busy={nodes[IDLE].busy}")
+        seen.append(f"{IDLE} address is the node's: {nodes[IDLE].address == target.addresses[IDLE]}")
+        client.drain(IDLE, "slime: scale-in")
+        node = {n.name: n for n in client.nodes()}[IDLE]
+        seen.append(f"drained: {node.drained} reason {node.reason!r}")
+        client.undrain(IDLE)
+        client.drain(IDLE, "slime: scale-in")
+        client.delete(IDLE)
+        client.delete(IDLE)  # already gone: done, not an error
+        seen.append(f"after delete: {sorted(n.name for n in client.nodes())}")
+        target.make_busy(BUSY)
+        busy = {n.name: n for n in client.nodes()}[BUSY]
+        seen.append(f"{BUSY} busy={busy.busy} drained={busy.drained}")
+        try:
+            client.delete(BUSY)
+        except SlurmUnavailable as exc:
+            seen.append(f"delete busy refused: {'answered 500' in exc.cause}")
+        wrong = SlurmClient(_SecretReader(make_jwt_key()), config, timeout=15)  # type: ignore[arg-type]
+        try:
+            wrong.nodes()
+        except SlurmUnavailable as exc:
+            seen.append(f"wrong key: {exc.cause.split(' refused')[1]}")
+        finally:
+            wrong.close()
+    finally:
+        client.close()
+    return seen
+
+
+def test_slime_client_speaks_v0_0_42_to_real_slurmrestd_as_to_the_fake(real: Target, fake: Target) -> None:
+    theirs = product_client_run(real)
+    assert theirs == product_client_run(fake)
+    assert theirs == [
+        f"version {V}",  # probed v0.0.44 and v0.0.43 first: 404
+        f"nodes {sorted([IDLE, BUSY])}; {IDLE} ['DYNAMIC_NORM', 'IDLE'] busy=False",
+        f"{IDLE} address is the node's: True",
+        "drained: True reason 'slime: scale-in'",
+        f"after delete: ['{BUSY}']",
+        f"{BUSY} busy=True drained=False",
+        "delete busy refused: True",
+        "wrong key:  the JWT (511) twice; check jwtSecret/jwtKey/tokenUser",
+    ]
