@@ -99,7 +99,12 @@ def default_resources() -> list[Resource]:
         Resource("", ["v1"], "Service", "services"),
         Resource("", ["v1"], "Secret", "secrets", status=False, field_labels=("type",)),
         Resource("", ["v1"], "ConfigMap", "configmaps", status=False),
-        Resource("", ["v1"], "Event", "events", status=False),
+        # Core events are selectable by the fields kube-apiserver's event strategy exposes (kubectl
+        # describe uses involvedObject.*).
+        Resource("", ["v1"], "Event", "events", status=False, field_labels=(
+            "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+            "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
+            "reason", "reportingComponent", "source", "type")),
         Resource("apps", ["v1"], "Deployment", "deployments", scale=ScaleSpec(selector="spec.selector")),
         Resource("apps", ["v1"], "StatefulSet", "statefulsets", scale=ScaleSpec(selector="spec.selector")),
         Resource("apps", ["v1"], "ReplicaSet", "replicasets", scale=ScaleSpec(selector="spec.selector")),

@@ -139,13 +139,15 @@ class FieldSelector:
         if not text.strip():
             return
         allowed = {"metadata.name", "metadata.namespace", *supported}
+        known = ", ".join(f'"{f}"' for f in ("metadata.name", "metadata.namespace", *supported))
         for raw in text.split(","):
             m = _EQ_RE.match(raw.strip())
             if not m:
                 raise ValueError(f"invalid selector: '{text}'; can't understand '{raw}'")
             key, op, value = m.group(1), m.group(2), m.group(3).strip()
             if key not in allowed:
-                raise ValueError(f"field label not supported: {key}")
+                # kube-apiserver 1.36's wording (older releases said "field label not supported: <key>").
+                raise ValueError(f'"{key}" is not a known field selector: only {known}')
             self.terms.append((key, op != "!=", value))
 
     def matches(self, obj: dict[str, Any]) -> bool:

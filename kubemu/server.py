@@ -157,6 +157,18 @@ def _set_path(obj: Obj, dotted: str, value: Any) -> None:
     cur[last] = value
 
 
+def _fold_string_data(res: Resource, obj: Obj) -> None:
+    """As kube-apiserver does for a Secret, before admission: stringData's entries go into data (base64), winning over data's."""
+    if res.kind != "Secret" or res.group or "stringData" not in obj:
+        return
+    string_data = obj.pop("stringData") or {}
+    if not isinstance(string_data, dict):
+        raise ApiError(422, "Invalid", "Secret.stringData must be a map of strings")
+    current = obj.get("data")
+    data: Obj = current if isinstance(current, dict) else {}
+    data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()})
+    obj["data"] = data
+
 def _decode(body: bytes) -> Obj:
     try:
         obj = json.loads(body)
@@ -315,7 +327,9 @@ class KubeApp:
     def _dry_run(query: dict[str, str]) -> bool:
         value = query.get("dryRun", "")
         if value not in ("", "All"):
-            raise ApiError(400, "BadRequest", f"unsupported dryRun value {value!r}; only 'All' is valid")
+            # As kube-apiserver: the options object is invalid (422), e.g. for a create
+            # `CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["x"]: supported values: "All"`.
+            raise ApiError(422, "Invalid", f'dryRun: Unsupported value: ["{value}"]: supported values: "All"')
         return value == "All"
 
     @staticmethod
@@ -406,6 +420,7 @@ class KubeApp:
         obj.update(apiVersion=res.api_version(info.version), kind=obj.get("kind") or res.kind)
         if res.namespaced:
             obj["metadata"] = {**meta, "namespace": ns}
+        _fold_string_data(res, obj)
         admitted = await self._admit("CREATE", info, res, ns, meta.get("name", ""), obj, None, dry_run)
         created = self.store.create(res, admitted or {}, ns, dry_run=dry_run)
         return 201, self._out(created, res, info.version)
@@ -420,6 +435,7 @@ class KubeApp:
             scale = await self._admit("UPDATE", info, res, ns, info.name, obj, old_scale, dry_run) or obj
             obj = self._scaled_parent(res, old, scale, info.name)
         else:
+            _fold_string_data(res, obj)
             obj = await self._admit("UPDATE", info, res, ns, info.name, obj, old, dry_run) or obj
         mode = "status" if info.subresource == "status" else "main"
         updated = self.store.update(res, obj, ns, info.name, mode=mode, dry_run=dry_run)
@@ -441,6 +457,7 @@ class KubeApp:
                 new = self._scaled_parent(res, old, scale, info.name)
             else:
                 new = apply_patch(old, content_type, body, res.custom)
+                _fold_string_data(res, new)
                 new = await self._admit("UPDATE", info, res, ns, info.name, new, old, dry_run) or new
             pinned = new["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]
             try:

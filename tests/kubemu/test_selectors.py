@@ -73,7 +73,7 @@ def test_unsupported_field_is_400(api: client.ApiClient, ns: str) -> None:
     with pytest.raises(ApiException) as err:
         client.CoreV1Api(api).list_namespaced_config_map(ns, field_selector="data.x=1")
     body = json.loads(err.value.body)
-    assert (err.value.status, body["message"]) == (400, "field label not supported: data.x")
+    assert (err.value.status, body["message"]) == (400, '"data.x" is not a known field selector: only "metadata.name", "metadata.namespace"')
 
 
 def test_selector_parser_and_rendering() -> None:
