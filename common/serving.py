@@ -169,8 +169,8 @@ class Readiness:
         return failed
 
 
-def health_app(metrics: WebhookMetrics, readiness: Readiness) -> Starlette:
-    """The plain-HTTP port: liveness, readiness and Prometheus metrics."""
+def health_app(metrics: WebhookMetrics, readiness: Readiness, extra_routes: Sequence[Route] = ()) -> Starlette:
+    """The plain-HTTP port: liveness, readiness, Prometheus metrics, and a service's own read-only routes."""
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
@@ -184,7 +184,7 @@ def health_app(metrics: WebhookMetrics, readiness: Readiness) -> Starlette:
     async def metrics_endpoint(_: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)]
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint), *extra_routes]
     return Starlette(routes=routes)
 
 
@@ -244,6 +244,7 @@ class ServiceRunner:
     shutdown_delay_seconds: float = 0.0
     background: list[Callable[[asyncio.Event], Any]] = field(default_factory=list)
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+    health_routes: list[Route] = field(default_factory=list)  # extra read-only routes on the plain-HTTP port
     started: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -287,7 +288,7 @@ class ServiceRunner:
         tls_config.ssl = self.certificate.context
         self._servers = [
             _EmbeddedServer(tls_config),
-            _EmbeddedServer(self._config(health_app(self.metrics, self.readiness), self.metrics_port)),
+            _EmbeddedServer(self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)),
         ]
         sockets = (listeners.admission, listeners.health)
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(self._servers, sockets, strict=True)]
@@ -347,6 +348,7 @@ def runner_for(
     *,
     background: Sequence[Callable[[asyncio.Event], Any]] = (),
     on_stop: Sequence[Callable[[], None]] = (),
+    health_routes: Sequence[Route] = (),
 ) -> ServiceRunner:
     """A runner configured from the settings every service shares (ports, certificate, shutdown)."""
     return ServiceRunner(
@@ -361,4 +363,5 @@ def runner_for(
         shutdown_delay_seconds=settings.shutdown_delay_seconds,
         background=list(background),
         on_stop=list(on_stop),
+        health_routes=list(health_routes),
     )

@@ -10,6 +10,7 @@ from common.kube import KubeClient, local_client
 from common.metrics import WebhookMetrics
 from common.serving import Readiness, ServiceRunner, runner_for
 from scaling_webhook.app import create_app
+from scaling_webhook.demand_poller import DemandPoller
 from scaling_webhook.events import EventRecorder
 from scaling_webhook.flow import ScaleAdmission
 from scaling_webhook.leader import LeaderElector
@@ -36,6 +37,7 @@ class ScalingService:
     events: EventRecorder
     reconciler: Reconciler
     metrics: ScalingMetrics
+    demand: DemandPoller
     leader: LeaderElector | None = None
     safe: SafeScaleIn | None = None
 
@@ -52,6 +54,7 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     events = EventRecorder(client, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
     safe = SafeScaleIn(client, scaler, events, metrics)  # used only by mappings with safeScaleIn
+    demand = DemandPoller(client, source, metrics, settings.demand_interval_seconds)  # polls only for mappings with nodeDemand
     leader: LeaderElector | None = None
     wake: list[Reconciler] = []
 
@@ -87,13 +90,14 @@ def build_service(settings: ScalingSettings) -> ScalingService:
         events.stop()
         events.flush(2.0)
         safe.close()
+        demand.close()
 
     app = create_app(ScaleAdmission(lambda: source.table, objects, scaler, metrics), webhook_metrics, settings.max_body_bytes)
-    background = [reconciler.run] + ([leader.run] if leader is not None else [])
-    runner = runner_for(settings, app, webhook_metrics, readiness, background=background, on_stop=[stop])
+    background = [reconciler.run, demand.run] + ([leader.run] if leader is not None else [])
+    runner = runner_for(settings, app, webhook_metrics, readiness, background=background, on_stop=[stop], health_routes=demand.routes())
     events.start()
     source.start()
-    return ScalingService(runner, client, source, objects, scaler, events, reconciler, metrics, leader, safe)
+    return ScalingService(runner, client, source, objects, scaler, events, reconciler, metrics, demand, leader, safe)
 
 
 def build(settings: ScalingSettings) -> ServiceRunner:

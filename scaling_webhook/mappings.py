@@ -7,7 +7,8 @@ Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
   (default: the webhook's namespace);
 * ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
   with optional ``maxReplicas`` (the most replicas the MachineDeployment is ever set to; the
-  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn`` and ``capacityAware``.
+  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn``, ``capacityAware`` and
+  ``nodeDemand`` (docs/scaling.md).
 
 One MachineDeployment has one writer: two mappings onto the same MachineDeployment, or from the
 same mirror, are an error naming both.
@@ -33,7 +34,7 @@ import yaml
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
 from common.meta import is_dns1123_label, is_dns1123_subdomain
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SafeScaleInConfig
+from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, NodeDemandConfig, SafeScaleInConfig, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.mappings")
 
@@ -47,11 +48,16 @@ ITEM_KEYS = ("mirror", "machineDeployment")
 MAX_REPLICAS_KEY = "maxReplicas"
 SAFE_SCALE_IN_KEY = "safeScaleIn"
 CAPACITY_AWARE_KEY = "capacityAware"
-OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AWARE_KEY)
+NODE_DEMAND_KEY = "nodeDemand"
+OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AWARE_KEY, NODE_DEMAND_KEY)
 # Replicas are int32 in Kubernetes (autoscaling/v1 Scale, CAPI MachineDeployment).
 MAX_INT32 = 2**31 - 1
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
-SAFE_SCALE_IN_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "drainTimeoutSeconds", "tokenUser")
+SLURM_ENDPOINT_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "tokenUser")
+SAFE_SCALE_IN_KEYS = (*SLURM_ENDPOINT_KEYS, "drainTimeoutSeconds")
+NODE_DEMAND_KEYS = ("partition", *SLURM_ENDPOINT_KEYS)
+# Slurm allows more, but a partition is also a URL path segment (/demand/<partition>) and a label value.
+PARTITION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 class MappingError(ValueError):
@@ -74,6 +80,12 @@ class Mapping:
         """The safe scale-in settings, or None when this mapping did not opt in."""
         value = self.options.get(SAFE_SCALE_IN_KEY)
         return value if isinstance(value, SafeScaleInConfig) else None
+
+    @property
+    def node_demand(self) -> NodeDemandConfig | None:
+        """Where this mapping's node demand is read, or None when it did not opt in."""
+        value = self.options.get(NODE_DEMAND_KEY)
+        return value if isinstance(value, NodeDemandConfig) else None
 
     @property
     def mirror_ref(self) -> str:
@@ -139,18 +151,28 @@ def _ref(value: Any, where: str) -> Ref:
     return _check_namespace(parts[0], where), _check_name(parts[1], where)
 
 
-def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
+def _block(value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise MappingError(f"{where}: must be a map with keys {', '.join(SAFE_SCALE_IN_KEYS)}")
-    unknown = sorted(str(k) for k in value if k not in SAFE_SCALE_IN_KEYS)
+        raise MappingError(f"{where}: must be a map with keys {', '.join(allowed)}")
+    unknown = sorted(str(k) for k in value if k not in allowed)
     if unknown:
-        raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SAFE_SCALE_IN_KEYS)}")
-    for key in ("slurmrestd", "jwtSecret"):
-        if key not in value:
-            raise MappingError(f"{where}: missing key {key}")
-    for key in ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "tokenUser"):
+        raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    for key in ("partition", *SLURM_ENDPOINT_KEYS):
         if key in value and (not isinstance(value[key], str) or not value[key].strip()):
             raise MappingError(f"{where}.{key}: must be a non-empty string")
+    return value
+
+
+def _endpoint(value: dict[str, Any], where: str, shared: SlurmEndpoint | None = None) -> SlurmEndpoint:
+    """The slurmrestd endpoint of a block; keys it leaves out come from ``shared`` (the mapping's safeScaleIn)."""
+    if shared is None:
+        for key in ("slurmrestd", "jwtSecret"):
+            if key not in value:
+                raise MappingError(f"{where}: missing key {key}")
+    elif not any(key in value for key in SLURM_ENDPOINT_KEYS):
+        return shared.endpoint
+    if shared is not None and ("slurmrestd" not in value or "jwtSecret" not in value):
+        raise MappingError(f"{where}: give both slurmrestd and jwtSecret, or neither (to use the safeScaleIn endpoint)")
     url = value["slurmrestd"].strip().rstrip("/")
     if not re.match(r"^https?://[^/\s:]+(:\d{1,5})?(/\S*)?$", url):
         raise MappingError(f"{where}.slurmrestd: {url!r} is not an http:// or https:// URL")
@@ -161,17 +183,35 @@ def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
     version = value.get("apiVersion")
     if version is not None and version.strip() not in SLURM_API_VERSIONS:
         raise MappingError(f"{where}.apiVersion: {version!r} is not supported; use one of {', '.join(sorted(SLURM_API_VERSIONS))}")
-    timeout = value.get("drainTimeoutSeconds")
+    return SlurmEndpoint(slurmrestd=url, jwt_secret=secret, jwt_key=jwt_key,
+                         api_version=version.strip() if version is not None else None,
+                         token_user=value.get("tokenUser", "slurm").strip())
+
+
+def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
+    block = _block(value, where, SAFE_SCALE_IN_KEYS)
+    endpoint = _endpoint(block, where)
+    timeout = block.get("drainTimeoutSeconds")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise MappingError(f"{where}.drainTimeoutSeconds: must be a positive number of seconds, got {timeout!r}")
-    return SafeScaleInConfig(
-        slurmrestd=url,
-        jwt_secret=secret,
-        jwt_key=jwt_key,
-        api_version=version.strip() if version is not None else None,
-        drain_timeout_seconds=float(timeout) if timeout is not None else None,
-        token_user=value.get("tokenUser", "slurm").strip(),
-    )
+    return SafeScaleInConfig(**_fields(endpoint), drain_timeout_seconds=float(timeout) if timeout is not None else None)
+
+
+def _node_demand(value: Any, where: str, shared: SlurmEndpoint | None) -> NodeDemandConfig:
+    block = _block(value, where, NODE_DEMAND_KEYS)
+    if "partition" not in block:
+        raise MappingError(f"{where}: missing key partition")
+    partition = block["partition"].strip()
+    if not PARTITION_NAME.match(partition):
+        raise MappingError(f"{where}.partition: {partition!r} is not a Slurm partition name (letters, digits, '.', '_', '-')")
+    if shared is None and not all(key in block for key in ("slurmrestd", "jwtSecret")):
+        raise MappingError(f"{where}: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn block)")
+    return NodeDemandConfig(**_fields(_endpoint(block, where, shared)), partition=partition)
+
+
+def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
+    return {"slurmrestd": endpoint.slurmrestd, "jwt_secret": endpoint.jwt_secret, "jwt_key": endpoint.jwt_key,
+            "api_version": endpoint.api_version, "token_user": endpoint.token_user}
 
 
 def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
@@ -226,10 +266,12 @@ def _list_mappings(text: Any) -> list[Mapping]:
         for key in ITEM_KEYS:
             if key not in item:
                 raise MappingError(f"{where}: missing key {key}")
-        options = MappingProxyType(
-            {SAFE_SCALE_IN_KEY: _safe_scale_in(item[SAFE_SCALE_IN_KEY], f"{where}.{SAFE_SCALE_IN_KEY}")}
-            if SAFE_SCALE_IN_KEY in item else {}
-        )
+        parsed: dict[str, Any] = {}
+        if SAFE_SCALE_IN_KEY in item:
+            parsed[SAFE_SCALE_IN_KEY] = _safe_scale_in(item[SAFE_SCALE_IN_KEY], f"{where}.{SAFE_SCALE_IN_KEY}")
+        if NODE_DEMAND_KEY in item:
+            parsed[NODE_DEMAND_KEY] = _node_demand(item[NODE_DEMAND_KEY], f"{where}.{NODE_DEMAND_KEY}", parsed.get(SAFE_SCALE_IN_KEY))
+        options = MappingProxyType(parsed)
         mappings.append(
             Mapping(
                 mirror=_ref(item["mirror"], f"{where}.mirror"),
@@ -266,6 +308,7 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
         mappings.extend(_list_mappings(data[MAPPINGS_KEY]))
     by_mirror: dict[Ref, Mapping] = {}
     by_machine_deployment: dict[Ref, Mapping] = {}
+    by_partition: dict[str, Mapping] = {}
     for mapping in mappings:
         first = by_mirror.get(mapping.mirror)
         if first is not None:
@@ -279,6 +322,15 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
                 f"{first.source} and {mapping.source} both target MachineDeployment {mapping.machine_deployment_ref} "
                 f"(from mirrors {first.mirror_ref} and {mapping.mirror_ref}); one MachineDeployment must have one writer"
             )
+        demand = mapping.node_demand
+        if demand is not None:
+            first = by_partition.get(demand.partition)
+            if first is not None:
+                raise MappingError(
+                    f"{first.source} and {mapping.source} both publish the node demand of partition {demand.partition!r}; "
+                    "one partition feeds one pool"
+                )
+            by_partition[demand.partition] = mapping
         by_mirror[mapping.mirror] = mapping
         by_machine_deployment[mapping.machine_deployment] = mapping
     return MappingTable(tuple(mappings))

@@ -49,6 +49,10 @@ class ScalingSettings(ServiceSettings):
         description="The leader stops writing this long after its last renewal; must be shorter than the lease duration.",
     )
     lease_retry_seconds: float = Field(2.0, gt=0, description="How often replicas try to take or renew the Lease.")
+    demand_interval_seconds: float = Field(
+        10.0, gt=0, le=300,
+        description="How often node demand is read from slurmrestd, for mappings with nodeDemand (an older reading is served for 3 periods).",
+    )
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ScalingSettings:

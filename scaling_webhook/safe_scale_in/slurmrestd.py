@@ -1,4 +1,4 @@
-"""A small synchronous slurmrestd client for safe scale-in (Slurm API v0.0.42 to v0.0.44).
+"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.44).
 
 Authentication is Slinky's: an HS256 JWT signed with the ``jwt_hs256.key`` held in a Kubernetes
 Secret, with claims ``sun`` (the Slurm user), ``iat`` and ``exp`` (60 s later), sent in the
@@ -28,7 +28,7 @@ import httpx
 import jwt
 
 from common.kube import KubeClient, KubeError, ResourcePath
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SafeScaleInConfig
+from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.slurmrestd")
 
@@ -88,7 +88,7 @@ def parse_node(raw: dict[str, Any]) -> SlurmNode:
 class SlurmClient:
     """One slurmrestd endpoint with its signing key. Thread-safe."""
 
-    def __init__(self, kube: KubeClient, config: SafeScaleInConfig, timeout: float = TIMEOUT_SECONDS) -> None:
+    def __init__(self, kube: KubeClient, config: SlurmEndpoint, timeout: float = TIMEOUT_SECONDS) -> None:
         self.kube = kube
         self.config = config
         self.timeout = timeout
@@ -187,11 +187,20 @@ class SlurmClient:
     # --- calls -------------------------------------------------------------------------------
 
     def nodes(self) -> list[SlurmNode]:
-        data = self._call("GET", f"/slurm/{self.version()}/nodes/")
-        raw = data.get("nodes")
+        return [parse_node(n) for n in self._list("nodes", f"/slurm/{self.version()}/nodes/") if n.get("name")]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job slurmctld knows (pending, running and recently finished), as slurmrestd lists them."""
+        return self._list("jobs", f"/slurm/{self.version()}/jobs/")
+
+    def partitions(self) -> list[dict[str, Any]]:
+        return self._list("partitions", f"/slurm/{self.version()}/partitions/")
+
+    def _list(self, key: str, path: str) -> list[dict[str, Any]]:
+        raw = self._call("GET", path).get(key)
         if not isinstance(raw, list):
-            raise SlurmUnavailable(f"{self.where} answered GET nodes without a nodes list")
-        return [parse_node(n) for n in raw if isinstance(n, dict) and n.get("name")]
+            raise SlurmUnavailable(f"{self.where} answered GET {key} without a {key} list")
+        return [item for item in raw if isinstance(item, dict)]
 
     def drain(self, name: str, reason: str) -> None:
         self._call("POST", f"/slurm/{self.version()}/node/{quote(name)}", {"state": ["DRAIN"], "reason": reason})

@@ -390,6 +390,50 @@ def test_per_mapping_keda_overrides_win_even_when_zero(render):
     assert "x_pending{" in meta["query"] and "slurm_partition_jobs_running{" in meta["query"]
 
 
+# ---------------------------------------------------------------- node demand (keda.demand=nodes)
+
+NODE_DEMAND = {"slurmrestd": "http://slurm-restapi.slurm:6820", "jwtSecret": {"name": "slurm-auth-jwths256", "namespace": "slurm"}}
+
+
+def test_node_demand_points_keda_at_the_scaling_webhook_and_the_mapping_publishes_it(render):
+    import yaml
+
+    from scaling_webhook.mappings import parse_mappings
+
+    safe = {"safeScaleIn": {"slurmrestd": "http://restapi.other:6820", "jwtSecret": "other/jwt"}}
+    values = {"keda": {"enabled": True, "demand": "nodes"},
+              "scaling": {"nodeDemand": NODE_DEMAND, "mappings": [
+                  mapping("s/batch", "d/md1", "batch"),
+                  mapping("s/gpu", "d/md2", "gpu", config=safe),  # shares its safeScaleIn endpoint
+                  mapping("s/jobs", "d/md3", "debug", keda={"demand": "jobs"}),
+              ]}}
+    objs = render(values)
+    sos = {s["metadata"]["name"]: s for s in by_kind(objs, "ScaledObject")}
+    (trigger,) = sos["batch"]["spec"]["triggers"]
+    assert trigger == {"type": "metrics-api", "metadata": {
+        "url": f"http://{SCL}.{NAMESPACE}.svc:8081/demand/batch", "format": "json", "valueLocation": "nodes", "targetValue": "1"}}
+    assert sos["jobs"]["spec"]["triggers"][0]["type"] == "prometheus"
+    # The ConfigMap the chart renders is one the service accepts, with the partitions published.
+    data = one(objs, "ConfigMap", "scaling-webhook-configmap")["data"]
+    table = parse_mappings(data, NAMESPACE)
+    batch, gpu, jobs = (table.get("s", n) for n in ("batch", "gpu", "jobs"))
+    assert batch is not None and batch.node_demand is not None
+    assert (batch.node_demand.partition, batch.node_demand.slurmrestd, batch.node_demand.jwt_secret) == (
+        "batch", "http://slurm-restapi.slurm:6820", ("slurm", "slurm-auth-jwths256"))
+    assert gpu is not None and gpu.node_demand is not None and gpu.node_demand.slurmrestd == "http://restapi.other:6820"
+    assert jobs is not None and jobs.node_demand is None
+    assert "nodeDemand" not in {i["mirror"]: i for i in yaml.safe_load(data["mappings"])}["s/jobs"]
+    # The scaling webhook may read the one JWT Secret node demand needs.
+    role = one(objs, "Role", f"{SCL}-jwt")
+    assert role["metadata"]["namespace"] == "slurm"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["slurm-auth-jwths256"], "verbs": ["get"]}]
+
+
+def test_no_node_demand_no_jwt_secret_access(render):
+    values = {"keda": {"enabled": True}, "scaling": {"nodeDemand": NODE_DEMAND, "mappings": [mapping("s/m", "d/md", "p")]}}
+    assert not [r for r in by_kind(render(values), "Role") if r["metadata"]["name"].endswith("-jwt")]
+
+
 # ---------------------------------------------------------------- NetworkPolicy
 
 APISERVER_PEERS = [{"ipBlock": {"cidr": "192.0.2.0/28"}}, {"ipBlock": {"cidr": "2001:db8::/64"}}]

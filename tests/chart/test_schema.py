@@ -10,6 +10,8 @@ from tests.chart.conftest import CHART, HelmError
 from tests.chart.helpers import mapping
 
 BAD = {
+    "keda-demand-enum": ({"keda": {"demand": "pods"}}, "/keda/demand"),
+    "node-demand-url": ({"scaling": {"nodeDemand": {"slurmrestd": "slurm-restapi:6820"}}}, "/scaling/nodeDemand/slurmrestd"),
     "failurePolicy-enum": ({"injection": {"failurePolicy": "Sometimes"}}, "/injection/failurePolicy"),
     "timeout-too-long": ({"scaling": {"timeoutSeconds": 60}}, "/scaling/timeoutSeconds"),
     "timeout-zero": ({"injection": {"timeoutSeconds": 0}}, "/injection/timeoutSeconds"),
@@ -111,8 +113,11 @@ def test_bad_values_are_rejected(render, lint, case):
      "scaling.mappings[1] (mirror s/m1 -> MachineDeployment d/md1): maxReplicas 5 is higher than its KEDA maxReplicaCount 4"),
     ({"networkPolicy": {"enabled": True}},
      "networkPolicy.enabled=true needs networkPolicy.admissionFrom"),
+    ({"keda": {"enabled": True, "demand": "nodes"}, "scaling": {"mappings": [mapping("s/m", "n/d", "p")]}},
+     "scaling.mappings[0] uses keda.demand=nodes: set scaling.nodeDemand.slurmrestd and scaling.nodeDemand.jwtSecret"),
 ], ids=["partition-missing", "min-over-max", "prestop-vs-grace", "metal3-in-release-ns",
-        "two-mappings-one-md", "two-mappings-one-mirror", "maxReplicas-over-keda", "netpol-without-admission-peers"])
+        "two-mappings-one-md", "two-mappings-one-mirror", "maxReplicas-over-keda", "netpol-without-admission-peers",
+        "node-demand-without-slurmrestd"])
 def test_template_time_checks(render, values, message):
     with pytest.raises(HelmError) as exc:
         render(values)

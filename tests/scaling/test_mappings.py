@@ -145,3 +145,53 @@ def test_errors(data: dict[str, str], message: str) -> None:
     with pytest.raises(MappingError) as error:
         parse_mappings(data, "slime")
     assert str(error.value) == message
+
+
+# --- capacityAware and nodeDemand ------------------------------------------------------------------
+
+SAFE = "safeScaleIn: {slurmrestd: 'http://slurm-restapi.slurm:6820', jwtSecret: slurm/jwt}"
+
+
+def test_capacity_aware_and_node_demand_options() -> None:
+    table = parse_mappings({"mappings": (
+        f"- {{mirror: a/m, machineDeployment: x/md, capacityAware: true, nodeDemand: {{partition: batch}}, {SAFE}}}\n"
+        "- {mirror: a/n, machineDeployment: x/md2, nodeDemand: {partition: gpu, slurmrestd: 'http://other:6820', "
+        "jwtSecret: slurm/other, tokenUser: slinky}}\n"
+        "- {mirror: a/o, machineDeployment: x/md3}\n"
+    )}, "slime")
+    first, second, third = (table.get("a", n) for n in ("m", "n", "o"))
+    assert first is not None and second is not None and third is not None
+    assert first.capacity_aware and not second.capacity_aware and not third.capacity_aware
+    assert first.node_demand is not None and first.node_demand.partition == "batch"
+    assert first.safe_scale_in is not None and first.node_demand.endpoint == first.safe_scale_in.endpoint  # shared
+    assert second.node_demand is not None and (second.node_demand.slurmrestd, second.node_demand.token_user) == ("http://other:6820", "slinky")
+    assert third.node_demand is None
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("capacityAware: 'yes'", "mappings[0].capacityAware: must be true or false, got 'yes'"),
+        ("nodeDemand: batch", "mappings[0].nodeDemand: must be a map with keys partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser"),
+        ("nodeDemand: {slurmrestd: 'http://s:6820', jwtSecret: s/j}", "mappings[0].nodeDemand: missing key partition"),
+        ("nodeDemand: {partition: batch}", "mappings[0].nodeDemand: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn block)"),
+        ("nodeDemand: {partition: 'a b', slurmrestd: 'http://s:6820', jwtSecret: s/j}",
+         "mappings[0].nodeDemand.partition: 'a b' is not a Slurm partition name (letters, digits, '.', '_', '-')"),
+        ("nodeDemand: {partition: batch, Partition: x}", "mappings[0].nodeDemand: unknown key(s) Partition; allowed: partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser"),
+        (f"nodeDemand: {{partition: batch, jwtKey: other.key}}, {SAFE}",
+         "mappings[0].nodeDemand: give both slurmrestd and jwtSecret, or neither (to use the safeScaleIn endpoint)"),
+        ("nodeDemand: {partition: batch, slurmrestd: 'ftp://s', jwtSecret: s/j}", "mappings[0].nodeDemand.slurmrestd: 'ftp://s' is not an http:// or https:// URL"),
+    ],
+)
+def test_option_errors(item: str, message: str) -> None:
+    with pytest.raises(MappingError) as error:
+        parse_mappings({"mappings": f"- {{mirror: a/m, machineDeployment: x/md, {item}}}"}, "slime")
+    assert str(error.value) == message
+
+
+def test_one_partition_feeds_one_pool() -> None:
+    demand = "nodeDemand: {partition: batch, slurmrestd: 'http://s:6820', jwtSecret: s/j}"
+    with pytest.raises(MappingError) as error:
+        parse_mappings({"mappings": f"- {{mirror: a/m, machineDeployment: x/md, {demand}}}\n"
+                                    f"- {{mirror: a/n, machineDeployment: x/md2, {demand}}}"}, "slime")
+    assert str(error.value) == "mappings[0] and mappings[1] both publish the node demand of partition 'batch'; one partition feeds one pool"

@@ -184,12 +184,38 @@ The list items of the scaling ConfigMap, as JSON, after checking the mappings:
 {{- $_ := set $item "maxReplicas" (int $k.maxReplicaCount) }}
 {{- end }}
 {{- with $m.config }}{{- $item = merge $item (deepCopy .) }}{{- end }}
+{{- if and $k.enabled (eq $k.demand "nodes") (not (hasKey $item "nodeDemand")) }}
+{{- /* keda.demand=nodes: the ScaledObject reads /demand/<partition>, which this mapping must publish. */}}
+{{- if not $m.partition }}
+{{- fail (printf "scaling.mappings[%d].partition is required with keda.demand=nodes" $i) }}
+{{- end }}
+{{- $demand := dict "partition" $m.partition }}
+{{- if not (hasKey $item "safeScaleIn") }}
+{{- $source := $root.Values.scaling.nodeDemand }}
+{{- if not (and $source.slurmrestd $source.jwtSecret.name $source.jwtSecret.namespace) }}
+{{- fail (printf "scaling.mappings[%d] uses keda.demand=nodes: set scaling.nodeDemand.slurmrestd and scaling.nodeDemand.jwtSecret (or a safeScaleIn block in its config)" $i) }}
+{{- end }}
+{{- $_ := set $demand "slurmrestd" $source.slurmrestd }}
+{{- $_ := set $demand "jwtSecret" (printf "%s/%s" $source.jwtSecret.namespace $source.jwtSecret.name) }}
+{{- with $source.jwtKey }}{{- $_ := set $demand "jwtKey" . }}{{- end }}
+{{- with $source.tokenUser }}{{- $_ := set $demand "tokenUser" . }}{{- end }}
+{{- end }}
+{{- $_ := set $item "nodeDemand" $demand }}
+{{- end }}
 {{- $items = append $items $item }}
 {{- end }}
 {{- toJson $items }}
 {{- end }}
 
 {{/* Secret with the client certificate kube-apiserver presents (admissionAuth, source generate). */}}
+{{/* Whether some KEDA-scaled mapping reads node demand (keda.demand=nodes): "true" or "". */}}
+{{- define "slime.usesNodeDemand" -}}
+{{- range $m := .Values.scaling.mappings }}
+{{- $k := include "slime.mappingKeda" (dict "root" $ "mapping" $m) | fromJson }}
+{{- if and $k.enabled (eq $k.demand "nodes") }}true{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "slime.apiserverClientName" -}}
 {{- printf "%s-apiserver-client" (include "slime.fullname" .) }}
 {{- end }}
