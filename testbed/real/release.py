@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,8 @@ import yaml
 from testbed.helm import REPO_ROOT, helm_binary
 from testbed.real.controlplane import ControlPlane, ControlPlaneError, free_port
 
-CHART = REPO_ROOT / "charts" / "slime"
+# $SLIME_REAL_CHART: install another copy of the chart (e.g. a deliberately broken one, docs/testing.md).
+CHART = Path(os.environ.get("SLIME_REAL_CHART") or REPO_ROOT / "charts" / "slime")
 RELEASE = "slime"
 COMPONENTS = ("injection", "scaling")
 
