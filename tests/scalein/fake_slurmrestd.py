@@ -14,6 +14,10 @@ without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps the 
 the node is next allocated; ``reason_set_by_user`` is the token's ``sun`` (``root`` for a node
 that just registered); bodies carry ``errors``, ``warnings`` and ``meta``. A job here takes the
 whole node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
+
+For node demand it also lists jobs and partitions: running jobs from the node model (partition
+``PARTITION``), and pending jobs queued with ``submit`` (any partition, reason, node count), in
+v0.0.42's shapes (``node_count`` and ``begin_time`` as ``{set, infinite, number}``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 import jwt
 
 VERSIONS = ("v0.0.42", "v0.0.43", "v0.0.44")
-_PATH = re.compile(r"^/slurm/(v0\.0\.\d+)/(ping|nodes|node/([^/]+))/?$")
+PARTITION = "batch"  # where running jobs of the node model run
+_PATH = re.compile(r"^/slurm/(v0\.0\.\d+)/(ping|nodes|jobs|partitions|node/([^/]+))/?$")
 
 
 @dataclass
@@ -67,6 +72,8 @@ class FakeSlurmrestd:
         # Called after every GET of the node list has been answered (tests use it to play a race).
         self.after_nodes_read: Callable[[], None] | None = None
         self._next_job = 1
+        self.pending: dict[int, dict[str, Any]] = {}  # job id -> its record, as GET jobs lists it
+        self.partitions: dict[str, int | None] = {PARTITION: None}  # name -> MaxNodes (None: UNLIMITED)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -139,6 +146,25 @@ class FakeSlurmrestd:
                 found.reason, found.reason_set_by_user = "", ""
             return job
 
+    def submit(self, nodes: int, partition: str = PARTITION, reason: str = "Resources", **fields: Any) -> int:
+        """Queue a pending job asking ``nodes`` nodes (``fields``: more of its record, e.g. hold, array_task_string)."""
+        with self.lock:
+            job = self._next_job
+            self._next_job += 1
+            self.pending[job] = {"job_id": job, "partition": partition, "job_state": ["PENDING"], "state_reason": reason,
+                                 "node_count": _no_val(nodes), "nodes": "", "hold": False, "begin_time": _no_val(0), **fields}
+            return job
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        running: dict[int, list[str]] = {}
+        for node in self.nodes.values():
+            for job in node.jobs:
+                running.setdefault(job, []).append(node.name)
+        return [*({"job_id": job, "partition": PARTITION, "job_state": ["RUNNING"], "state_reason": "None",
+                   "node_count": _no_val(len(names)), "nodes": ",".join(sorted(names)), "hold": False, "begin_time": _no_val(0)}
+                  for job, names in sorted(running.items())),
+                *self.pending.values()]
+
     def finish_jobs(self, node: str) -> None:
         with self.lock:
             self.nodes[node].jobs.clear()
@@ -171,6 +197,11 @@ class FakeSlurmrestd:
         with self.lock:
             if what == "ping" and method == "GET":
                 return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "UP", "responding": True}])
+            if what == "jobs" and method == "GET":
+                return 200, _body(jobs=self._jobs())
+            if what == "partitions" and method == "GET":
+                return 200, _body(partitions=[{"name": name, "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
+                                               "nodes": {"total": len(self.nodes)}} for name, limit in self.partitions.items()])
             if what == "nodes" and method == "GET":
                 return 200, _body(nodes=[
                     {"name": n.name, "hostname": n.hostname, "address": n.address, "state": n.states(), "reason": n.reason,
@@ -205,6 +236,11 @@ class FakeSlurmrestd:
 def _source(method: str) -> str:
     """The function slurmrestd 24.11 names in a node error: ``_update_node`` for a POST, ``op_handler_node`` for a DELETE."""
     return "_update_node" if method == "POST" else "op_handler_node"
+
+
+def _no_val(number: int | None, infinite: bool = False) -> dict[str, Any]:
+    """slurmrestd's shape of a number that may be unset or infinite (UINT32_NO_VAL, TIMESTAMP_NO_VAL)."""
+    return {"set": number is not None and not infinite, "infinite": infinite, "number": number or 0}
 
 
 def _error(description: str, number: int, error: str, source: str) -> dict[str, Any]:
