@@ -239,7 +239,7 @@ class Story:
         wait_for(lambda: self.md_replicas() == 5, 2, f"{md_ref} to show the drift (5)")
         wait_for(lambda: self.md_replicas() == mirror, HEAL_DEADLINE_SECONDS, f"the reconciler to heal {md_ref} back to {mirror}")
         say(f"     healed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
-        self._show_event("DriftCorrected", since=started)
+        self._show_event("DriftCorrected", contains="(was 5)")
 
         configmap = self.core.read_namespaced_config_map("scaling-webhook-configmap", cluster.SLIME_NAMESPACE)
         original = (configmap.data or {})["mappings"]
@@ -260,7 +260,7 @@ class Story:
             raise DemoError(f"mapping again must never move the pool: {md_ref} is {self.md_replicas()}, was {stuck}")
         say(f"     the mapping is restored: the mirror is adopted at the MachineDeployment's {stuck} "
             "(a new mapping never moves a pool)")
-        self._show_event("AdoptedByMirror", since=time.monotonic())
+        self._show_event("AdoptedByMirror", contains=f"this MachineDeployment's {stuck} replicas")
         started = time.monotonic()
         start = self.mark()
         self.keda_scale(2)
@@ -268,10 +268,12 @@ class Story:
         wait_for(lambda: self.md_replicas() == 2, HEAL_DEADLINE_SECONDS, f"{md_ref} to follow the mirror to 2")
         say(f"     followed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
 
-    def _show_event(self, reason: str, since: float) -> None:
+    def _show_event(self, reason: str, contains: str) -> None:
+        """Print the Event ``reason`` whose message has ``contains`` (an earlier one of the same reason is not it)."""
         def found() -> Any:
             events = self.core.list_namespaced_event(cluster.METAL3_NAMESPACE).items
-            return [e for e in events if e.reason == reason and e.involved_object.name == cluster.MACHINE_DEPLOYMENT]
+            return [e for e in events if e.reason == reason and e.involved_object.name == cluster.MACHINE_DEPLOYMENT
+                    and contains in (e.message or "")]
 
         try:
             events = wait_for(found, 3, f"a {reason} Event")
