@@ -88,49 +88,41 @@ def issue_serving_cert(
     days: int = 30,
 ) -> x509.Certificate:
     """Sign a serverAuth certificate for the given names and write the pair (key first)."""
-    key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     if not sans:
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(dns_names[0] if dns_names else ip_addresses[0]))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - dt.timedelta(minutes=5))
-        .not_valid_after(_now() + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca.key, hashes.SHA256())
-    )
-    cert_file.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(key_file, key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ))
-    _write_public(cert_file, cert.public_bytes(serialization.Encoding.PEM))
-    return cert
+    return _issue_leaf(ca, cert_file, key_file, _name(dns_names[0] if dns_names else ip_addresses[0]),
+                       ExtendedKeyUsageOID.SERVER_AUTH, days, x509.SubjectAlternativeName(sans))
 
 
 def issue_client_cert(ca: CertificateAuthority, cert_file: Path, key_file: Path, common_name: str,
                       organization: str = "", days: int = 30) -> x509.Certificate:
     """Sign a clientAuth certificate (what kube-apiserver presents to a webhook) and write the pair."""
-    key = ec.generate_private_key(ec.SECP256R1())
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     if organization:
         attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-    cert = (
+    return _issue_leaf(ca, cert_file, key_file, x509.Name(attributes), ExtendedKeyUsageOID.CLIENT_AUTH, days)
+
+
+def _issue_leaf(ca: CertificateAuthority, cert_file: Path, key_file: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
+                days: int, sans: x509.SubjectAlternativeName | None = None) -> x509.Certificate:
+    """Sign a leaf certificate for one extended key usage with a fresh P-256 key; write key, then certificate."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name(attributes))
+        .subject_name(subject)
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(_now() - dt.timedelta(minutes=5))
         .not_valid_after(_now() + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    )
+    if sans is not None:
+        builder = builder.add_extension(sans, critical=False)
+    cert = (
+        builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .sign(ca.key, hashes.SHA256())
     )
     cert_file.parent.mkdir(parents=True, exist_ok=True)
