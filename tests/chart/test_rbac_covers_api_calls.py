@@ -39,7 +39,8 @@ INJECTION_CALLS = [
 SCALING_VALUES = {"scaling": {
     "mappings": [mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a"),
                  mapping("mirrors/mirror-b", "metal3-b/md-b", "b")],
-    "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]}}}
+    "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
+    "capacityAware": {"enabled": True}}}
 
 SCALING_CALLS = [
     *[R(v, "", "configmaps", namespace=NAMESPACE, name="scaling-webhook-configmap") for v in ("list", "watch")],
@@ -60,6 +61,10 @@ SCALING_CALLS = [
     R("list", CAPI, "machines", namespace="metal3"),
     R("patch", CAPI, "machines", namespace="metal3", name="md-a-xyz"),
     R("get", "", "secrets", namespace="slurm", name="slurm-jwt"),
+    # capacityAware: the hosts, the pool's template and its Machines, watched.
+    *[R(v, "metal3.io", "baremetalhosts", namespace="metal3") for v in ("list", "watch")],
+    *[R(v, "infrastructure.cluster.x-k8s.io", "metal3machinetemplates", namespace="metal3", name="md-a") for v in ("list", "watch")],
+    *[R(v, CAPI, "machines", namespace="metal3") for v in ("list", "watch")],
 ]
 
 
@@ -134,6 +139,8 @@ def test_scaling_rbac_is_least_privilege(render):
     plain = render({"scaling": {"mappings": SCALING_VALUES["scaling"]["mappings"]}})
     assert not rbac_allows(plain, SCL_SA, NAMESPACE, R("list", CAPI, "machines", namespace="metal3"))
     assert not rbac_allows(plain, SCL_SA, NAMESPACE, R("get", "", "secrets", namespace="slurm", name="slurm-jwt"))
+    # So is capacity-aware scale-up: no BareMetalHost access without it.
+    assert not rbac_allows(plain, SCL_SA, NAMESPACE, R("list", "metal3.io", "baremetalhosts", namespace="metal3"))
 
 
 def test_extra_namespaces_grant_unrestricted_names(render):
