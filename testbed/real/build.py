@@ -49,6 +49,7 @@ CAPM3_CRDS = ("infrastructure.cluster.x-k8s.io_metal3datas.yaml", "infrastructur
               "infrastructure.cluster.x-k8s.io_metal3dataclaims.yaml")
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kubectl")
 PROGRESS_SECONDS = 20.0
+HEAVY_BUILD_LOCK = "heavy-build"  # taken by every go build (and by other heavy builds of the tiers)
 
 Progress = Callable[[str], None]
 
@@ -152,7 +153,9 @@ def go_build(module: Path, name: str, version: str, packages: dict[str, str], ld
     if all(path.is_file() for path in wanted.values()):
         return wanted
     go = go_binary()
-    with _locked(key):
+    # One Go build at a time on the machine (HEAVY_BUILD_LOCK): two at once on 2 cores take longer
+    # than one after the other, and starve the tests running beside them.
+    with _locked(key), _locked(HEAVY_BUILD_LOCK):
         if all(path.is_file() for path in wanted.values()):
             return wanted
         progress(f"building {', '.join(packages)} ({version}) from {module.relative_to(REPO_ROOT)} into {dest}; "
