@@ -53,12 +53,12 @@ class Prepared:
 PREPARED = Prepared()
 
 
-def _progress_writer(config: pytest.Config) -> Callable[[str], None]:
+def _progress_writer(config: pytest.Config, tier: str = "real_k8s") -> Callable[[str], None]:
     capman = config.pluginmanager.getplugin("capturemanager")
     reporter = config.pluginmanager.getplugin("terminalreporter")
 
     def write(line: str) -> None:
-        text = f"[slime real_k8s] {line}"
+        text = f"[slime {tier}] {line}"
         if reporter is not None and capman is not None:
             with capman.global_and_fixture_disabled():
                 reporter.write_line(text)
@@ -71,7 +71,13 @@ def _progress_writer(config: pytest.Config) -> Callable[[str], None]:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not any(item.get_closest_marker("real_k8s") for item in session.items):
         return
-    progress = _progress_writer(session.config)
+    prepare(_progress_writer(session.config))
+
+
+def prepare(progress: Callable[[str], None]) -> None:
+    """Build or fetch what the tier needs (once per session; the whole-loop tier calls it too)."""
+    if PREPARED.binaries is not None or PREPARED.missing or PREPARED.error:
+        return
     started = time.monotonic()
     try:
         PREPARED.binaries = control_plane_binaries(progress)
