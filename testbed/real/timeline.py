@@ -1,0 +1,129 @@
+"""The timeline of one scale-up, from job submission to job start, as the thesis measures it (section 6.3.2).
+
+A :class:`ScaleUp` holds the wall-clock time of each step the loop goes through (:data:`STEPS`),
+as the whole-loop tier observes them; :data:`PHASES` groups them as the thesis' Figure 6.15
+does (KEDA reaction, scaling webhook, node provisioning) with the Cluster API and Slurm steps
+between made visible. :func:`render` prints the table, :func:`plot` draws it as a PNG (the
+thesis' two views: the whole scale-up, and the fast phases zoomed). Pure, except :func:`plot`,
+which writes a file (matplotlib, from the ``real`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# (key, what happened): the order the loop must go through them.
+STEPS: tuple[tuple[str, str], ...] = (
+    ("submitted", "job submitted (sbatch)"),
+    ("seen", "demand seen by the scaler's source (Prometheus or /demand)"),
+    ("admitted", "scaling webhook admitted KEDA/HPA's /scale of the mirror"),
+    ("mirror", "mirror stored at the new replicas"),
+    ("md", "MachineDeployment set by the scaling leader"),
+    ("machine", "Machine created by Cluster API"),
+    ("injected", "metaData Secret stored with the join data (injection webhook)"),
+    ("registered", "slurmd registered with slurmctld"),
+    ("started", "job started"),
+)
+STEP_KEYS = tuple(key for key, _ in STEPS)
+# (name, from step, to step): the thesis' three phases, with Cluster API and Slurm's own steps apart.
+PHASES: tuple[tuple[str, str, str], ...] = (
+    ("KEDA reaction", "submitted", "admitted"),
+    ("scaling webhook", "admitted", "md"),
+    ("Cluster API", "md", "machine"),
+    ("provisioning (simulated metal)", "machine", "registered"),
+    ("Slurm scheduling", "registered", "started"),
+)
+
+
+@dataclass
+class ScaleUp:
+    """One scale-up: ``label`` (e.g. "4-node job"), and the wall-clock second of each step seen."""
+
+    label: str
+    at: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, step: str, when: float) -> None:
+        """Record ``step`` at ``when`` (the first time only: later sightings of the same step are not it)."""
+        if step not in STEP_KEYS:
+            raise ValueError(f"unknown step {step!r}; steps: {', '.join(STEP_KEYS)}")
+        self.at.setdefault(step, when)
+
+    def missing(self) -> list[str]:
+        return [key for key in STEP_KEYS if key not in self.at]
+
+    def out_of_order(self) -> list[tuple[str, str]]:
+        """Consecutive seen steps whose times run backwards: (earlier step, later step)."""
+        seen = [key for key in STEP_KEYS if key in self.at]
+        return [(a, b) for a, b in zip(seen, seen[1:], strict=False) if self.at[b] < self.at[a]]
+
+    def since_submit(self, step: str) -> float | None:
+        if step not in self.at or "submitted" not in self.at:
+            return None
+        return self.at[step] - self.at["submitted"]
+
+    def phases(self) -> list[tuple[str, float | None]]:
+        """Each phase's duration in seconds (None when one of its ends was not seen)."""
+        return [(name, self.at[end] - self.at[start] if start in self.at and end in self.at else None)
+                for name, start, end in PHASES]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def render(scale_ups: Sequence[ScaleUp]) -> str:
+    """The timeline as text: each step's time since submission, then the phases."""
+    lines = []
+    for scale_up in scale_ups:
+        lines.append(f"Scale-up: {scale_up.label}")
+        for key, what in STEPS:
+            lines.append(f"  {_seconds(scale_up.since_submit(key)):>10}  {what}")
+        lines.append("  phases: " + ", ".join(f"{name} {_seconds(seconds)}" for name, seconds in scale_up.phases()))
+        problems = [f"{a} after {b}" for a, b in scale_up.out_of_order()] + [f"{key} not seen" for key in scale_up.missing()]
+        if problems:
+            lines.append("  NOT IN ORDER: " + "; ".join(problems))
+    return "\n".join(lines)
+
+
+def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up, job submitted to job started") -> Path:
+    """Draw the phases of each scale-up as bars (whole scale-up above, the fast phases zoomed below); write a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write files only
+    import matplotlib.pyplot as plt
+
+    figure, (whole, zoomed) = plt.subplots(2, 1, figsize=(10, 2.2 + 1.1 * len(scale_ups) * 2))
+    colours = ("#4e79a7", "#f28e2b", "#59a14f", "#9c755f", "#e15759")
+    fast = _fast_window(scale_ups)
+    for axis, window in ((whole, None), (zoomed, fast)):
+        for row, scale_up in enumerate(scale_ups):
+            for (name, start, end), colour in zip(PHASES, colours, strict=True):
+                left, right = scale_up.since_submit(start), scale_up.since_submit(end)
+                if left is None or right is None:
+                    continue
+                axis.barh(row, max(right - left, 1e-4), left=left, color=colour, label=name if row == 0 else None)
+        axis.set_yticks(range(len(scale_ups)), [s.label for s in scale_ups])
+        axis.invert_yaxis()
+        axis.set_xlabel("seconds since the job was submitted")
+        if window is not None:
+            axis.set_xlim(*window)
+            axis.set_title("zoomed: KEDA reaction, scaling webhook and Cluster API", fontsize=9)
+        else:
+            axis.set_title(title, fontsize=10)
+            axis.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _fast_window(scale_ups: Iterable[ScaleUp]) -> tuple[float, float]:
+    """From submission to the latest Machine creation, with a margin: where the fast phases are visible."""
+    ends = [t for s in scale_ups if (t := s.since_submit("machine")) is not None]
+    end = max(ends, default=1.0)
+    return (0.0, end * 1.05 + 0.05)
