@@ -1,13 +1,18 @@
 """Fixtures of the real-Slurm tier: the cached Slurm root (once per session) and one :class:`Site` per test.
 
 Without root (or another prerequisite) each test of the tier is skipped with a one-line reason,
-and fails under ``CI=true`` (:func:`testbed.real.prerequisites.unavailable`).
+and fails under ``CI=true`` (:func:`testbed.real.prerequisites.unavailable`). The figures of the
+scale-in simulation are printed at the end of the run ("real Slurm figures") and written as JSON
+to ``$SLIME_REAL_SLURM_FIGURES`` when that is set; ``docs/reliability.md`` quotes them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,12 +21,29 @@ from testbed.pki import Pki
 from testbed.real.netns import Network
 from testbed.real.prerequisites import unavailable
 from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, Unavailable, free_port, prepare_root
-from testbed.services import ScaleWebhookRoute, start_injection
+from testbed.services import ScaleWebhookRoute, Scaling, start_injection
 from testbed.world import seed_nodeport, seed_slinky
+from tests.real_slurm.pool import Pool, make_pool
 from tests.real_slurm.site import Admission, Site
 from tests.support.audit import EVIDENCE
 
 _ROOT: list[SlurmRoot | str] = []
+FIGURES: dict[str, Any] = {}
+
+
+@pytest.fixture
+def figures() -> Iterator[dict[str, Any]]:
+    yield FIGURES
+    target = os.environ.get("SLIME_REAL_SLURM_FIGURES")
+    if target and FIGURES:
+        Path(target).write_text(json.dumps(FIGURES, indent=2, sort_keys=True) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FIGURES:
+        terminalreporter.section("real Slurm figures")
+        for name in sorted(FIGURES):
+            terminalreporter.write_line(f"{name}: {json.dumps(FIGURES[name], sort_keys=True)}")
 
 
 @pytest.fixture
@@ -61,7 +83,8 @@ def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[...
     cluster = seed_slinky(emulator, host_ip=network.host_address)
     port = free_port(30000, 32767)  # slurmctld's port is the NodePort Service's nodePort, as in the thesis setup
     seed_nodeport(emulator, cluster.namespace, cluster.controller, node_port=port)
-    slurm = Slurm(slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=port), slurm_key=cluster.key)
+    slurm = Slurm(slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=port),
+                  slurm_key=cluster.key, jwt_key=cluster.jwt_key)  # the keys of Slinky's Secrets
     injection = None
     site = None
     try:
@@ -79,3 +102,8 @@ def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[...
         slurm.close()
         _collect("slurm", slurm.logs())
 
+
+@pytest.fixture
+def pool(site: Site, scaling_factory: Callable[..., Scaling]) -> Callable[..., Pool]:
+    """``pool(n, **safeScaleIn options)``: n real hosts in a MachineDeployment, its mirror, the scaling webhook on real slurmrestd."""
+    return lambda replicas, **safe: make_pool(site, scaling_factory, replicas, **safe)

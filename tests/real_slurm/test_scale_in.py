@@ -1,0 +1,171 @@
+"""Safe scale-in against real Slurm 24.11: the scaling webhook, its safeScaleIn mapping pointing at real slurmrestd.
+
+The JWT is signed from the ``jwt_hs256.key`` slurmctld verifies (held in a Secret on kubemu);
+Machines carry ``status.addresses`` that name the real nodes; jobs are real (``sbatch --wrap
+"sleep N"``). Each test covers a state only real Slurm produces: ``DYNAMIC_NORM`` on every
+node, ``COMPLETING`` while an Epilog runs, ``NOT_RESPONDING`` and then ``DOWN`` after slurmd is
+killed, ``DRAIN`` together with ``MIXED``/``ALLOCATED`` after an admin drains a busy node. The
+seeded simulation (:mod:`tests.real_slurm.test_simulation`) runs them all together.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
+from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient
+from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
+from testbed.wait import wait_for
+from tests.real_slurm.pool import Pool, SecretReader
+from tests.scalein.sim import MD_NS
+
+pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
+
+
+def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy_one_stays(
+        pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="slime.scaling.slurmrestd")
+    p = pool(3)
+    assert p.states() == {f"bm-00{i}": {"IDLE", "DYNAMIC_NORM"} for i in (1, 2, 3)}
+    job = p.run("bm-002", 300)
+    assert p.states()["bm-002"] == {"MIXED", "DYNAMIC_NORM"}  # one of two CPUs
+    p.scale(1)
+    assert sorted(p.capi.annotated()) == ["md-001", "md-003"] and p.replicas() == 1
+    nodes = p.slurm.nodes()
+    for host in ("bm-001", "bm-003"):
+        assert nodes[host]["state"] == ["IDLE", "DRAIN", "DYNAMIC_NORM"]
+        assert (nodes[host]["reason"], nodes[host]["reason_set_by_user"]) == (DRAIN_REASON, "slurm")
+    assert nodes["bm-002"]["state"] == ["MIXED", "DYNAMIC_NORM"]
+    assert p.capi.step() == []  # CAPI deletes the marked Machines; the pre-drain hook holds them
+    assert p.capi.held("md-001") and p.capi.held("md-003")
+    p.reconcile()  # drained and idle: DELETE in Slurm, then the hook goes
+    assert sorted(p.slurm.nodes()) == ["bm-002"]
+    assert sorted(p.capi.step()) == ["md-001", "md-003"]
+    assert [m["metadata"]["name"] for m in p.capi.machines()] == ["md-002"]
+    assert p.capi.violations == []
+    assert p.slurm.jobs()[job]["job_state"] == ["RUNNING"]
+    assert len(p.events("SlurmNodeDeleted")) == 2
+    versions = [r.__dict__.get("api_version") for r in caplog.records if r.getMessage() == "slurmrestd API version discovered"]
+    assert versions == ["v0.0.42"]  # probed v0.0.44, v0.0.43 (404 from Slurm 24.11), then v0.0.42
+
+
+def test_completing_is_never_a_victim_and_a_draining_completing_node_is_held(pool: Callable[..., Pool]) -> None:
+    p = pool(2)
+    p.run("bm-002", 300)
+    short = p.slurm.sbatch("-w", "bm-001", "--wrap", "sleep 1")
+    (p.slurm.shared / f"hold-epilog-{short}").touch()  # the Epilog waits while this file exists
+    wait_for(lambda: "COMPLETING" in p.states()["bm-001"], 20, "bm-001 to be COMPLETING (its epilog runs)")
+    assert p.states()["bm-001"] == {"IDLE", "COMPLETING", "DYNAMIC_NORM"}
+    p.scale(1)
+    assert p.capi.annotated() == [] and p.replicas() == 2  # both busy: deferred
+    (event,) = wait_for(lambda: p.events("ScaleInDeferred")[:1], 10, "the deferral")
+    assert "md-001 (COMPLETING)" in event["message"] and "md-002 (MIXED)" in event["message"]
+    # An operator deletes the Machine of the COMPLETING node: the hook holds it, SliMe drains it and waits.
+    p.site.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")
+    p.reconcile()
+    p.reconcile()
+    assert p.states()["bm-001"] == {"IDLE", "DRAIN", "COMPLETING", "DYNAMIC_NORM"} and p.capi.held("md-001")
+    assert p.capi.step() == [] and "bm-001" in p.slurm.nodes()
+    (p.slurm.shared / f"hold-epilog-{short}").unlink()  # the epilog ends
+    wait_for(lambda: "COMPLETING" not in p.states()["bm-001"], 20, "the epilog to end")
+    p.reconcile()
+    assert "bm-001" not in p.slurm.nodes() and not p.capi.held("md-001")
+    assert "md-001" in p.capi.step()
+    assert p.capi.violations == []
+
+
+def test_an_admin_drain_of_a_busy_node_is_held_and_no_admin_drain_is_ever_undone(pool: Callable[..., Pool]) -> None:
+    p = pool(3)
+    p.run("bm-001", 300)
+    p.admin_drain("bm-001", "maintenance: disk swap")
+    p.admin_drain("bm-003", "maintenance: bios")
+    states = p.states()
+    assert states["bm-001"] == {"MIXED", "DRAIN", "DYNAMIC_NORM"}  # DRAIN with a job: only real Slurm shows this (draining)
+    assert states["bm-003"] == {"IDLE", "DRAIN", "DYNAMIC_NORM"}
+
+    def admin_drains_intact() -> None:
+        nodes = p.slurm.nodes()
+        assert (nodes["bm-001"]["state"][1], nodes["bm-001"]["reason"]) == ("DRAIN", "maintenance: disk swap")
+        if "bm-003" in nodes:
+            assert "DRAIN" in nodes["bm-003"]["state"] and nodes["bm-003"]["reason"] == "maintenance: bios"
+            assert nodes["bm-003"]["reason_set_by_user"] == "root"
+
+    def undrained() -> None:
+        # After an UNDRAIN slurmctld pings the node again: NOT_RESPONDING for about half a second (real Slurm only).
+        wait_for(lambda: p.states()["bm-002"] == {"IDLE", "DYNAMIC_NORM"}, 10, "bm-002 undrained and idle")
+
+    p.scale(2)
+    assert p.capi.annotated() == ["md-002"]  # an idle node before the admin's idle one; never the busy one
+    admin_drains_intact()
+    p.scale(3)  # reclaimed: our drain undone
+    assert p.capi.annotated() == []
+    undrained()
+    admin_drains_intact()
+    p.scale(1)  # two victims: the idle node, then the admin's idle one; the busy admin-drained one stays
+    assert sorted(p.capi.annotated()) == ["md-002", "md-003"] and p.replicas() == 1
+    admin_drains_intact()
+    p.scale(3)  # both reclaimed: ours undrained, the admin's keeps its drain
+    assert p.capi.annotated() == []
+    undrained()
+    admin_drains_intact()
+    # An operator deletes the Machine of the busy, admin-drained node: held while its job runs.
+    p.site.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")
+    p.reconcile()
+    assert p.capi.held("md-001") and p.capi.step() == []
+    admin_drains_intact()
+    assert p.capi.violations == []
+
+
+def test_a_killed_slurmd_not_responding_then_down_goes_first(pool: Callable[..., Pool]) -> None:
+    p = pool(3)
+    node = p.capi.hosts["md-003"]
+    node.kill_slurmd(signal.SIGKILL)
+    seen = [sorted(p.states()["bm-003"])]
+    wait_for(lambda: "NOT_RESPONDING" in p.states()["bm-003"], 60, "slurmctld to mark bm-003 NOT_RESPONDING")
+    seen.append(sorted(p.states()["bm-003"]))
+    # The product's ordering on the real node list at that moment: the dead node first, before the idle ones.
+    client = SlurmClient(SecretReader(p.slurm.jwt_key), SafeScaleInConfig(slurmrestd=p.slurm.restd_url, jwt_secret=("slurm", "jwt")))
+    try:
+        eligible, _ = order_candidates(p.capi.live(), client.nodes())
+    finally:
+        client.close()
+    assert [c.machine for c in eligible][0] == "md-003" and "NOT_RESPONDING" in eligible[0].why
+    wait_for(lambda: "DOWN" in p.states()["bm-003"], 60, "slurmctld to set bm-003 DOWN")
+    seen.append(sorted(p.states()["bm-003"]))
+    assert seen[-1] == ["DOWN", "DYNAMIC_NORM", "NOT_RESPONDING"]
+    p.scale(2)
+    assert p.capi.annotated() == ["md-003"]  # before md-001 and md-002, idle
+    assert p.states()["bm-003"] == {"DOWN", "DRAIN", "NOT_RESPONDING", "DYNAMIC_NORM"}
+    assert p.capi.step() == []
+    p.reconcile()  # DOWN+DRAIN runs nothing: Slurm deletes it
+    assert "bm-003" not in p.slurm.nodes()
+    assert p.capi.step() == ["md-003"] and p.capi.violations == []
+
+
+def test_slurmrestd_stopped_mid_run_no_release_and_scale_up_still_works(pool: Callable[..., Pool]) -> None:
+    p = pool(3)
+    p.run("bm-001", 300)
+    p.scale(1)
+    assert sorted(p.capi.annotated()) == ["md-002", "md-003"]
+    p.capi.step()  # deleting, held
+    p.slurm.stop_restd()
+    for _ in range(3):
+        p.reconcile()
+    assert p.capi.held("md-002") and p.capi.held("md-003") and p.capi.step() == []
+    assert {"bm-002", "bm-003"} <= set(p.slurm.nodes())  # still in Slurm, drained, hosts still on
+    (event,) = wait_for(lambda: p.events("SlurmUnavailable")[:1], 10, "the SlurmUnavailable event")
+    assert "cannot reach slurmrestd" in event["message"] and "eyJ" not in event["message"]
+    p.scale(4)  # a scale-up needs no slurmrestd
+    assert p.replicas() == 4
+    p.capi.step()  # three new hosts boot from injected metaData and join slurmctld (it is up)
+    assert {"bm-004", "bm-005", "bm-006"} <= set(p.slurm.nodes())
+    assert p.capi.held("md-002") and p.capi.held("md-003")
+    p.slurm.start_restd()
+    p.reconcile()
+    assert not {"bm-002", "bm-003"} & set(p.slurm.nodes())
+    assert sorted(p.capi.step()) == ["md-002", "md-003"]
+    assert len(p.capi.live()) == 4 and p.capi.violations == []
