@@ -2,7 +2,9 @@
 
 ``promtool test rules`` evaluates an expression on series fixtures (``input_series``) and
 compares the result (``promql_expr_test``); no Prometheus server is started. Debian ships it
-in the ``prometheus`` package. Without promtool the test skips locally and fails under CI=true.
+in the ``prometheus`` package: ``promtool`` from PATH, else the one
+:mod:`testbed.real.prometheus` fetches from that package into the cache (``apt-get download``,
+nothing installed). Only when neither can be had does the test skip locally, and fail under CI=true.
 
 The query must give one node per job: running + pending once at least T jobs are pending,
 else running, and 0 (not "no result") when the series are absent.
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testbed.real.debian import PackagesUnavailable
+from testbed.real.prometheus import promtool as find_promtool
 from tests.chart.helpers import by_kind, mapping
 
 PARTITION = "batch"
@@ -39,12 +42,12 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found:
-        return found
-    if os.environ.get("CI") == "true":
-        pytest.fail("promtool not found, and CI=true: install it (apt-get install prometheus) so the KEDA query is proven")
-    pytest.skip("promtool not found: apt-get install prometheus")
+    try:
+        return find_promtool()
+    except PackagesUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no promtool on PATH and Debian's prometheus package could not be fetched, and CI=true: {exc}")
+        pytest.skip(f"no promtool: {exc}")
 
 
 def rendered_query(render: Any, threshold: int) -> str:
