@@ -17,7 +17,8 @@ waits for ever (slurm-operator#29). The rule here counts *nodes*:
   below tells "too few nodes now" from "can never fit").
 * **Ignored** pending jobs, counted by why: ``held`` (``hold``, ``JobHeldUser``,
   ``JobHeldAdmin``, ``JobHoldMaxRequeue``), ``dependency`` (``Dependency``,
-  ``DependencyNeverSatisfied``), ``begin_time`` (``BeginTime``, or a begin time in the future),
+  ``DependencyNeverSatisfied``), ``begin_time`` (``BeginTime``, or an ``eligible_time`` in the
+  future: slurmrestd's job records carry no ``begin_time``, only the job descriptions one submits do),
   ``never_fits`` (more nodes than the partition's ``MaxNodes`` or the pool's ``maxReplicas``),
   and ``blocked`` (any other reason: association or QOS limits, a down or inactive partition,
   licenses, reservations... nodes would not start them).
@@ -132,7 +133,7 @@ class Job:
     node_count: int
     nodes: str  # the host list of an allocated job
     hold: bool = False
-    begin_time: int | None = None
+    begin_time: int | None = None  # slurmrestd's eligible_time: when the job may start (its --begin, once pending)
     tasks: int = 1  # array tasks this record stands for
 
     @property
@@ -159,7 +160,7 @@ def parse_job(raw: dict[str, Any]) -> Job:
         node_count=max(1, number(raw.get("node_count")) or 1),
         nodes=str(raw.get("nodes") or ""),
         hold=raw.get("hold") is True,
-        begin_time=number(raw.get("begin_time")),
+        begin_time=number(raw.get("eligible_time")),
         tasks=array_tasks(raw) if "PENDING" in {str(s).upper() for s in states} else 1,
     )
 

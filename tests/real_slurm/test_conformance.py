@@ -3,8 +3,8 @@
 tests/scalein/fake_slurmrestd.py stands in for slurmrestd in the fast suites. Here one sequence
 of requests (what SliMe's client sends, and the errors it must understand) goes to the fake and
 to a real slurmrestd with two real dynamic nodes; each answer is reduced to what a client can
-rely on (status, content type, error entries, the node fields SliMe reads) and the two lists
-must be equal. Where they differed, the fake was fixed. Then SliMe's own client
+rely on (status, content type, error entries, the node fields SliMe reads, the job and partition
+fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own client
 (``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
 ``v0.0.42`` is proven against real Slurm here (24.11 serves v0.0.40 to v0.0.42).
 """
@@ -31,13 +31,16 @@ from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port
 from testbed.wait import wait_for
 from testbed.world import make_jwt_key, make_slurm_key
 from tests.real_slurm.conftest import _collect
-from tests.scalein.fake_slurmrestd import FakeSlurmrestd
+from tests.scalein.fake_slurmrestd import PARTITION, FakeSlurmrestd
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 
 V = "v0.0.42"
 IDLE, BUSY = "node-a", "node-b"
 NODE_FIELDS = ("name", "hostname", "address", "state", "reason", "reason_set_by_user")
+# What node demand (scaling_webhook/demand.py) and the Slurm metrics stand-in read of a job record.
+JOB_FIELDS = ("job_id", "job_state", "partition", "state_reason", "node_count", "nodes", "hold", "eligible_time",
+              "array_task_string", "array_max_tasks")
 
 
 @dataclass
@@ -47,6 +50,9 @@ class Target:
     key: bytes
     make_busy: Callable[[str], None]
     addresses: dict[str, str]
+    partition: str  # the one partition, over every node
+    queue: Callable[[int], None]  # submit a job asking this many nodes, which cannot start now (it pends)
+    unqueue: Callable[[], None]  # cancel it
 
 
 @pytest.fixture
@@ -63,7 +69,17 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
             slurm.sbatch("--exclusive", "-w", name, "--wrap", "sleep 300")
             wait_for(lambda: "ALLOCATED" in slurm.node_states().get(name, set()), 20, f"{name} to run the job")
 
-        yield Target("real slurmrestd 24.11", slurm.restd_url, slurm.jwt_key, make_busy, {n.hostname: n.net.address for n in nodes})
+        queued: list[int] = []
+
+        def queue(nodes: int) -> None:
+            queued.append(slurm.sbatch(f"-N{nodes}", "--wrap", "sleep 300"))
+            wait_for(lambda: slurm.jobs()[queued[-1]]["state_reason"] != "None", 20, "a scheduling pass over the queued job")
+
+        def unqueue() -> None:
+            slurm.client(["scancel", str(queued.pop())])
+
+        yield Target("real slurmrestd 24.11", slurm.restd_url, slurm.jwt_key, make_busy, {n.hostname: n.net.address for n in nodes},
+                     slurm.config.partition, queue, unqueue)
     finally:
         for node in nodes:
             node.power_off(network)
@@ -82,7 +98,13 @@ def fake() -> Iterator[Target]:
     def make_busy(name: str) -> None:
         server.start_job(name, time.time() + 300)
 
-    yield Target("fake slurmrestd", server.url, key, make_busy, addresses)
+    def queue(nodes: int) -> None:
+        server.submit(nodes, reason="Resources")  # what real slurmctld says: a node it needs is busy
+
+    def unqueue() -> None:
+        server.pending.clear()
+
+    yield Target("fake slurmrestd", server.url, key, make_busy, addresses, PARTITION, queue, unqueue)
     server.stop()
 
 
@@ -100,7 +122,7 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
         return out
     body = response.json()
     out["errors"] = body.get("errors")
-    out["keys"] = sorted(k for k in body if k in ("errors", "warnings", "meta", "nodes", "pings"))
+    out["keys"] = sorted(k for k in body if k in ("errors", "warnings", "meta", "nodes", "pings", "jobs", "partitions"))
     if "nodes" in body:
         nodes = {}
         for node in body["nodes"]:
@@ -112,6 +134,21 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
         out["nodes"] = nodes
     if "pings" in body:
         out["pinged"] = [p.get("pinged") for p in body["pings"]]
+    if "jobs" in body:
+        jobs = []
+        for job in body["jobs"]:
+            missing = [f for f in JOB_FIELDS if f not in job]
+            assert not missing, f"{target.name}: job {job.get('job_id')} lacks {missing}"
+            eligible = job["eligible_time"]
+            jobs.append({"state": job["job_state"], "reason": job["state_reason"], "partition_is_the_one": job["partition"] == target.partition,
+                         "node_count": job["node_count"], "nodes": job["nodes"], "hold": job["hold"],
+                         "eligible_time": {"keys": sorted(eligible), "set": eligible["set"], "past": eligible["number"] <= time.time()},
+                         "array_task_string": job["array_task_string"], "array_max_tasks": job["array_max_tasks"],
+                         "no_begin_time": "begin_time" not in job})
+        out["jobs"] = sorted(jobs, key=lambda j: json.dumps(j, sort_keys=True))
+    if "partitions" in body:
+        out["partitions"] = [{"is_the_one": p["name"] == target.partition, "max_nodes": p["maximums"]["nodes"], "total": p["nodes"]["total"]}
+                             for p in body["partitions"]]
     return out
 
 
@@ -161,6 +198,10 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
         answers.append(("after undrain (reason kept)", _reduce(target, _settled_nodes(target, client))))
         target.make_busy(BUSY)
         send("busy node", "GET", f"/slurm/{V}/nodes/")
+        target.queue(2)  # both nodes: one is busy, so it pends
+        send("list jobs", "GET", f"/slurm/{V}/jobs/")
+        send("list partitions", "GET", f"/slurm/{V}/partitions/")
+        target.unqueue()
         send("delete busy node", "DELETE", f"/slurm/{V}/node/{BUSY}")
         send("drain busy node", "POST", f"/slurm/{V}/node/{BUSY}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
         send("busy and drained", "GET", f"/slurm/{V}/nodes/")
@@ -192,6 +233,11 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None
     assert facts["after undrain (reason kept)"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
     assert facts["after undrain (reason kept)"]["nodes"][IDLE]["reason"] == "slime: scale-in"
     assert facts["busy and drained"]["nodes"][BUSY]["state"] == ["ALLOCATED", "DRAIN", "DYNAMIC_NORM"]
+    # Node demand's view: a running job on the busy node, a pending 2-node job (Resources), the partition UNLIMITED.
+    assert sorted((j["state"], j["reason"], j["node_count"]["number"], j["nodes"]) for j in facts["list jobs"]["jobs"]) == [
+        (["PENDING"], "Resources", 2, ""), (["RUNNING"], "None", 1, BUSY)]
+    assert facts["list partitions"]["partitions"] == [{"is_the_one": True, "max_nodes": {"set": False, "infinite": True, "number": 0},
+                                                        "total": 2}]
     for what, number in (("delete busy node", 2016), ("delete busy drained node", 2016), ("delete unknown node", 2018),
                          ("delete it again (gone)", 2018), ("drain unknown node", 2018)):
         assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what

@@ -17,7 +17,9 @@ whole node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm sh
 
 For node demand it also lists jobs and partitions: running jobs from the node model (partition
 ``PARTITION``), and pending jobs queued with ``submit`` (any partition, reason, node count), in
-v0.0.42's shapes (``node_count`` and ``begin_time`` as ``{set, infinite, number}``).
+v0.0.42's shapes as real slurmrestd 24.11 lists them (``node_count`` and ``eligible_time`` as
+``{set, infinite, number}``; no ``begin_time``, which only job descriptions carry; checked by the
+conformance test).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,6 +75,7 @@ class FakeSlurmrestd:
         # Called after every GET of the node list has been answered (tests use it to play a race).
         self.after_nodes_read: Callable[[], None] | None = None
         self._next_job = 1
+        self.started: dict[int, int] = {}  # job id -> when it became eligible (it started at once)
         self.pending: dict[int, dict[str, Any]] = {}  # job id -> its record, as GET jobs lists it
         self.partitions: dict[str, int | None] = {PARTITION: None}  # name -> MaxNodes (None: UNLIMITED)
         fake = self
@@ -142,6 +146,7 @@ class FakeSlurmrestd:
             self._next_job += 1
             found = self.nodes[node]
             found.jobs[job] = end
+            self.started[job] = int(time.time())
             if not found.drain:  # slurmctld clears a reason an UNDRAIN left when the node is next allocated
                 found.reason, found.reason_set_by_user = "", ""
             return job
@@ -152,7 +157,8 @@ class FakeSlurmrestd:
             job = self._next_job
             self._next_job += 1
             self.pending[job] = {"job_id": job, "partition": partition, "job_state": ["PENDING"], "state_reason": reason,
-                                 "node_count": _no_val(nodes), "nodes": "", "hold": False, "begin_time": _no_val(0), **fields}
+                                 "node_count": _no_val(nodes), "nodes": "", "hold": False, "eligible_time": _no_val(int(time.time())),
+                                 "array_task_string": "", "array_max_tasks": _no_val(0), **fields}
             return job
 
     def _jobs(self) -> list[dict[str, Any]]:
@@ -161,7 +167,8 @@ class FakeSlurmrestd:
             for job in node.jobs:
                 running.setdefault(job, []).append(node.name)
         return [*({"job_id": job, "partition": PARTITION, "job_state": ["RUNNING"], "state_reason": "None",
-                   "node_count": _no_val(len(names)), "nodes": ",".join(sorted(names)), "hold": False, "begin_time": _no_val(0)}
+                   "node_count": _no_val(len(names)), "nodes": ",".join(sorted(names)), "hold": False,
+                   "eligible_time": _no_val(self.started.get(job, 0)), "array_task_string": "", "array_max_tasks": _no_val(0)}
                   for job, names in sorted(running.items())),
                 *self.pending.values()]
 

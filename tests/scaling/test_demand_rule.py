@@ -20,7 +20,7 @@ def job(state: str, nodes: int = 1, partition: str = "batch", reason: str = "Non
     states = state.split("+")
     return {"job_id": extra.pop("job_id", 1), "partition": partition,
             "job_state": states, "state_reason": reason, "node_count": no_val(nodes), "nodes": hostlist,
-            "hold": extra.pop("hold", False), "begin_time": no_val(extra.pop("begin_time", None)), **extra}
+            "hold": extra.pop("hold", False), "eligible_time": no_val(extra.pop("eligible_time", NOW - 60)), **extra}
 
 
 CASES: list[tuple[str, list[dict[str, Any]], int]] = [
@@ -42,8 +42,11 @@ CASES: list[tuple[str, list[dict[str, Any]], int]] = [
     ("held by an admin", [job("PENDING", 2, reason="JobHeldAdmin")], 0),
     ("hold flag alone is enough", [job("PENDING", 2, reason="None", hold=True)], 0),
     ("waiting on a dependency", [job("PENDING", 2, reason="Dependency"), job("PENDING", 1, reason="DependencyNeverSatisfied")], 0),
-    ("begin time in the future", [job("PENDING", 2, reason="BeginTime"), job("PENDING", 1, begin_time=NOW + 3600)], 0),
-    ("a begin time that has passed counts", [job("PENDING", 1, reason="Priority", begin_time=NOW - 10)], 1),
+    ("begin time in the future (eligible_time, as slurmrestd lists it)",
+     [job("PENDING", 2, reason="BeginTime"), job("PENDING", 1, eligible_time=NOW + 3600)], 0),
+    ("a begin time that has passed counts", [job("PENDING", 1, reason="Priority", eligible_time=NOW - 10)], 1),
+    ("a begin_time field (job descriptions only; never in slurmrestd's job list) is not read",
+     [job("PENDING", 1, reason="Priority", begin_time=no_val(NOW + 3600))], 1),
     ("association or QOS limits: nodes would not start it",
      [job("PENDING", 1, reason="AssocGrpNodeLimit"), job("PENDING", 1, reason="QOSMaxJobsPerUserLimit")], 0),
     ("partition down or inactive, licenses, reservation",
