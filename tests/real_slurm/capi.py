@@ -111,8 +111,7 @@ class RealCapi:
             if any(k.startswith("pre-drain.delete.hook.machine.cluster.x-k8s.io") for k in meta.get("annotations") or {}):
                 continue  # held by a hook
             self._power_off(meta["name"])
-            meta["finalizers"] = []
-            self.site.emulator.update(machine)
+            self.site.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, meta["name"], {"metadata": {"finalizers": []}})
             self.removed.append(meta["name"])
             released.append(meta["name"])
         return released
