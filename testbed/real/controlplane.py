@@ -6,9 +6,14 @@
   envtest's), RBAC authorization, service-account token signing (issuer
   ``https://127.0.0.1:<port>``, so TokenRequest works), an audit log of every call made by a
   service account (``audit.log``: the tier reads each webhook's calls and their answers from it),
-  and optionally an ``--admission-control-config-file``.
+  the aggregation layer's flags (a front-proxy CA of its own for ``--requestheader-client-ca-file``,
+  the ``front-proxy-client`` certificate it presents to an extension API server such as KEDA's
+  metrics adapter; ``--enable-aggregator-routing`` stays off: it would dial Endpoints, and
+  Endpoints cannot hold loopback addresses, so an ``APIService`` is routed like a webhook, through
+  an ``ExternalName: localhost`` Service), and optionally an ``--admission-control-config-file``.
 - **kube-controller-manager** (when there is a binary) with the deployment, replicaset,
-  garbage-collector, namespace and service-account controllers, and the root-CA publisher.
+  garbage-collector, namespace and service-account controllers, the root-CA publisher, and the
+  horizontal-pod-autoscaler controller (KEDA's HPAs; synced every :data:`HPA_SYNC_SECONDS` s).
 
 Each process logs to ``<name>.log`` in the work directory and is stopped by its PID. The API
 server and etcd can be killed and started again on the same ports and data (:meth:`ControlPlane.kill`,
@@ -48,7 +53,9 @@ from testbed.real.build import ControlPlaneBinaries
 # no kubelet: pods stay Pending, which the tier never needs otherwise.
 KCM_CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller", "namespace-controller",
                    "serviceaccount-controller", "serviceaccount-token-controller", "root-ca-certificate-publisher-controller",
-                   "clusterrole-aggregation-controller")
+                   "clusterrole-aggregation-controller", "horizontal-pod-autoscaler-controller")
+HPA_SYNC_SECONDS = 5  # kube-controller-manager's default is 15 s; idle without HPAs
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN kube-apiserver's aggregator presents (--requestheader-allowed-names)
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
     # Every call a service account makes (the webhooks'), with its verb, resource and answer; nothing else.
@@ -139,8 +146,11 @@ class Ca:
         return cls(cert, key)
 
     def issue(self, common_name: str, organization: str = "", dns: tuple[str, ...] = (), ips: tuple[str, ...] = (),
-              server: bool = False) -> tuple[bytes, bytes]:
-        """A (certificate, key) PEM pair signed by this CA: a client certificate, or a serving one with SANs."""
+              server: bool = False, client_too: bool = False) -> tuple[bytes, bytes]:
+        """A (certificate, key) PEM pair signed by this CA: a client certificate, or a serving one with SANs (``client_too``: both)."""
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+        if client_too or not server:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         key = ec.generate_private_key(ec.SECP256R1())
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         if organization:
@@ -149,8 +159,7 @@ class Ca:
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(_now() - dt.timedelta(minutes=5)).not_valid_after(_now() + dt.timedelta(days=30))
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
-                                  critical=False))
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
         if dns or ips:
             sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
             sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -210,6 +219,14 @@ class ControlPlane:
         self.kcm_kubeconfig = self._write_kubeconfig("kcm.kubeconfig", kcm_cert, kcm_key)
         _write(pki / "admin.crt", self.admin_cert)
         _write(pki / "admin.key", self.admin_key, private=True)
+        # The aggregation layer: the API server proxies to extension API servers (APIService) with
+        # this client certificate; they trust it through the CA kube-apiserver publishes in
+        # kube-system/extension-apiserver-authentication.
+        self.front_proxy_ca = Ca.create("slime-real-k8s-front-proxy-ca")
+        self.front_proxy_ca_file = _write(pki / "front-proxy-ca.crt", _pem_cert(self.front_proxy_ca.cert))
+        proxy_crt, proxy_key = self.front_proxy_ca.issue(FRONT_PROXY_CLIENT)
+        self.proxy_client_cert = _write(pki / "front-proxy-client.crt", proxy_crt)
+        self.proxy_client_key = _write(pki / "front-proxy-client.key", proxy_key, private=True)
         self.audit_log = self.workdir / "audit.log"
         self.audit_policy = self.workdir / "audit-policy.yaml"
         self.audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -312,7 +329,12 @@ class ControlPlane:
                 f"--service-account-signing-key-file={self.sa_key}",
                 # The kubernetes Service would get 127.0.0.1 as its endpoint, which is not allowed.
                 "--endpoint-reconciler-type=none",
-                f"--audit-policy-file={self.audit_policy}", f"--audit-log-path={self.audit_log}", "--audit-log-maxbackup=1"]
+                f"--audit-policy-file={self.audit_policy}", f"--audit-log-path={self.audit_log}", "--audit-log-maxbackup=1",
+                # The aggregation layer (see the module doc); no --enable-aggregator-routing.
+                f"--requestheader-client-ca-file={self.front_proxy_ca_file}", f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={self.proxy_client_cert}", f"--proxy-client-key-file={self.proxy_client_key}"]
         if self.binaries.kube_controller_manager is None:
             # Without the service-account controller no namespace gets its `default` ServiceAccount.
             args.append("--disable-admission-plugins=ServiceAccount")
@@ -335,7 +357,7 @@ class ControlPlane:
             str(self.binaries.kube_controller_manager), f"--kubeconfig={self.kcm_kubeconfig}", "--leader-elect=false",
             "--bind-address=127.0.0.1", "--secure-port=0", f"--controllers={','.join(KCM_CONTROLLERS)}",
             f"--service-account-private-key-file={self.sa_key}", f"--root-ca-file={self.ca_file}",
-            "--use-service-account-credentials=true"])
+            "--use-service-account-credentials=true", f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_SECONDS}s"])
 
     def start(self) -> ControlPlane:
         started = time.monotonic()
