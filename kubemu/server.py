@@ -142,6 +142,14 @@ def _method_not_allowed() -> ApiError:
     return ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
 
+def _wire_scale(scale: Obj) -> Obj:
+    """A Scale as kube-apiserver serializes it: ``ScaleSpec.Replicas`` is an int32 with ``omitempty``, so 0 is left out."""
+    spec = scale.get("spec")
+    if isinstance(spec, dict) and type(spec.get("replicas")) is int and spec["replicas"] == 0:
+        del spec["replicas"]
+    return scale
+
+
 def _get_path(obj: Obj, dotted: str) -> Any:
     cur: Any = obj
     for part in dotted.split("."):
@@ -376,6 +384,7 @@ class KubeApp:
                                                          "creationTimestamp") if k in meta},
                       "spec": {"replicas": _get_path(parent, spec.spec_replicas) or 0},
                       "status": {"replicas": _get_path(parent, spec.status_replicas) or 0}}
+        _wire_scale(scale)
         selector = _get_path(parent, spec.selector)
         if isinstance(selector, dict):
             selector = match_labels_to_string(selector)
@@ -388,7 +397,8 @@ class KubeApp:
         if scale.get("metadata", {}).get("name") not in (None, "", name):
             raise ApiError(400, "BadRequest", f"the name of the object ({scale['metadata']['name']}) does not "
                                               f"match the name on the URL ({name})")
-        replicas = (scale.get("spec") or {}).get("replicas")
+        spec = scale.get("spec") or {}
+        replicas = spec.get("replicas", 0) if isinstance(spec, dict) else None  # omitted: 0 (int32, omitempty)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ApiError(422, "Invalid", f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid value: '
                                            f"{json.dumps(replicas)}: must be a non-negative integer")
@@ -432,7 +442,7 @@ class KubeApp:
         if info.subresource == "scale":
             old_scale = self._scale_of(res, old)
             self._check_scale(obj, info.name)
-            scale = await self._admit("UPDATE", info, res, ns, info.name, obj, old_scale, dry_run) or obj
+            scale = await self._admit("UPDATE", info, res, ns, info.name, _wire_scale(obj), old_scale, dry_run) or obj
             obj = self._scaled_parent(res, old, scale, info.name)
         else:
             _fold_string_data(res, obj)
@@ -453,7 +463,7 @@ class KubeApp:
                 old_scale = self._scale_of(res, old)
                 scale = apply_patch(old_scale, content_type, body, res.custom)
                 self._check_scale(scale, info.name)
-                scale = await self._admit("UPDATE", info, res, ns, info.name, scale, old_scale, dry_run) or scale
+                scale = await self._admit("UPDATE", info, res, ns, info.name, _wire_scale(scale), old_scale, dry_run) or scale
                 new = self._scaled_parent(res, old, scale, info.name)
             else:
                 new = apply_patch(old, content_type, body, res.custom)

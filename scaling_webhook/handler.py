@@ -124,6 +124,19 @@ def replicas_of(obj: Any) -> int | None:
     return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
 
 
+def scale_replicas(obj: Any) -> int | None:
+    """``spec.replicas`` of an ``autoscaling/v1`` Scale as kube-apiserver sends it in a review.
+
+    ``ScaleSpec.Replicas`` is an ``int32`` with ``omitempty``: a Scale to 0, and the stored Scale of
+    a Deployment at 0, arrive as ``"spec": {}``. So a missing ``replicas`` in a ``spec`` map is 0
+    (found against kube-apiserver v1.36.4 by the whole-loop tier: every scale from or to 0 was refused).
+    """
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    if isinstance(spec, dict) and "replicas" not in spec:
+        return 0
+    return replicas_of(obj)
+
+
 def _annotations(obj: dict[str, Any] | None) -> dict[str, Any]:
     annotations = ((obj or {}).get("metadata") or {}).get("annotations")
     return annotations if isinstance(annotations, dict) else {}
@@ -160,7 +173,7 @@ def autoscaler_annotations(machine_deployment: dict[str, Any] | None) -> list[st
 
 def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None) -> Decision:
     """What to answer to a scale of ``mapping``'s mirror, given what the watches observed (None: not synced)."""
-    replicas = replicas_of(request.get("object"))
+    replicas = scale_replicas(request.get("object"))
     if replicas is None:
         return Invalid(mapping, "Scale object has no integer spec.replicas")
     if replicas < 0:
@@ -175,7 +188,7 @@ def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None)
         if not observed.fresh:
             return Recheck(mapping)
         return Refused(mapping, replicas, f"mirror Deployment {mapping.mirror_ref} does not exist", 404)
-    stored, old = replicas_of(observed.mirror), replicas_of(request.get("oldObject"))
+    stored, old = replicas_of(observed.mirror), scale_replicas(request.get("oldObject"))
     if old != stored:
         if not observed.fresh:
             return Recheck(mapping)

@@ -37,11 +37,12 @@ def scale_request(
     resource = {"group": "apps", "version": "v1", "resource": "deployments"}
 
     def scale(value: Any) -> dict[str, Any]:
+        # As kube-apiserver serializes it: ScaleSpec.Replicas is an int32 with omitempty, so 0 is left out.
         return {
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": value},
+            "spec": {} if type(value) is int and value == 0 else {"replicas": value},
             "status": {"replicas": old_replicas, "selector": f"app={name}"},
         }
 

@@ -53,7 +53,17 @@ def test_scale_via_raw_merge_patch_emits_modified_on_parent(api: client.ApiClien
     assert events == [("MODIFIED", 3)]
 
 
-@pytest.mark.parametrize("replicas", [-1, "3", 1.5, None])
+def test_a_scale_at_zero_has_no_spec_replicas(api: client.ApiClient, emu: Emulator, ns: str) -> None:
+    # As kube-apiserver (test_conformance.py): ScaleSpec.Replicas is an int32 with omitempty; a merge patch
+    # with replicas null removes the key, which decodes as 0.
+    emu.create(machine_deployment("md", replicas=2), namespace=ns)
+    path = f"/apis/cluster.x-k8s.io/v1beta1/namespaces/{ns}/machinedeployments/md/scale"
+    code, scale = raw(api, "PATCH", path, {"spec": {"replicas": None}}, "application/merge-patch+json")
+    assert (code, scale["spec"]) == (200, {})
+    assert emu.get("cluster.x-k8s.io/v1beta1", "MachineDeployment", ns, "md")["spec"]["replicas"] == 0
+
+
+@pytest.mark.parametrize("replicas", [-1, "3", 1.5])
 def test_invalid_replicas_is_422(api: client.ApiClient, emu: Emulator, ns: str, replicas: object) -> None:
     emu.create(machine_deployment("md", replicas=2), namespace=ns)
     path = f"/apis/cluster.x-k8s.io/v1beta1/namespaces/{ns}/machinedeployments/md/scale"

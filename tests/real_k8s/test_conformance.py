@@ -101,6 +101,26 @@ def test_scale_subresources(targets: dict[str, Target]) -> None:
     same(targets, case)
 
 
+def test_a_scale_at_zero_is_served_without_spec_replicas(targets: dict[str, Target]) -> None:
+    # autoscaling/v1 ScaleSpec.Replicas is an int32 with omitempty: at 0 kube-apiserver leaves it out, in what it
+    # serves and in the AdmissionReview's object and oldObject (the scaling webhook once refused every scale from or to 0).
+    def case(send: Target) -> Any:
+        send("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "zero"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "zero"}},
+                     "template": {"metadata": {"labels": {"app": "zero"}}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}}})
+        path = f"/apis/apps/v1/namespaces/{NS}/deployments/zero/scale"
+        code, patched = send("PATCH", path, {"spec": {"replicas": 0}}, "application/merge-patch+json")
+        out: list[Any] = [(code, patched["spec"]), send("GET", path)[1]["spec"]]
+        code, again = send("PATCH", path, {"spec": {"replicas": 2}}, "application/merge-patch+json")
+        out.append((code, again["spec"]))
+        code, nulled = send("PATCH", path, {"spec": {"replicas": None}}, "application/merge-patch+json")  # the key removed: 0
+        out.append((code, nulled.get("spec")))
+        return out
+
+    assert same(targets, case) == [(200, {}), {}, (200, {"replicas": 2}), (200, {})]
+
+
 def test_field_selectors(targets: dict[str, Target]) -> None:
     def case(send: Target) -> Any:
         for name in ("s1", "s2"):

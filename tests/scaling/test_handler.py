@@ -101,7 +101,6 @@ def test_replicas_taken_from_the_scale(replicas: int) -> None:
 @pytest.mark.parametrize(
     ("req", "reason"),
     [
-        (without_replicas(), "Scale object has no integer spec.replicas"),
         (with_replicas("3"), "Scale object has no integer spec.replicas"),
         (with_replicas(True), "Scale object has no integer spec.replicas"),
         (with_replicas(2.0), "Scale object has no integer spec.replicas"),
@@ -112,10 +111,23 @@ def test_replicas_taken_from_the_scale(replicas: int) -> None:
         (request(object=None), "Scale object has no integer spec.replicas"),
         (request(object={"spec": "x"}), "Scale object has no integer spec.replicas"),
     ],
-    ids=["missing", "string", "bool", "float", "null", "negative", "2^31", "2^63", "no-object", "spec-not-a-map"],
+    ids=["string", "bool", "float", "null", "negative", "2^31", "2^63", "no-object", "spec-not-a-map"],
 )
 def test_malformed_scale_is_invalid(req: dict[str, Any], reason: str) -> None:
     assert decide(req, MAPPING, STORED) == Invalid(MAPPING, reason)
+
+
+def test_a_scale_to_or_from_zero_arrives_without_replicas_and_is_read_as_zero() -> None:
+    # autoscaling/v1 ScaleSpec.Replicas is an int32 with omitempty: kube-apiserver sends a Scale to 0, and the
+    # stored Scale of a mirror at 0, as "spec": {} (seen on v1.36.4; before this, every scale from or to 0 was refused).
+    assert without_replicas()["object"]["spec"] == {}
+    assert decide(without_replicas(), MAPPING, STORED) == Accepted(MAPPING, 0, 0)
+    from_zero = scale_request("slime", "mirror-a", 2, old_replicas=0)
+    assert from_zero["oldObject"]["spec"] == {}
+    at_zero = Observed(mirror("mirror-a", replicas=0), machine_deployment("md-a", "metal3"))
+    assert decide(from_zero, MAPPING, at_zero) == Accepted(MAPPING, 2, 2)
+    fresh = Observed(at_zero.mirror, at_zero.machine_deployment, fresh=True)
+    assert isinstance(decide(scale_request("slime", "mirror-a", 2, old_replicas=1), MAPPING, fresh), Refused)  # still checked
 
 
 def test_dry_run() -> None:
