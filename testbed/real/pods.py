@@ -15,7 +15,12 @@ chart installed (``helm get manifest``), exactly as written there:
 - the ``securityContext``: ``runAsUser``/``runAsGroup``/``fsGroup``, ``readOnlyRootFilesystem``
   (podman ``--read-only`` with no extra tmpfs: only the pod's own volumes are writable),
   ``capabilities.drop: [ALL]``, ``allowPrivilegeEscalation: false``; ``runAsNonRoot`` is checked;
-- readiness from the container's ``readinessProbe`` (``httpGet`` on its named port).
+- readiness from the container's ``readinessProbe`` (``httpGet`` on its named port);
+- with ``kubelet_volumes=True``, secret and configMap volumes laid out as kubelet's AtomicWriter
+  does (the files are symlinks through ``..data`` to a timestamped directory) and refreshed by
+  :meth:`Pod.sync_volumes` (run it periodically with :class:`VolumeSync`, as kubelet's pod
+  sync does): a renewed Secret reaches the running pod by an atomic ``..data`` swap, never as a
+  half-written pair.
 
 The pod runs on the host network (there is no pod network), so its ports are the chart's
 ports: the tier picks free ones for ``injection.port``/``scaling.port`` at install.
@@ -29,12 +34,14 @@ under a ``mountPath`` point at the materialized copies.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +71,8 @@ class Pod:
     process: subprocess.Popen[bytes] | None = None
     log_file: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    # kubelet_volumes: (volume, host directory, fsGroup) of each secret/configMap volume, refreshed by sync_volumes
+    synced_volumes: list[tuple[dict[str, Any], Path, int | None]] = field(default_factory=list)
 
     def port(self, name: str) -> int:
         return self.ports[name]
@@ -100,6 +109,15 @@ class Pod:
             time.sleep(0.2)
         raise PodFailed(f"pod {self.namespace}/{self.name} not ready after {timeout:.0f} s:\n{self.logs()[-3000:]}")
 
+    def sync_volumes(self, cp: ControlPlane) -> list[str]:
+        """kubelet's refresh of secret and configMap volumes: publish what changed atomically; the names of those volumes."""
+        changed: list[str] = []
+        for volume, target, fs_group in self.synced_volumes:
+            found = _volume_files(cp, self.namespace, volume)
+            if found is not None and _atomic_write(target, *found, fs_group):
+                changed.append(volume["name"])
+        return changed
+
     def stop(self) -> None:
         """Stop it (SIGTERM, then SIGKILL after 5 s) and remove the container; by container ID or PID."""
         if self.container_id:
@@ -131,9 +149,63 @@ def _volume_files(cp: ControlPlane, namespace: str, volume: dict[str, Any]) -> t
     return files, int(source.get("defaultMode", 0o644))
 
 
+DATA_DIR = "..data"
+
+
+def _published(target: Path) -> dict[str, bytes]:
+    """What an AtomicWriter directory publishes now (path -> bytes, read through ``..data``)."""
+    data = target / DATA_DIR
+    if not data.is_dir():
+        return {}
+    return {str(p.relative_to(data)): p.read_bytes() for p in data.rglob("*") if p.is_file()}
+
+
+def _atomic_write(target: Path, files: dict[str, bytes], mode: int, fs_group: int | None) -> bool:
+    """Publish ``files`` in ``target`` as kubelet's AtomicWriter does; False when they are already published.
+
+    The payload goes to a new ``..<timestamp>`` directory, a ``..data_tmp`` symlink to it is renamed
+    over ``..data`` (the one atomic step), each top-level name is a symlink ``name -> ..data/name``,
+    and the previous timestamped directory is removed. A reader never sees a mix of old and new files.
+    """
+    if _published(target) == files:
+        return False
+    target.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("..%Y_%m_%d_%H_%M_%S.%f") + os.urandom(2).hex()
+    fresh = target / stamp
+    fresh.mkdir(mode=0o755)
+    for rel, content in files.items():
+        path = fresh / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.chmod(path, mode)
+        if fs_group is not None and os.geteuid() == 0:
+            os.chown(path, 0, fs_group)
+    old = os.readlink(target / DATA_DIR) if (target / DATA_DIR).is_symlink() else None
+    tmp_link = target / "..data_tmp"
+    if tmp_link.is_symlink():
+        tmp_link.unlink()
+    os.symlink(stamp, tmp_link)
+    os.replace(tmp_link, target / DATA_DIR)
+    top = {rel.split("/", 1)[0] for rel in files}
+    for name in top:
+        link = target / name
+        if not link.is_symlink():
+            os.symlink(f"{DATA_DIR}/{name}", link)
+    for entry in target.iterdir():  # names the payload no longer has
+        if entry.is_symlink() and not entry.name.startswith("..") and entry.name not in top:
+            entry.unlink()
+    if old:
+        shutil.rmtree(target / old, ignore_errors=True)
+    return True
+
+
 def _materialize(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], container: dict[str, Any], token: str,
-                 root: Path) -> tuple[dict[str, Path], list[str]]:
-    """Write each mounted volume under ``root``; return mountPath -> host dir, and the tmpfs mount paths."""
+                 root: Path, synced: list[tuple[dict[str, Any], Path, int | None]] | None = None) -> tuple[dict[str, Path], list[str]]:
+    """Write each mounted volume under ``root``; return mountPath -> host dir, and the tmpfs mount paths.
+
+    With ``synced`` (a list to fill), secret and configMap volumes are published as kubelet's
+    AtomicWriter does and recorded there, for :meth:`Pod.sync_volumes`.
+    """
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
     security = pod_spec.get("securityContext") or {}
     fs_group = security.get("fsGroup")
@@ -149,6 +221,11 @@ def _materialize(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], con
             raise PodFailed(f"volume {mount['name']}: only secret, configMap and emptyDir volumes are supported here")
         files, mode = found
         target = root / mount["name"]
+        if synced is not None:
+            _atomic_write(target, files, mode, None if fs_group is None else int(fs_group))
+            synced.append((volume, target, None if fs_group is None else int(fs_group)))
+            mounts[mount["mountPath"]] = target
+            continue
         target.mkdir(parents=True, exist_ok=True)
         for rel, content in files.items():
             path = target / rel
@@ -191,14 +268,20 @@ def _ports(container: dict[str, Any]) -> dict[str, int]:
     return {p["name"]: int(p["containerPort"]) for p in container.get("ports") or []}
 
 
-def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: Path, ready_timeout: float = 90.0) -> Pod:
-    """Run the Deployment's pod template with podman on the host network; return once it is ready."""
+def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: Path, ready_timeout: float = 90.0,
+            kubelet_volumes: bool = False) -> Pod:
+    """Run the Deployment's pod template with podman on the host network; return once it is ready.
+
+    ``kubelet_volumes``: secret and configMap volumes in kubelet's atomic layout, refreshable with
+    :meth:`Pod.sync_volumes` (see the module doc).
+    """
     namespace = deployment["metadata"]["namespace"]
     pod_spec, container = _pod_parts(deployment)
     name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
     token = cp.token(namespace, pod_spec["serviceAccountName"])
     root = workdir / name
-    mounts, tmpfs = _materialize(cp, namespace, pod_spec, container, token, root)
+    synced: list[tuple[dict[str, Any], Path, int | None]] = []
+    mounts, tmpfs = _materialize(cp, namespace, pod_spec, container, token, root, synced if kubelet_volumes else None)
     env = _env(container, namespace, name, cp)
     security = {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
     if security.get("runAsNonRoot") and int(security.get("runAsUser", 0)) == 0:
@@ -227,7 +310,8 @@ def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: P
         args += ["--entrypoint", json.dumps(container["command"])]
     args += [image, *(container.get("args") or [])]
     started = podman(*args, timeout=120)
-    pod = Pod(name, namespace, container, root, container_id=started.stdout.decode().strip(), ports=_ports(container))
+    pod = Pod(name, namespace, container, root, container_id=started.stdout.decode().strip(), ports=_ports(container),
+              synced_volumes=synced)
     try:
         pod.wait_ready(ready_timeout)
     except PodFailed:
@@ -236,14 +320,16 @@ def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: P
     return pod
 
 
-def run_process(cp: ControlPlane, deployment: dict[str, Any], workdir: Path, ready_timeout: float = 60.0) -> Pod:
+def run_process(cp: ControlPlane, deployment: dict[str, Any], workdir: Path, ready_timeout: float = 60.0,
+                kubelet_volumes: bool = False) -> Pod:
     """The inner-loop variant: the pod's console script as a local process, same env, token and files."""
     namespace = deployment["metadata"]["namespace"]
     pod_spec, container = _pod_parts(deployment)
     name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
     token = cp.token(namespace, pod_spec["serviceAccountName"])
     root = workdir / name
-    mounts, _ = _materialize(cp, namespace, pod_spec, container, token, root)
+    synced: list[tuple[dict[str, Any], Path, int | None]] = []
+    mounts, _ = _materialize(cp, namespace, pod_spec, container, token, root, synced if kubelet_volumes else None)
     env = _env(container, namespace, name, cp)
     for key, value in list(env.items()):  # paths under a mountPath point at the materialized copy
         for path, host in mounts.items():
@@ -257,13 +343,47 @@ def run_process(cp: ControlPlane, deployment: dict[str, Any], workdir: Path, rea
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    pod = Pod(name, namespace, container, root, process=proc, log_file=log_file, ports=_ports(container))
+    pod = Pod(name, namespace, container, root, process=proc, log_file=log_file, ports=_ports(container), synced_volumes=synced)
     try:
         pod.wait_ready(ready_timeout)
     except PodFailed:
         pod.stop()
         raise
     return pod
+
+
+class VolumeSync:
+    """kubelet's periodic pod sync, for the volumes only: :meth:`Pod.sync_volumes` of each pod every ``period`` s.
+
+    A real kubelet refreshes secret and configMap volumes on its pod sync (``syncFrequency``, 1 min
+    by default, jittered), so a renewed Secret reaches a pod up to about a minute after it is
+    stored; ``period`` is that delay here. ``events`` records (monotonic time, pod, volume) of each
+    refresh.
+    """
+
+    def __init__(self, cp: ControlPlane, pods: list[Pod], period: float) -> None:
+        self.cp, self.pods, self.period = cp, pods, period
+        self.events: list[tuple[float, str, str]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="volume-sync", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            for pod in self.pods:
+                try:
+                    for volume in pod.sync_volumes(self.cp):
+                        self.events.append((time.monotonic(), pod.name, volume))
+                except Exception as exc:  # noqa: BLE001 - the API server may be restarting; kubelet retries too
+                    self.errors.append(f"{pod.name}: {type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> VolumeSync:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 def podman_available() -> bool:
