@@ -141,10 +141,20 @@ class Release:
         return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
 
     def client_certificate(self) -> dict[str, bytes]:
-        """The chart-generated Secret ``<fullname>-apiserver-client`` (tls.crt, tls.key, ca.crt)."""
-        name = next(o["metadata"]["name"] for o in self.manifest()
-                    if o["kind"] == "Secret" and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "admission-auth")
+        """The Secret ``<fullname>-apiserver-client`` (tls.crt, tls.key, ca.crt): chart-generated, or issued by cert-manager.
+
+        With ``certManager.enabled`` the chart renders a Certificate (the one with ``client auth``
+        usage) instead of the Secret; its ``secretName`` holds the pair once it is issued.
+        """
+        auth = [o for o in self.manifest() if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "admission-auth"]
+        name = next((o["metadata"]["name"] for o in auth if o["kind"] == "Secret"), None)
+        if name is None:
+            name = next(o["spec"]["secretName"] for o in auth if o["kind"] == "Certificate" and "client auth" in o["spec"].get("usages", []))
         return self.secret_data(name)
+
+    def certificates(self) -> list[dict[str, Any]]:
+        """The release's cert-manager Certificates as rendered (none with ``certManager.enabled=false``)."""
+        return [o for o in self.manifest() if o["kind"] == "Certificate" and o["apiVersion"].startswith("cert-manager.io/")]
 
     def admission_configuration(self, directory: Path) -> Path:
         """AdmissionConfiguration + kubeconfig giving kube-apiserver the chart's client certificate (docs/install.md)."""
