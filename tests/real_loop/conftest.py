@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from testbed.real import certmanager
 from testbed.real.prerequisites import unavailable
 from tests.real_k8s import conftest as k8s
 from tests.real_k8s.conftest import control_plane, stack  # noqa: F401 - fixtures shared with the real-Kubernetes tier
@@ -26,6 +27,7 @@ Progress = Callable[[str], None]
 # name -> prepare(progress) -> what the tests need of it (binaries, a root...). A prepare function
 # raises testbed.real.build.BuildUnavailable (or another *Unavailable) when a prerequisite is missing.
 COMPONENTS: dict[str, Callable[[Progress], Any]] = {
+    "cert-manager": certmanager.build,  # controller + cainjector (built), its CRDs: tests/real_loop/test_cert_manager.py
     "keda": keda_site.prepare,  # KEDA (built), Debian's Prometheus, the Slurm root: tests/real_loop/test_keda.py
 }
 
