@@ -63,6 +63,7 @@ class CertStack:
     volume_sync: VolumeSync
     metal3_data: dict[str, Any]
     certificates: dict[str, str] = field(default_factory=dict)  # role -> Certificate name (ca, injection, scaling, client-ca, client)
+    setup_seconds: dict[str, float] = field(default_factory=dict)  # cert-manager start, helm install -> every Certificate Ready
 
     @property
     def cp(self) -> ControlPlane:
@@ -122,7 +123,9 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
     pods: list[Pod] = []
     try:
         cp.install_crds(built.crds)
+        started = time.monotonic()
         manager = CertManager(cp, built, workdir / "cert-manager").start()
+        setup = {"cert_manager_start": time.monotonic() - started}
         api = RealApi(cp)
         for namespace in (k8s.MD_NAMESPACE, "slurm"):
             ensure_namespace(api, namespace)
@@ -134,6 +137,7 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
              "machineDeployment": {"name": k8s.MD_NAME, "namespace": k8s.MD_NAMESPACE}, "partition": "batch"}],
             certManager={"enabled": True})
         release = Release(cp, SLIME_NAMESPACE, values, workdir)
+        started = time.monotonic()
         release.install()
         roles = _roles(release)
         assert set(roles) == {"ca", "injection", "scaling", "client-ca", "client"}, roles
@@ -142,6 +146,7 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
                 cp.wait_for(lambda name=name: certificate_ready(cp, SLIME_NAMESPACE, name), 120, f"Certificate {name} Ready")
             except ControlPlaneError as exc:
                 raise ControlPlaneError(f"{exc}\n--- cert-manager-controller ---\n{manager.log_tail('cert-manager-controller')}") from None
+        setup["install_to_all_ready"] = time.monotonic() - started
         # kube-apiserver gets the client certificate cert-manager issued (docs/install.md "Authenticated admission").
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
         # /readyz comes before each custom resource's storage is initialized: until then it answers 429.
@@ -153,7 +158,7 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
             stack.pods[component_name] = _start_pod(cp, release, component_name, workdir)
             pods.append(stack.pods[component_name])
         with VolumeSync(cp, pods, VOLUME_SYNC_SECONDS) as sync:
-            yield CertStack(stack, manager, sync, data, roles)
+            yield CertStack(stack, manager, sync, data, roles, setup)
     finally:
         for pod in pods:
             pod.stop()
@@ -336,6 +341,7 @@ def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: 
         loader.join(timeout=60)
     delta = {k: v - counters_before.get(k, 0.0) for k, v in _webhook_counters(cp).items()}
     figures = {
+        "setup_seconds": {k: round(v, 1) for k, v in cm.setup_seconds.items()},
         "admissions": dict(load.sent), "load_seconds": round(load.seconds, 1),
         "rounds": [r.figures() for r in rounds],
         "apiserver_webhook_calls": {k.split(":", 1)[1]: v for k, v in sorted(delta.items()) if v},
