@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from testbed.real import slurm_metrics
 from testbed.real.debian import PackagesUnavailable
 from testbed.real.prometheus import promtool as find_promtool
 from tests.chart.helpers import by_kind, mapping
@@ -113,3 +114,20 @@ def test_thesis_query_was_wrong(promtool: str, tmp_path: Path) -> None:
     test_file.write_text(json.dumps(rules_test))
     proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_default_metric_names_are_what_slurm_25_11_serves(render: Any, promtool: str) -> None:
+    """The chart's default names are those of Slurm 25.11's /metrics/partitions, in text promtool accepts.
+
+    The text is testbed/real/slurm_metrics.py's, which the whole-loop tier serves to Prometheus in
+    place of Slurm >= 25.11's endpoint (names, HELP, TYPE and layout read from SchedMD's slurm-25.11 branch).
+    """
+    text = slurm_metrics.render(slurm_metrics.partition_counts(
+        [{"job_state": ["PENDING"], "partition": PARTITION, "state_reason": "Resources"},
+         {"job_state": ["RUNNING"], "partition": PARTITION, "state_reason": "None"}], [PARTITION, "other"]))
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    query = rendered_query(render, 1)
+    for name in (RUNNING, PENDING):
+        assert f"{name}{{partition=" in query
+        assert f"# TYPE {name} gauge\n" in text and f'{name}{{partition="{PARTITION}"}} 1\n' in text
