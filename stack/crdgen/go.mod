@@ -3,6 +3,7 @@ module slime.local/stack/crdgen
 go 1.26.0
 
 require (
+	github.com/metal3-io/baremetal-operator/apis v0.12.4
 	github.com/metal3-io/cluster-api-provider-metal3/api v1.12.3
 	sigs.k8s.io/controller-tools v0.19.0
 )
@@ -45,9 +46,9 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/api v0.34.5 // indirect
+	k8s.io/api v0.34.7 // indirect
 	k8s.io/apiextensions-apiserver v0.34.5 // indirect
-	k8s.io/apimachinery v0.34.5 // indirect
+	k8s.io/apimachinery v0.34.7 // indirect
 	k8s.io/client-go v0.34.5 // indirect
 	k8s.io/code-generator v0.34.5 // indirect
 	k8s.io/gengo/v2 v2.0.0-20250604051438-85fd79dbfd9f // indirect
