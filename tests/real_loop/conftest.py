@@ -20,7 +20,7 @@ from testbed.real import certmanager
 from testbed.real.prerequisites import unavailable
 from tests.real_k8s import conftest as k8s
 from tests.real_k8s.conftest import control_plane, stack  # noqa: F401 - fixtures shared with the real-Kubernetes tier
-from tests.real_loop import keda_site
+from tests.real_loop import capi_site, keda_site
 
 Progress = Callable[[str], None]
 
@@ -28,6 +28,7 @@ Progress = Callable[[str], None]
 # raises testbed.real.build.BuildUnavailable (or another *Unavailable) when a prerequisite is missing.
 COMPONENTS: dict[str, Callable[[Progress], Any]] = {
     "cert-manager": certmanager.build,  # controller + cainjector (built), its CRDs: tests/real_loop/test_cert_manager.py
+    "capi": capi_site.prepare,  # the CAPI core manager (built), its CRDs, the Slurm root: tests/real_loop/test_capi*.py
     "keda": keda_site.prepare,  # KEDA (built), Debian's Prometheus, the Slurm root: tests/real_loop/test_keda.py
 }
 
