@@ -254,7 +254,7 @@ class Manager:
 
     def _forward(self, timeout: float = 15.0) -> None:
         with open(self.workdir / "forward.log", "ab") as err:
-            self.forwarder = subprocess.Popen([sys.executable, "-m", "testbed.real.forward", self.netns, str(self.cp.port)],
+            self.forwarder = subprocess.Popen([sys.executable, "-m", "testbed.real.forward", self.netns, str(self.cp.port), str(os.getpid())],
                                               stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                                               start_new_session=True)
         _LIVE[self.forwarder.pid] = self.forwarder

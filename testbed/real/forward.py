@@ -13,18 +13,21 @@ host's ``127.0.0.1`` either. This forwarder gives it exactly one way out, to one
 So the kube-apiserver URL ``https://127.0.0.1:PORT`` means the same API server inside and outside
 the namespace, with the same TLS name. Nothing here listens on or dials any other address.
 
-``python -m testbed.real.forward <netns> <port>`` runs it; it prints ``ready`` once listening.
+``python -m testbed.real.forward <netns> <port> [<parent pid>]`` runs it; it prints ``ready`` once
+listening, and ends with its parent (``PR_SET_PDEATHSIG``), so a killed test session leaves none behind.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import socket
 import sys
 import threading
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 
 
 def _setns(fd: int) -> None:
@@ -85,7 +88,16 @@ def _serve_one(inside: socket.socket, port: int) -> None:
     outside.close()
 
 
-def serve(netns: str, port: int) -> None:
+def _die_with(parent: int) -> None:
+    """SIGTERM this process when its parent dies (and exit now if it already has)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        sys.exit(1)
+
+
+def serve(netns: str, port: int, parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with(parent)
     server = listen_in(netns, port)
     print("ready", flush=True)
     while True:
@@ -94,4 +106,4 @@ def serve(netns: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]))
+    serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
