@@ -12,8 +12,10 @@ and capacity-aware scale-up, as an operator would turn both on for a Metal3 pool
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -52,7 +54,8 @@ class Prepared:
 
 def prepare(progress: Progress) -> Prepared:
     """Build the CAPI manager, gather its CRDs (CAPI, CAPM3, BMH, the control plane stand-in), make the Slurm root."""
-    workdir = Path(tempfile.mkdtemp(prefix="slime-capi-crds-"))
+    workdir = Path(tempfile.mkdtemp(prefix="slime-capi-crds-"))  # the labelled CAPM3 copies, for this session
+    atexit.register(shutil.rmtree, workdir, True)
     return Prepared(capi.prepare(workdir, progress), prepare_root(progress))
 
 
@@ -104,6 +107,11 @@ class Site:
         address = next(a for a in self.network.hosts() if a not in taken)
         add_host(self.sim_api, SPEC.namespace, name, address, dict(SPEC.host_labels))
         self.hosts.append(name)
+
+    def host(self, name: str) -> dict[str, Any]:
+        host = self.sim_api.get("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace, name)
+        assert host is not None, f"no BareMetalHost {name}"
+        return host
 
     def host_addresses(self) -> dict[str, str]:
         return {h["metadata"]["name"]: h["status"]["hardware"]["nics"][0]["ip"]

@@ -84,9 +84,12 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     # Scale-in by one: SliMe drains the idle node, marks its Machine delete-machine, lowers the MachineDeployment;
     # CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-drain hook holds it
     # until SliMe deleted the node in Slurm; then the host is deprovisioned.
+    idle_host = next(m for m in running if m["metadata"]["name"] == idle)["spec"]["providerID"].split("/")[-2]
     s.scale_mirror(1)
     s.wait_for(lambda: s.md_replicas() == 1, 60, "the MachineDeployment to follow the mirror to 1")
     s.wait_for(lambda: s.machine(idle) is None, 180, f"Machine {idle} (the idle node's) to be deleted and gone")
+    host = s.host(idle_host)  # deprovisioned and released before CAPI let the Machine go
+    assert (host["status"]["provisioning"]["state"], host["spec"].get("consumerRef"), host["spec"]["online"]) == ("available", None, False)
     log = s.manager.log.read_text(errors="replace")
     # CAPI's own choice, from its log: the MachineSet scaled down by deleting exactly the Machine SliMe annotated
     # (cluster.x-k8s.io/delete-machine, whatever the Random deletion order). Its node was drained and idle, so
