@@ -95,6 +95,7 @@ from typing import Any
 import httpx
 import yaml
 
+from testbed.real.build import KUBE_VERSION  # the tier's control plane: what the stand-in and the Machines report
 from testbed.real.capi import CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL
 from testbed.real.cloudinit import USER_DATA, Node, boot
 from testbed.real.controlplane import ControlPlane
@@ -117,7 +118,6 @@ CLAIM_FINALIZER = "metal3dataclaim.infrastructure.cluster.x-k8s.io"
 PAUSED_ANNOTATION = "baremetalhost.metal3.io/paused"
 UNHEALTHY_ANNOTATIONS = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
 PROVIDER_ID_PREFIX = "metal3://"
-KUBE_VERSION = "v1.36.4"  # the tier's control plane: what the control plane stand-in and the Machines report
 
 
 def b64(data: bytes | str) -> str:

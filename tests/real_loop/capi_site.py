@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from testbed.real import capi
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.machines import Api, ClusterSpec, MachineSimulator, add_host, seed_cluster
+from testbed.real.machines import Api, ApiError, ClusterSpec, MachineSimulator, add_host, seed_cluster
 from testbed.real.netns import Network
 from testbed.real.objects import RealApi
 from testbed.real.release import Release, tier_values
@@ -136,7 +137,7 @@ class Site:
         while time.monotonic() < deadline:
             try:
                 value = condition()
-            except ControlPlaneError:
+            except (ControlPlaneError, ApiError, httpx.HTTPError):  # a restarting API server answers 429 for a moment
                 value = None
             if value:
                 return value
