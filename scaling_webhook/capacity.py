@@ -29,8 +29,9 @@ METAL3_MACHINE_TEMPLATE = "Metal3MachineTemplate"
 AVAILABLE_STATES = frozenset({"available", "ready"})  # "ready" is BMO's name for it before 0.5
 PAUSED_ANNOTATION = "baremetalhost.metal3.io/paused"
 UNHEALTHY_ANNOTATIONS = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
-# CAPM3 node reuse: a host with this label is kept for the pool its value names (a
-# MachineDeployment name); it is free only for that pool.
+# CAPM3 node reuse: a host with this label is kept for the pool its value names; CAPM3 compares
+# it with "md-" + the MachineDeployment's name (getMachineDeploymentName in
+# baremetal/metal3machine_manager.go), so it is free only for that pool.
 NODE_REUSE_LABEL = "infrastructure.cluster.x-k8s.io/node-reuse"
 
 
@@ -150,7 +151,7 @@ def host_is_free(host: Obj, pool: str) -> bool:
         and PAUSED_ANNOTATION not in annotations
         and not any(a in annotations for a in UNHEALTHY_ANNOTATIONS)
         and ((status.get("provisioning") or {}).get("state") in AVAILABLE_STATES)
-        and (reuse is None or reuse == pool)
+        and (reuse is None or reuse == f"md-{pool}")
     )
 
 

@@ -45,7 +45,8 @@ POOL = {"pool": "workers"}
         (baremetal_host("h", NS, annotations={"baremetalhost.metal3.io/paused": ""}), False),
         (baremetal_host("h", NS, annotations={"capm3.metal3.io/unhealthy": ""}), False),
         (baremetal_host("h", NS, annotations={"capi.metal3.io/unhealthy": ""}), False),
-        (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": MD}), True),
+        (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": f"md-{MD}"}), True),  # as CAPM3 names the pool
+        (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": MD}), False),
         (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": "other-pool"}), False),
     ],
 )
