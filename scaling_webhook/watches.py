@@ -1,10 +1,11 @@
 """Watched copies of what the mappings name: mirror Deployments, MachineDeployments, their Clusters.
 
 One list+watch cache per named object (``fieldSelector=metadata.name=<name>``, which RBAC can
-narrow with ``resourceNames``). Mappings with ``capacityAware`` also watch the pool's
-Metal3MachineTemplate (by name), its Machines (by the ``cluster.x-k8s.io/deployment-name``
-label) and the BareMetalHosts of its namespace, so a host becoming available raises a capped
-pool at once (:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the
+narrow with ``resourceNames``). Mappings with ``safeScaleIn`` or ``capacityAware`` also
+watch the pool's Machines (by the ``cluster.x-k8s.io/deployment-name`` label), so a new Machine
+gets its pre-drain hook at once; ``capacityAware`` ones also the pool's Metal3MachineTemplate (by
+name) and the BareMetalHosts of its namespace, so a host becoming available raises a capped pool
+at once (:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the
 leader's reconciler reads them to act, and every change wakes it (``on_change``), so a mirror
 stored by the API server moves its MachineDeployment within one watch event, and a hand edit of
 a MachineDeployment is healed as fast.
@@ -89,7 +90,7 @@ class MappedObjects:
             wanted.add(("machinedeployment", mapping.machine_deployment))
         self._wait_listed(wanted, timeout)
         if machine_deployments is not None:
-            self._follow_capacity(table, machine_deployments, wanted)
+            self._follow_pools(table, machine_deployments, wanted)
             clusters = ResourcePath(CAPI_GROUP, machine_deployments.version, "clusters")
             for mapping in table:
                 cluster = self.cluster_ref(mapping)
@@ -102,13 +103,23 @@ class MappedObjects:
             for key in gone:
                 self._informers.pop(key).stop()
 
-    def _follow_capacity(self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]) -> None:
-        """Watch what capacity counts, for the mappings that opted in (errors surface in :meth:`capacity`)."""
+    def _follow_pools(self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]) -> None:
+        """Watch the pools' Machines (safe scale-in, capacity) and what capacity counts (errors surface in :meth:`capacity`).
+
+        A Machine's watch event wakes the reconciler, so a Machine Cluster API just created gets
+        safe scale-in's pre-drain hook within one event, not one resync later: a Machine deleted
+        before it carries the hook would not be held.
+        """
+        machines = ResourcePath(CAPI_GROUP, machine_deployments.version, "machines")
         for mapping in table:
             md = self.machine_deployment(mapping)
-            if not mapping.capacity_aware or md is None:
+            if md is None or not (mapping.capacity_aware or mapping.safe_scale_in is not None):
                 continue
             namespace, name = mapping.machine_deployment
+            self._informer("machines", machines, mapping.machine_deployment, label_selector=f"{DEPLOYMENT_NAME_LABEL}={name}")
+            wanted.add(("machines", mapping.machine_deployment))
+            if not mapping.capacity_aware:
+                continue
             try:
                 templates = self._metal3_templates()
                 template = template_name(md)
@@ -116,9 +127,7 @@ class MappedObjects:
                 continue
             self._informer("template", templates, (namespace, template))
             self._informer("hosts", BAREMETALHOSTS, (namespace, ""), transform=_slim_host)
-            self._informer("machines", ResourcePath(CAPI_GROUP, machine_deployments.version, "machines"), mapping.machine_deployment,
-                           label_selector=f"{DEPLOYMENT_NAME_LABEL}={name}")
-            wanted.update({("template", (namespace, template)), ("hosts", (namespace, "")), ("machines", mapping.machine_deployment)})
+            wanted.update({("template", (namespace, template)), ("hosts", (namespace, ""))})
 
     def _metal3_templates(self) -> ResourcePath:
         if self._templates is None:

@@ -188,6 +188,18 @@ def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
     assert e.capi.machine("md-001") is None and e.capi.violations == []
 
 
+def test_a_machine_cluster_api_creates_gets_the_hook_on_its_watch_event(env: Callable[[int], Env]) -> None:
+    """No resync (it is an hour here) and no scale: the new Machine's own watch event wakes the reconciler.
+
+    Without it, a Machine deleted before the next pass (30 s by default) would not be held, even
+    if its node had joined Slurm and taken a job meanwhile.
+    """
+    e = env(1)
+    e.scaling()
+    created = e.capi.add_machine()  # Cluster API creates a Machine (a scale-up by someone, or a replacement)
+    wait_for(lambda: e.hooked(created), 5, f"the pre-drain hook on {created}")
+
+
 def test_a_drain_timeout_warns_and_never_releases_a_busy_node(env: Callable[[int], Env]) -> None:
     e = env(2)
     scaling = e.scaling(drainTimeoutSeconds=2)
