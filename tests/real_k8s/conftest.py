@@ -12,53 +12,36 @@ inner loop; the default, and what CI runs, is ``pod``).
 
 from __future__ import annotations
 
-import os
 import ssl
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from testbed.helm import HelmUnavailable, helm_binary
-from testbed.real.build import BuildUnavailable, ControlPlaneBinaries, control_plane_binaries, crd_files
-from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.debian import PackagesUnavailable
-from testbed.real.image import build_image
+from testbed.real import tier
+from testbed.real.controlplane import ControlPlane
 from testbed.real.objects import RealApi
-from testbed.real.pods import Pod, run_pod, run_process
 from testbed.real.prerequisites import unavailable
 from testbed.real.release import Release, tier_values
-from testbed.world import SLIME_NAMESPACE, SlurmCluster, ensure_namespace, seed_nodeport, seed_slinky
+from testbed.real.tier import PREPARED, RUNNER, Prepared, seed_management_cluster
+from testbed.world import SLIME_NAMESPACE, ensure_namespace
 
-RUNNER = os.environ.get("SLIME_REAL_RUNNER", "pod")
+__all__ = ["PREPARED", "RUNNER", "Prepared", "seed_management_cluster"]  # the whole-loop tier reads them from here too
+
 MIRROR, MD_NAMESPACE, MD_NAME, MD_START = "mirror-a", "metal3", "md-a", 2
 CLUSTER = "bm-cluster"
 
 
-@dataclass
-class Prepared:
-    binaries: ControlPlaneBinaries | None = None
-    crds: list[Path] = field(default_factory=list)
-    image: str = ""
-    missing: str = ""  # a prerequisite is missing (skip locally, fail in CI)
-    error: str = ""  # something ran and failed
-    seconds: float = 0.0
-
-
-PREPARED = Prepared()
-
-
-def _progress_writer(config: pytest.Config, tier: str = "real_k8s") -> Callable[[str], None]:
+def _progress_writer(config: pytest.Config, tier_name: str = "real_k8s") -> Callable[[str], None]:
     capman = config.pluginmanager.getplugin("capturemanager")
     reporter = config.pluginmanager.getplugin("terminalreporter")
 
     def write(line: str) -> None:
-        text = f"[slime {tier}] {line}"
+        text = f"[slime {tier_name}] {line}"
         if reporter is not None and capman is not None:
             with capman.global_and_fixture_disabled():
                 reporter.write_line(text)
@@ -76,23 +59,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def prepare(progress: Callable[[str], None]) -> None:
     """Build or fetch what the tier needs (once per session; the whole-loop tier calls it too)."""
-    if PREPARED.binaries is not None or PREPARED.missing or PREPARED.error:
-        return
-    started = time.monotonic()
-    try:
-        PREPARED.binaries = control_plane_binaries(progress)
-        PREPARED.crds = crd_files(progress)
-        helm_binary()
-        if RUNNER == "pod":
-            PREPARED.image = build_image(progress)
-    except (BuildUnavailable, PackagesUnavailable, HelmUnavailable) as exc:
-        PREPARED.missing = str(exc)
-    except Exception as exc:  # noqa: BLE001 - reported by every test of the tier
-        PREPARED.error = f"{type(exc).__name__}: {exc}"
-    PREPARED.seconds = time.monotonic() - started
-    state = PREPARED.missing or PREPARED.error or "ready"
-    progress(f"prerequisites {state} after {PREPARED.seconds:.0f} s "
-             f"({PREPARED.binaries.source if PREPARED.binaries else 'no control plane'}; runner {RUNNER})")
+    tier.prepare(progress)
 
 
 def prepared() -> Prepared:
@@ -105,16 +72,8 @@ def prepared() -> Prepared:
 
 
 def start_control_plane(workdir: Path, admission_config: Path | None = None) -> ControlPlane:
-    ready = prepared()
-    assert ready.binaries is not None
-    cp = ControlPlane(workdir, ready.binaries, admission_config=admission_config)
-    try:
-        cp.start()
-        cp.install_crds(ready.crds)
-    except Exception:
-        cp.stop()
-        raise
-    return cp
+    prepared()
+    return tier.start_control_plane(workdir, admission_config)
 
 
 @pytest.fixture(scope="module")
@@ -126,34 +85,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 @dataclass
-class Stack:
-    """The chart installed on a real API server, its webhooks running as pods, the world seeded."""
-
-    cp: ControlPlane
-    release: Release
-    api: RealApi
-    slurm: SlurmCluster
-    workdir: Path
-    pods: dict[str, Pod] = field(default_factory=dict)
-    contexts: dict[bool, ssl.SSLContext] = field(default_factory=dict)  # read once: the API server may be down later
-
-    @property
-    def namespace(self) -> str:
-        return self.release.namespace
-
-    def start_webhook(self, component: str) -> Pod:
-        deployment = self.release.deployment(component)
-        if RUNNER == "pod":
-            pod = run_pod(self.cp, deployment, PREPARED.image, self.workdir / "pods")
-        else:
-            pod = run_process(self.cp, deployment, self.workdir / "pods")
-        self.pods[component] = pod
-        return pod
-
-    def stop_webhooks(self) -> None:
-        for pod in self.pods.values():
-            pod.stop()
-        self.pods.clear()
+class Stack(tier.Stack):
+    """The tier's stack, with the story's mirror and MachineDeployment at hand."""
 
     def md_replicas(self) -> int | None:
         md = self.api.get("cluster.x-k8s.io/v1beta2", "MachineDeployment", MD_NAMESPACE, MD_NAME)
@@ -161,21 +94,6 @@ class Stack:
 
     def mirror(self) -> dict[str, Any] | None:
         return self.api.get("apps/v1", "Deployment", self.namespace, MIRROR)
-
-    def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
-        """Wait for ``condition``; a timeout shows the end of each webhook's log (they never hold a key)."""
-        try:
-            self.cp.wait_for(condition, timeout, what)
-        except ControlPlaneError as exc:
-            tails = "\n".join(f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-12:]) for name, pod in self.pods.items())
-            raise ControlPlaneError(f"{exc}\n{tails}") from None
-
-
-def seed_management_cluster(api: RealApi, cp: ControlPlane) -> SlurmCluster:
-    """Slinky (Controller, slurmctld StatefulSet and pod with a hostIP, the slurm.key Secret, a NodePort)."""
-    slurm = seed_slinky(api)
-    seed_nodeport(api, slurm.namespace, slurm.controller)
-    return slurm
 
 
 @pytest.fixture(scope="session")
@@ -193,7 +111,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         api = RealApi(cp)
         for namespace in (MD_NAMESPACE, "slurm"):
             ensure_namespace(api, namespace)
-        slurm = seed_management_cluster(api, cp)
+        slurm = seed_management_cluster(api)
         api.create(machine_deployment(MD_NAME, MD_NAMESPACE, replicas=MD_START, version="v1beta2", cluster=CLUSTER, full=True))
         values = tier_values(PREPARED.image or "localhost/slime:process", [
             {"mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},

@@ -184,7 +184,7 @@ def loop(prepared: Prepared, workdir: Path) -> Iterator[Loop]:
         api = RealApi(cp)
         for namespace in (MD_NAMESPACE, "slurm", MONITORING):
             ensure_namespace(api, namespace)
-        slinky = k8s.seed_management_cluster(api, cp)
+        slinky = k8s.seed_management_cluster(api)
         # Slurm with the keys of Slinky's Secrets; slurmctld and slurmrestd on 127.0.0.1.
         slurm = Slurm(prepared.slurm_root, workdir / "slurm", SlurmConfig(address="127.0.0.1", port=free_port(30000, 32767),
                                                                           partition=PARTITION),

@@ -129,7 +129,7 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
         api = RealApi(cp)
         for namespace in (k8s.MD_NAMESPACE, "slurm"):
             ensure_namespace(api, namespace)
-        slurm = k8s.seed_management_cluster(api, cp)
+        slurm = k8s.seed_management_cluster(api)
         api.create(machine_deployment(k8s.MD_NAME, k8s.MD_NAMESPACE, replicas=k8s.MD_START, version="v1beta2", cluster=k8s.CLUSTER, full=True))
         _, data = seed_metal3(api, template_labels=OPT_IN, index=40)
         values = tier_values(k8s.PREPARED.image or "localhost/slime:process", [
