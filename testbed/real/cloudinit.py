@@ -18,6 +18,7 @@ spool, log and ``/var/lib/cloud`` directories. The user-data is :data:`USER_DATA
 from __future__ import annotations
 
 import base64
+import os
 import shlex
 import signal
 import subprocess
@@ -139,8 +140,6 @@ class Node:
         if pid is None:
             raise SlurmFailed(f"node {self.hostname} has no slurmd PID file")
         with suppress(ProcessLookupError):
-            import os
-
             os.kill(pid, sig)
         return pid
 

@@ -35,6 +35,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -344,10 +345,7 @@ def _descendants(pid: int) -> list[int]:
 def free_port(low: int = 0, high: int = 0) -> int:
     """A TCP port free on every address of this host (in ``[low, high]`` when given)."""
     candidates = list(range(low, high + 1)) if low else [0]
-    if low:
-        import random
-
-        random.shuffle(candidates)
+    random.shuffle(candidates)
     for port in candidates:
         with socket.socket() as probe:
             try:

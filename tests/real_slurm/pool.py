@@ -61,7 +61,8 @@ def make_pool(site: Site, start: Callable[..., Scaling], replicas: int, **safe: 
     emulator = site.emulator
     # Slinky's JWT Secret (seeded with the Controller) holds the key slurmctld verifies tokens with.
     jwt_secret = emulator.get("v1", "Secret", JWT_NS, JWT_SECRET)
-    assert jwt_secret is not None and base64.b64decode(jwt_secret["data"][JWT_KEY]) == site.slurm.jwt_key
+    same = jwt_secret is not None and base64.b64decode(jwt_secret["data"][JWT_KEY]) == site.slurm.jwt_key
+    assert same, "Slinky's JWT Secret does not hold the key slurmctld verifies with"  # (no key in the report)
     emulator.create(mirror(MIRROR, replicas=replicas, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
     capi = RealCapi(site)

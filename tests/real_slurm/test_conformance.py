@@ -15,7 +15,7 @@ import json
 import time
 from base64 import b64encode
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ JOB_FIELDS = ("job_id", "job_state", "partition", "state_reason", "node_count", 
 class Target:
     name: str
     url: str
-    key: bytes
+    key: bytes = field(repr=False)  # a failure's report never shows the signing key
     make_busy: Callable[[str], None]
     addresses: dict[str, str]
     partition: str  # the one partition, over every node

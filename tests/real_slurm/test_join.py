@@ -22,6 +22,7 @@ import yaml
 import injection_webhook.handler
 from testbed.helm import REPO_ROOT
 from testbed.real.cloudinit import MISSING, USER_DATA, Node, NodeDidNotJoin, boot_script, render_user_data
+from testbed.real.slurm import SlurmRoot
 from testbed.wait import wait_for
 from testbed.world import b64, make_slurm_key
 from tests.real_slurm.site import Site
@@ -71,6 +72,14 @@ def test_user_data_renders_as_cloud_init_renders_it() -> None:
         render_user_data("#cloud-config\n", meta)
 
 
+def test_the_root_sends_no_dns_query(slurm_root: SlurmRoot) -> None:
+    """Name resolution in the Slurm root is files only: no daemon there may dial a DNS server (none is ours)."""
+    hosts = [line.split()[1:] for line in (slurm_root.path / "etc/nsswitch.conf").read_text().splitlines() if line.startswith("hosts:")]
+    assert hosts == [["files"]]
+    servers = [line.split()[1] for line in (slurm_root.path / "etc/resolv.conf").read_text().splitlines() if line.startswith("nameserver")]
+    assert servers == ["127.0.0.1"]
+
+
 # --- joining -----------------------------------------------------------------------------------
 
 
@@ -82,7 +91,8 @@ def test_nodes_boot_from_injected_metadata_join_and_run_a_two_node_job(site: Sit
     joined = time.monotonic() - started
     meta = site.meta_data(site.create_metadata_secret(9, "bm-009"))  # what each host read
     assert meta["slurm_conf_server"] == site.slurm.conf_server == f"{site.network.host_address}:{site.slurm.config.port}"
-    assert base64.b64decode(meta["slurm_key_base64"]) == site.cluster.key == site.slurm.slurm_key
+    same = base64.b64decode(meta["slurm_key_base64"]) == site.cluster.key == site.slurm.slurm_key
+    assert same, "the injected slurm.key is not the one slurmctld has"  # a bare bool: a failure shows no key
     records = site.slurm.nodes()
     for node in nodes:
         record = records[node.hostname]  # the node name is the host name cloud-init set from local-hostname
