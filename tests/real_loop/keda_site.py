@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scaling_webhook.reconciler import ADOPTED_ANNOTATION
 from testbed.real import keda as keda_mod
 from testbed.real import prometheus as prometheus_mod
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
@@ -94,6 +95,12 @@ class Loop:
     def mirror_replicas(self, demand: str) -> int | None:
         obj = self.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, mirror_name(demand))
         return None if obj is None else obj["spec"].get("replicas")
+
+    def adopted(self, demand: str) -> bool:
+        """The scaling leader's adoption mark on the mirror (it then holds the MachineDeployment's replicas)."""
+        obj = self.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, mirror_name(demand))
+        annotations = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+        return annotations.get(ADOPTED_ANNOTATION) == f"{MD_NAMESPACE}/{md_name(demand)}"
 
     def md_replicas(self, demand: str) -> int | None:
         obj = self.api.get("cluster.x-k8s.io/v1beta2", "MachineDeployment", MD_NAMESPACE, md_name(demand))

@@ -53,7 +53,11 @@ def test_keda_accepts_the_charts_scaled_objects_and_makes_their_hpas(keda_loop: 
     assert all(rejected == "false" and code == "200" for _, rejected, code in admissions), admissions  # none refused, none failed open
     triggers = {d: loop.scaled_object(d)["spec"]["triggers"][0] for d in (JOBS, NODES)}
     assert triggers[JOBS]["type"] == "prometheus" and triggers[NODES]["type"] == "metrics-api"
-    # Nothing is pending yet: the pools stay at 0 (the mirrors adopted the MachineDeployments' 0).
+    # Nothing is pending yet: the pools stay at 0. Each mirror starts at the API server's default of 1
+    # until the scaling leader adopts its MachineDeployment's 0 (one mapping after the other, a moment
+    # after the pod starts), so wait for both adoption marks before reading the replicas.
+    for demand in (JOBS, NODES):
+        loop.wait_for(lambda d=demand: loop.adopted(d), 60, f"{mirror_name(demand)} adopted")
     assert [loop.mirror_replicas(d) for d in (JOBS, NODES)] == [0, 0]
     assert [loop.md_replicas(d) for d in (JOBS, NODES)] == [0, 0]
 
