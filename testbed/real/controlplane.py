@@ -61,6 +61,16 @@ AUDIT_POLICY = {
     # Every call a service account makes (the webhooks'), with its verb, resource and answer; nothing else.
     "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}],
 }
+# With ``ControlPlane(audit_scale_steps=True)`` (the whole loop's timeline), first: every write of a
+# Deployment's or MachineDeployment's /scale with its body (the replicas asked), and every creation
+# of a Machine or a Secret, whoever makes it, timed by kube-apiserver to the microsecond. Cluster
+# API's MachineSet controller creates Machines by server-side apply, a ``patch`` answered 201.
+SCALE_STEP_RULES = [
+    {"level": "Request", "verbs": ["update", "patch"],
+     "resources": [{"group": "apps", "resources": ["deployments/scale"]}, {"group": "cluster.x-k8s.io", "resources": ["machinedeployments/scale"]}]},
+    {"level": "Metadata", "verbs": ["create", "patch"], "resources": [{"group": "cluster.x-k8s.io", "resources": ["machines"]}]},
+    {"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["secrets"]}]},
+]
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}  # every process started here, by PID, stopped at exit
 
@@ -195,6 +205,7 @@ class ControlPlane:
     workdir: Path
     binaries: ControlPlaneBinaries
     admission_config: Path | None = None
+    audit_scale_steps: bool = False  # SCALE_STEP_RULES too
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     port: int = field(default_factory=free_port)
@@ -229,7 +240,8 @@ class ControlPlane:
         self.proxy_client_key = _write(pki / "front-proxy-client.key", proxy_key, private=True)
         self.audit_log = self.workdir / "audit.log"
         self.audit_policy = self.workdir / "audit-policy.yaml"
-        self.audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        policy = {**AUDIT_POLICY, "rules": [*(SCALE_STEP_RULES if self.audit_scale_steps else []), *AUDIT_POLICY["rules"]]}
+        self.audit_policy.write_text(yaml.safe_dump(policy))
 
     # -- addresses and clients
 

@@ -238,6 +238,10 @@ class ClusterSpec:
     pool: str = "md-a"
     slurm_namespace: str = "slurm"  # the opt-in label of the Metal3DataTemplate: where slurmctld runs
     host_labels: tuple[tuple[str, str], ...] = (("pool", "workers"),)  # the template's hostSelector.matchLabels
+    # Where the metaData's local-hostname (so the Slurm node's name) comes from: "machine" (a new
+    # name per Machine), or "baremetalhost" (the host's name, known in advance: Slurm can hold FUTURE
+    # node records for the pool's hosts, so jobs bigger than the nodes up queue instead of failing).
+    hostname_object: str = "machine"
 
     @property
     def data_template(self) -> str:
@@ -280,7 +284,7 @@ def seed_cluster(api: Api, cp: ControlPlane, spec: ClusterSpec, replicas: int = 
         "apiVersion": INFRA_V, "kind": "Metal3DataTemplate",
         "metadata": {"name": spec.data_template, "namespace": ns, "labels": {**labels, "slurm-controller-namespace": spec.slurm_namespace}},
         "spec": {"clusterName": name, "metaData": {"objectNames": [{"key": "name", "object": "machine"},
-                                                                   {"key": "local-hostname", "object": "machine"}]}}})
+                                                                   {"key": "local-hostname", "object": spec.hostname_object}]}}})
     api.create(INFRA_V, "metal3machinetemplates", ns, {
         "apiVersion": INFRA_V, "kind": "Metal3MachineTemplate", "metadata": {"name": spec.pool, "namespace": ns, "labels": labels},
         "spec": {"template": {"spec": {

@@ -124,6 +124,9 @@ class Release:
     def port(self, component: str) -> int:
         return int(self.values[component]["port"])
 
+    def metrics_port(self, component: str) -> int:
+        return int(self.values[component]["metricsPort"])
+
     def route_to_localhost(self) -> None:
         """Turn the two webhook Services into ExternalName ``localhost`` (see the module doc)."""
         patch = {"spec": {"type": "ExternalName", "externalName": "localhost", "clusterIP": None, "clusterIPs": None,

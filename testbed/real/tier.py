@@ -72,10 +72,10 @@ def prepare(progress: Progress) -> Prepared:
     return PREPARED
 
 
-def start_control_plane(workdir: Path, admission_config: Path | None = None) -> ControlPlane:
+def start_control_plane(workdir: Path, admission_config: Path | None = None, audit_scale_steps: bool = False) -> ControlPlane:
     """A control plane with the upstream CRDs (after :func:`prepare` succeeded)."""
     assert PREPARED.binaries is not None, "prepare() has not succeeded"
-    cp = ControlPlane(workdir, PREPARED.binaries, admission_config=admission_config)
+    cp = ControlPlane(workdir, PREPARED.binaries, admission_config=admission_config, audit_scale_steps=audit_scale_steps)
     try:
         cp.start()
         cp.install_crds(PREPARED.crds)

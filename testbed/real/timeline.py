@@ -96,7 +96,7 @@ def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up,
     matplotlib.use("Agg")  # no display: write files only
     import matplotlib.pyplot as plt
 
-    figure, (whole, zoomed) = plt.subplots(2, 1, figsize=(10, 2.2 + 1.1 * len(scale_ups) * 2))
+    figure, (whole, zoomed) = plt.subplots(2, 1, figsize=(12, 2.2 + 1.1 * len(scale_ups) * 2))
     colours = ("#4e79a7", "#f28e2b", "#59a14f", "#9c755f", "#e15759")
     fast = _fast_window(scale_ups)
     for axis, window in ((whole, None), (zoomed, fast)):
@@ -114,7 +114,7 @@ def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up,
             axis.set_title("zoomed: KEDA reaction, scaling webhook and Cluster API", fontsize=9)
         else:
             axis.set_title(title, fontsize=10)
-            axis.legend(loc="lower right", fontsize=8)
+            axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside the bars, never over them
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

@@ -9,14 +9,18 @@ locally and its failure under ``CI=true``.
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.real import certmanager
+from testbed.real import certmanager, loop
 from testbed.real.prerequisites import unavailable
 from tests.real_k8s import conftest as k8s
 from tests.real_k8s.conftest import control_plane, stack  # noqa: F401 - fixtures shared with the real-Kubernetes tier
@@ -30,7 +34,15 @@ COMPONENTS: dict[str, Callable[[Progress], Any]] = {
     "cert-manager": certmanager.build,  # controller + cainjector (built), its CRDs: tests/real_loop/test_cert_manager.py
     "capi": capi_site.prepare,  # the CAPI core manager (built), its CRDs, the Slurm root: tests/real_loop/test_capi*.py
     "keda": keda_site.prepare,  # KEDA (built), Debian's Prometheus, the Slurm root: tests/real_loop/test_keda.py
+    "whole-loop": lambda progress: loop.prepare(_scratch(), progress),  # all of the above: tests/real_loop/test_whole_loop.py
 }
+
+
+def _scratch() -> Path:
+    """A directory for this session's generated files (the labelled CAPM3 CRD copies), removed at exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="slime-loop-crds-"))
+    atexit.register(shutil.rmtree, workdir, True)
+    return workdir
 
 
 @dataclass

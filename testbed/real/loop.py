@@ -1,0 +1,494 @@
+"""The whole loop, real (issue 15): Slurm → Prometheus/`/demand` → KEDA → HPA → mirror → scaling webhook → Cluster API → injected node joins Slurm → job starts.
+
+Everything is the real program except the metal:
+
+- kube-apiserver, etcd, kube-controller-manager v1.36.4 (with the HPA controller and the
+  aggregation layer), :mod:`testbed.real.tier`;
+- cert-manager v1.21.2 issuing the chart's PKI (:mod:`testbed.real.certmanager`), the webhook pods'
+  secret volumes refreshed as kubelet does;
+- KEDA v2.21.0's operator, metrics adapter and admission webhooks (:mod:`testbed.real.keda`),
+  Debian's Prometheus (:mod:`testbed.real.prometheus`) scraping Slurm 25.11's partition metrics
+  computed from the real Slurm state (:mod:`testbed.real.slurm_metrics`);
+- Slurm 24.11 (slurmctld, slurmrestd; :mod:`testbed.real.slurm`), the pool's hosts declared as
+  FUTURE node records named after the BareMetalHosts (docs/install.md: Slurm only queues jobs for
+  nodes it has records of);
+- the chart installed with ``helm`` (certManager, KEDA with ``keda.demand=nodes``, safe scale-in,
+  capacity-aware scale-up, authenticated admission), both webhooks as the chart's pods;
+- Cluster API v1.14.2's core manager (:mod:`testbed.real.capi`);
+- played: CAPM3 + Ironic + cloud-init + kubelet (:mod:`testbed.real.machines`): each host "boots"
+  a real ``slurmd`` in a network namespace from the metaData the injection webhook filled in.
+
+:func:`whole_loop` starts it all and stops it in reverse, even on failure. :class:`Recorder`
+watches a scale-up and fills a :class:`testbed.real.timeline.ScaleUp`: kube-apiserver's audit log
+gives the Kubernetes steps to the microsecond (the scale writes with their bodies, Machine and
+Secret creations), the scaling webhook's log the admission, and polling (every
+:data:`POLL_SECONDS`) the demand and Slurm's node and job states. The whole-loop test and
+``slime-demo --real`` run the same story (:func:`run_story`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from scaling_webhook.reconciler import ADOPTED_ANNOTATION
+from testbed.real import capi, certmanager, keda, prometheus, tier
+from testbed.real.controlplane import ControlPlane, ControlPlaneError
+from testbed.real.machines import Api, ApiError, ClusterSpec, MachineSimulator, add_host, seed_cluster
+from testbed.real.netns import Network
+from testbed.real.objects import RealApi
+from testbed.real.pods import VolumeSync
+from testbed.real.release import Release, tier_values
+from testbed.real.slurm import Slurm, SlurmConfig, SlurmFailed, SlurmRoot, free_port, prepare_root
+from testbed.real.slurm_metrics import PATH as METRICS_PATH
+from testbed.real.slurm_metrics import SlurmMetrics
+from testbed.real.timeline import ScaleUp, plot, render
+from testbed.world import SLIME_NAMESPACE, SlurmCluster, ensure_namespace, seed_nodeport, seed_slinky
+
+Progress = Callable[[str], None]
+PARTITION = "batch"
+MIRROR = "mirror-batch"
+SPEC = ClusterSpec(pool="md-batch", hostname_object="baremetalhost")  # node names = host names = FUTURE records
+JWT_SECRET = "slurm-auth-jwths256"
+MONITORING = "monitoring"
+POLL_SECONDS = 0.2
+VOLUME_SYNC_SECONDS = 5.0  # kubelet's secret-volume refresh (1 min by default on a node)
+KEDA_POLLING_SECONDS = 2  # the thesis used 15 s; short here so the story takes a minute, not several
+KEDA_COOLDOWN_SECONDS = 15
+
+
+def _no_progress(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the loop needs built or fetched, besides the real-Kubernetes tier's (:func:`testbed.real.tier.prepare`)."""
+
+    certmanager: certmanager.CertManagerBuild
+    keda: keda.KedaBinaries
+    prometheus: prometheus.PrometheusBinaries
+    capi: capi.Prepared
+    root: SlurmRoot
+
+
+def prepare(workdir: Path, progress: Progress) -> Parts:
+    """Build or fetch every part (each is cached by version, so a second call takes seconds)."""
+    return Parts(certmanager.build(progress), keda.build(progress), prometheus.binaries(progress),
+                 capi.prepare(workdir, progress), prepare_root(progress))
+
+
+@dataclass
+class Loop:
+    cp: ControlPlane
+    api: RealApi
+    sim_api: Api
+    stack: tier.Stack
+    slurm: Slurm
+    slinky: SlurmCluster
+    network: Network
+    metrics: SlurmMetrics
+    prometheus: prometheus.Prometheus
+    keda: keda.Keda
+    certmanager: certmanager.CertManager
+    manager: capi.Manager
+    sim: MachineSimulator
+    workdir: Path
+    hosts: list[str] = field(default_factory=list)
+    jobs: list[int] = field(default_factory=list)
+
+    @property
+    def release(self) -> Release:
+        return self.stack.release
+
+    # -- reading the loop
+
+    def mirror_replicas(self) -> int:
+        mirror = self.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, MIRROR)
+        return int(((mirror or {}).get("spec") or {}).get("replicas") or 0)
+
+    def md_replicas(self) -> int:
+        md = self.sim_api.get(capi_version(), "machinedeployments", SPEC.namespace, SPEC.pool)
+        return int(((md or {}).get("spec") or {}).get("replicas") or 0)
+
+    def machines(self) -> list[dict[str, Any]]:
+        return self.sim_api.list(capi_version(), "machines", SPEC.namespace)
+
+    def demand(self) -> dict[str, Any] | None:
+        """``/demand/<partition>`` of the scaling webhook's pod (KEDA reads the same through the Service)."""
+        answer = httpx.get(f"http://127.0.0.1:{self.release.metrics_port('scaling')}/demand/{PARTITION}", timeout=5)
+        return answer.json() if answer.status_code == 200 else None
+
+    def slurm_jobs(self) -> dict[int, dict[str, Any]]:
+        """Slurm's jobs through slurmrestd (the same API SliMe reads)."""
+        answer = self.slurm.rest("GET", "/slurm/v0.0.42/jobs/")
+        answer.raise_for_status()
+        return {int(j["job_id"]): j for j in answer.json().get("jobs") or []}
+
+    def slurm_nodes(self) -> dict[str, set[str]]:
+        answer = self.slurm.rest("GET", "/slurm/v0.0.42/nodes/")
+        answer.raise_for_status()
+        return {n["name"]: set(n.get("state") or []) for n in answer.json().get("nodes") or []}
+
+    # -- acting
+
+    def submit(self, nodes: int, release: str) -> int:
+        """A job of ``nodes`` nodes that runs until :meth:`finish` ``release`` (one task per node, in the shared directory)."""
+        job = self.slurm.sbatch(f"-N{nodes}", "-p", PARTITION, "--wrap",
+                                f"srun -N{nodes} sh -c 'while [ ! -e /srv/slime/{release} ]; do sleep 0.2; done'")
+        self.jobs.append(job)
+        return job
+
+    def finish(self, release: str) -> None:
+        (self.slurm.shared / release).touch()
+
+    def wait_for(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Wait until ``condition()`` is truthy and return it; a timeout names what and shows each component's recent log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                value = condition()
+            except (ControlPlaneError, ApiError, httpx.HTTPError):  # an API answering 429 for a moment
+                value = None
+            if value:
+                return value
+            time.sleep(POLL_SECONDS)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.diagnostics()}")
+
+    def diagnostics(self) -> str:
+        phases = [(m["metadata"]["name"], (m.get("status") or {}).get("phase")) for m in self.machines()]
+        parts = [f"mirror {self.mirror_replicas()}, MachineDeployment {self.md_replicas()}, Machines {phases}",
+                 f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
+                 f"simulator errors {self.sim.errors[-5:]}", "--- CAPI manager ---\n" + self.manager.tail(10)]
+        parts += [f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-8:]) for name, text in self.keda.logs().items()]
+        parts += [f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-8:]) for name, pod in self.stack.pods.items()]
+        return "\n".join(parts)
+
+    def key_leaks(self) -> list[str]:
+        """The names of the logs that hold slurm.key or the JWT key, raw or base64 (none may)."""
+        secrets = [self.slinky.key, self.slinky.jwt_key]
+        needles = [n for secret in secrets for n in (secret, base64.b64encode(secret)) if len(secret) >= 16]
+        return [name for name, text in self.logs().items() if any(n.decode("latin-1") in text for n in needles)]
+
+    def logs(self) -> dict[str, str]:
+        """Every log of the loop (none may hold a key: the callers scan them)."""
+        found = {f"slurm {k}": v for k, v in self.slurm.logs().items()}
+        found.update({f"node {k}": v for k, v in self.sim.node_logs().items()})
+        found.update({f"keda {k}": v for k, v in self.keda.logs().items()})
+        found["capi-manager"] = self.manager.log.read_text(errors="replace") if self.manager.log.exists() else ""
+        found.update({f"pod {name}": pod.logs() for name, pod in self.stack.pods.items()})
+        return found
+
+
+def capi_version() -> str:
+    return "cluster.x-k8s.io/v1beta2"
+
+
+def values(image: str, slurm: Slurm, hosts: int, prometheus_port: int) -> dict[str, Any]:
+    """The chart as an operator would install it for one Metal3 pool that KEDA scales on node demand."""
+    mapping = {
+        "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
+        "machineDeployment": {"name": SPEC.pool, "namespace": SPEC.namespace},
+        "partition": PARTITION,
+        "keda": {"demand": "nodes", "minReplicaCount": 0, "maxReplicaCount": hosts,
+                 "pollingInterval": KEDA_POLLING_SECONDS, "cooldownPeriod": KEDA_COOLDOWN_SECONDS},
+        "config": {"capacityAware": True,
+                   "safeScaleIn": {"slurmrestd": slurm.restd_url, "jwtSecret": f"{SPEC.slurm_namespace}/{JWT_SECRET}"}},
+    }
+    return tier_values(
+        image, [mapping],
+        certManager={"enabled": True},
+        keda={"enabled": True, "serverAddress": f"http://prometheus.{MONITORING}.svc:{prometheus_port}"},
+        scaling={"safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": JWT_SECRET, "namespace": SPEC.slurm_namespace}]},
+                 "capacityAware": {"enabled": True}, "extraArgs": ["--demand-interval-seconds=1"]},
+    )
+
+
+@contextmanager
+def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress = _no_progress) -> Iterator[Loop]:
+    """Everything up in order (a line of progress per part), and down in reverse, by PID, namespaces removed, even on failure."""
+    assert tier.PREPARED.binaries is not None, "testbed.real.tier.prepare() has not succeeded"
+    started = time.monotonic()
+
+    def step(what: str) -> None:
+        progress(f"{what} ({time.monotonic() - started:.0f} s)")
+
+    with ExitStack() as stack:
+        network = stack.enter_context(Network())
+        cp = tier.start_control_plane(workdir / "control-plane", audit_scale_steps=True)
+        stack.callback(cp.stop)
+        cp.install_crds([*parts.capi.crds, *parts.certmanager.crds])
+        api, sim_api = RealApi(cp), Api(cp)
+        stack.callback(sim_api.close)
+        for namespace in (SPEC.namespace, SPEC.slurm_namespace, MONITORING):
+            ensure_namespace(api, namespace)
+        step("control plane up")
+        # Slinky's objects and a real Slurm with their keys; slurmctld on the test bridge, where the hosts boot.
+        slinky = seed_slinky(api, host_ip=network.host_address)
+        port = free_port(30000, 32767)
+        seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
+        slurm = Slurm(parts.root, workdir / "slurm", SlurmConfig(address=network.host_address, port=port, partition=PARTITION),
+                      slurm_key=slinky.key, jwt_key=slinky.jwt_key)
+        stack.callback(slurm.close)
+        slurm.start()
+        names = [f"host-{index + 1}" for index in range(hosts)]
+        slurm.scontrol("create", f"NodeName={','.join(names)}", "CPUs=2", "State=FUTURE")
+        step("Slurm 24.11 up, the pool's hosts declared as FUTURE records")
+        metrics = SlurmMetrics(slurm.restd_url, slurm.jwt_key).start()
+        stack.callback(metrics.stop)
+        prom = prometheus.Prometheus(workdir / "prometheus", parts.prometheus, {"slurm": (METRICS_PATH, [metrics.address])}).start()
+        stack.callback(prom.stop)
+        api.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus", "namespace": MONITORING},
+                    "spec": {"type": "ExternalName", "externalName": "localhost",
+                             "ports": [{"name": "web", "port": prom.port, "protocol": "TCP"}]}})
+        manager = certmanager.CertManager(cp, parts.certmanager, workdir / "cert-manager").start()
+        stack.callback(manager.stop)
+        autoscaler = keda.Keda(cp, parts.keda, workdir / "keda")
+        stack.callback(autoscaler.stop)
+        autoscaler.install()
+        autoscaler.start()
+        step("Prometheus, cert-manager and KEDA up")
+        seed_cluster(sim_api, cp, SPEC, replicas=0)
+        release = Release(cp, SLIME_NAMESPACE, values(tier.PREPARED.image or "localhost/slime:process", slurm, hosts, prom.port), workdir)
+        release.install()
+        for certificate in release.certificates():
+            name = certificate["metadata"]["name"]
+            cp.wait_for(lambda name=name: certmanager.certificate_ready(cp, SLIME_NAMESPACE, name), 120, f"Certificate {name} Ready")
+        autoscaler.resolve()  # the chart's Services, now ExternalName localhost, resolve for KEDA
+        cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
+        for resource in ("certificates", "issuers", "certificaterequests"):
+            cp.wait_for(lambda resource=resource: cp.request("GET", f"/apis/cert-manager.io/v1/namespaces/{SLIME_NAMESPACE}/{resource}")
+                        is not None, 60, f"cert-manager.io {resource} served again after the API server restart")
+        webhooks = tier.Stack(cp, release, api, slinky, workdir)
+        stack.callback(webhooks.stop_webhooks)
+        for component in ("injection", "scaling"):
+            webhooks.start_webhook(component, kubelet_volumes=True)
+        stack.enter_context(VolumeSync(cp, list(webhooks.pods.values()), VOLUME_SYNC_SECONDS))
+        step("the chart installed with helm: certificates issued by cert-manager, both webhooks serving them")
+        capi_manager = capi.Manager(parts.capi.manager, cp, workdir / "capi").start()
+        stack.callback(capi_manager.stop)
+        sim = MachineSimulator(cp, parts.root, network, workdir / "machines", SPEC.namespace, slurm=slurm).start()
+        stack.callback(sim.stop)
+        loop = Loop(cp, api, sim_api, webhooks, slurm, slinky, network, metrics, prom, autoscaler, manager, capi_manager, sim, workdir)
+        for name, address in zip(names, network.hosts(), strict=False):
+            add_host(sim_api, SPEC.namespace, name, address, dict(SPEC.host_labels))
+            loop.hosts.append(name)
+        step(f"Cluster API and the machine simulator up, {hosts} BareMetalHosts available")
+        # Steady state before the story, as on a cluster that has run a while: the mirror adopted the
+        # pool's 0, and KEDA has polled the node demand once without error (Ready, not Active).
+        loop.wait_for(lambda: _adopted(api), 60, f"the scaling leader to adopt {SPEC.pool}'s replicas into {MIRROR}")
+        loop.wait_for(lambda: _keda_polled(api), 120, f"KEDA to poll {MIRROR}'s node demand without error")
+        step("KEDA polls the node demand; the pool is at 0")
+        yield loop
+
+
+def _adopted(api: RealApi) -> bool:
+    mirror = api.get("apps/v1", "Deployment", SLIME_NAMESPACE, MIRROR) or {}
+    return bool(((mirror.get("metadata") or {}).get("annotations") or {}).get(ADOPTED_ANNOTATION))
+
+
+def _keda_polled(api: RealApi) -> bool:
+    """KEDA's ScaledObject says Ready and not Active: a poll of its trigger ran and answered (an error sets Ready False)."""
+    scaled = api.get("keda.sh/v1alpha1", "scaledobjects", SLIME_NAMESPACE, MIRROR) or {}
+    conditions = {c.get("type"): c for c in (scaled.get("status") or {}).get("conditions") or []}
+    ready, active = conditions.get("Ready") or {}, conditions.get("Active") or {}
+    return ready.get("status") == "True" and active.get("status") == "False" and active.get("reason") == "ScalerNotActive"
+
+
+# --- the timeline of a scale-up ----------------------------------------------------------------
+
+
+def _timestamp(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Recorder:
+    """Fills the :class:`ScaleUp` of one job while it goes from submitted to running (call :meth:`finish` after)."""
+
+    loop: Loop
+    scale_up: ScaleUp
+    job: int
+    nodes: int  # the nodes the job needs
+    target: int  # the replicas the pool goes to
+    before: int  # the Machines the pool had when the job was submitted
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Recorder:
+        self._thread = threading.Thread(target=self._poll, name=f"recorder {self.scale_up.label}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            now = time.time()
+            try:
+                demand = self.loop.demand()
+                if demand is not None and demand["pendingNodes"] >= self.nodes:
+                    self.scale_up.mark("seen", now)
+                states = self.loop.slurm_nodes()
+                up = [n for n in self.loop.hosts if states.get(n, set()) & {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}]
+                if len(up) >= self.target:
+                    self.scale_up.mark("registered", now)
+                job = self.loop.slurm_jobs().get(self.job)
+                if job is not None and "RUNNING" in (job.get("job_state") or []):
+                    self.scale_up.mark("started", now)
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue  # a component busy for a moment: the next poll sees it
+
+    def finish(self, since: float) -> ScaleUp:
+        """Stop polling; add the Kubernetes steps from the audit log and the webhook's log (events after ``since``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        events = [e for e in self.loop.cp.audit_events() if e.get("stage") == "ResponseComplete"
+                  and _timestamp(e["stageTimestamp"]) >= since]
+        for key, resource, name in (("mirror", "deployments", MIRROR), ("md", "machinedeployments", SPEC.pool)):
+            for event in events:
+                ref = event.get("objectRef") or {}
+                body = event.get("requestObject") or {}
+                if (ref.get("resource"), ref.get("subresource"), ref.get("name")) == (resource, "scale", name) \
+                        and ((body.get("spec") or {}).get("replicas") or 0) >= self.target and event["responseStatus"]["code"] < 300:
+                    self.scale_up.mark(key, _timestamp(event["stageTimestamp"]))
+                    break
+        for key, resource in (("machine", "machines"), ("injected", "secrets")):
+            # A creation is answered 201, whether by a create or by a server-side apply (CAPI's Machines).
+            created = sorted(_timestamp(e["stageTimestamp"]) for e in events if e["responseStatus"]["code"] == 201
+                             and (e.get("objectRef") or {}).get("resource") == resource
+                             and (resource == "machines" or str(e["objectRef"].get("name", "")).endswith("-metadata")))
+            new = self.target - self.before
+            if len(created) >= new > 0:
+                self.scale_up.mark(key, created[new - 1])
+        for line in self.loop.stack.pods["scaling"].logs().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("msg") == "admission" and entry.get("name") == MIRROR and entry.get("decision") == "allowed" \
+                    and str(entry.get("reason", "")).endswith(f"follows the stored mirror to {self.target}") \
+                    and _timestamp(entry["ts"]) >= since:
+                self.scale_up.mark("admitted", _timestamp(entry["ts"]))
+                break
+        return self.scale_up
+
+
+def scale_up(loop: Loop, label: str, nodes: int, release: str, timeout: float = 240.0) -> tuple[int, ScaleUp]:
+    """Submit a ``nodes``-node job; wait until it runs; its job id and timeline."""
+    before = len([m for m in loop.machines() if not m["metadata"].get("deletionTimestamp")])
+    target = max(before, nodes)
+    since = time.time()
+    job = loop.submit(nodes, release)
+    timeline = ScaleUp(label)
+    timeline.mark("submitted", time.time())
+    recorder = Recorder(loop, timeline, job, nodes, target, before).start()
+    # The recorder is the one that sees the job start (stopping it as soon as another poll saw it
+    # could lose the step); it polls until then.
+    loop.wait_for(lambda: "started" in timeline.at, timeout, f"job {job} ({nodes} nodes) to start")
+    return job, recorder.finish(since - 1.0)
+
+
+# --- the story -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Story:
+    """What :func:`run_story` saw: the scale-ups' timelines, the jobs' final states, the scale-in."""
+
+    scale_ups: list[ScaleUp] = field(default_factory=list)
+    jobs: dict[int, list[str]] = field(default_factory=dict)  # job id -> its final job_state
+    scale_in_seconds: float = 0.0  # from the jobs' end to the pool at 0 with no Machine left (the first scale-in)
+    busy_hosts_released: list[str] = field(default_factory=list)  # the simulator's record: must stay empty
+    queued_after_scale_in: bool = False  # a job as big as the pool accepted (and run) once the pool was back at 0
+    key_leaks: list[str] = field(default_factory=list)  # the logs slurm.key or the JWT key appeared in: must stay empty
+
+    def problems(self) -> list[str]:
+        """What went wrong, one line each (empty when the loop did everything it should)."""
+        found = []
+        for scale_up in self.scale_ups:
+            if scale_up.missing():
+                found.append(f"{scale_up.label}: steps not seen: {', '.join(scale_up.missing())}")
+            if scale_up.out_of_order():
+                found.append(f"{scale_up.label}: out of order: {scale_up.out_of_order()}")
+        if not all(state == ["COMPLETED"] for state in self.jobs.values()):
+            found.append(f"a job did not complete: {self.jobs}")
+        if self.busy_hosts_released:
+            found.append(f"hosts powered off while Slurm ran jobs on them: {self.busy_hosts_released}")
+        if not self.queued_after_scale_in:
+            found.append("after scale-in Slurm refuses a job as big as the pool: its node records were lost")
+        if self.key_leaks:
+            found.append(f"a key appeared in: {', '.join(self.key_leaks)}")
+        return found
+
+    def write_figures(self, target: Path) -> list[Path]:
+        """The timeline as text, JSON and PNG in ``target`` (docs/performance.md's figures come from these)."""
+        target.mkdir(parents=True, exist_ok=True)
+        text, data, image = target / "timeline.txt", target / "timeline.json", target / "timeline.png"
+        text.write_text(render(self.scale_ups) + "\n")
+        data.write_text(json.dumps({
+            "scale_ups": [{"label": s.label, "since_submit": {k: s.since_submit(k) for k in s.at}, "phases": dict(s.phases())}
+                          for s in self.scale_ups],
+            "scale_in_seconds": round(self.scale_in_seconds, 1), "jobs": {str(k): v for k, v in self.jobs.items()}}, indent=2) + "\n")
+        plot(self.scale_ups, image)
+        return [text, data, image]
+
+
+def run_story(loop: Loop, say: Progress = _no_progress) -> Story:
+    """A 1-node job on an empty pool, then a pool-sized job (multi-node: all its nodes come), scale-in to 0;
+    then the pool-sized job again, on hosts that were deprovisioned and provisioned anew, and scale-in again."""
+    story = Story()
+    pool = len(loop.hosts)
+    for label, nodes in (("1-node job, pool at 0", 1), (f"{pool}-node job", pool)):
+        _run_job(loop, story, label, nodes, say)
+    story.scale_in_seconds = _scale_in(loop, say)
+    say(f"pool back at 0 in {story.scale_in_seconds:.1f} s; a {pool}-node job again: Slurm must still accept it")
+    try:
+        _run_job(loop, story, f"{pool}-node job after scale-in to 0", pool, say)
+    except SlurmFailed as exc:  # sbatch refused it: the pool's node records were lost at scale-in
+        say(f"Slurm refused it: {exc}")
+    else:
+        story.queued_after_scale_in = True
+        _scale_in(loop, say)
+    jobs = loop.slurm_jobs()
+    story.jobs = {job: list((jobs.get(job) or {}).get("job_state") or ["GONE"]) for job in loop.jobs}
+    story.busy_hosts_released = list(loop.sim.violations)
+    story.key_leaks = loop.key_leaks()
+    say(f"jobs {story.jobs}")
+    return story
+
+
+def _run_job(loop: Loop, story: Story, label: str, nodes: int, say: Progress) -> None:
+    """Submit a ``nodes``-node job, record its scale-up, let it end, wait until Slurm says COMPLETED."""
+    release = f"release-{len(story.scale_ups) + 1}"
+    say(f"submitting a {nodes}-node job")
+    job, timeline = scale_up(loop, label, nodes, release)
+    story.scale_ups.append(timeline)
+    say(f"job {job} runs on {nodes} node(s), {timeline.since_submit('started') or 0:.1f} s after it was submitted")
+    loop.finish(release)
+    _wait_completed(loop, job)
+
+
+def _scale_in(loop: Loop, say: Progress) -> float:
+    """Wait for KEDA's cooldown and safe scale-in to take the pool to 0 with no Machine left; the seconds it took."""
+    ended = time.monotonic()
+    say(f"all jobs done; KEDA scales the mirror to 0 after its cooldown ({KEDA_COOLDOWN_SECONDS} s), then safe scale-in")
+    loop.wait_for(lambda: loop.md_replicas() == 0 and not loop.machines(), 240, "the pool back at 0 with every Machine gone")
+    return time.monotonic() - ended
+
+
+def _wait_completed(loop: Loop, job: int) -> None:
+    def completed() -> bool:
+        return "COMPLETED" in (loop.slurm_jobs().get(job, {}).get("job_state") or [])
+
+    loop.wait_for(completed, 60, f"job {job} to complete")

@@ -1,0 +1,42 @@
+"""The whole loop, real (issue 15): a job is submitted, KEDA/HPA scale the mirror on the node demand, the scaling
+webhook and its leader move the MachineDeployment, Cluster API makes Machines, the injection webhook fills in their
+metaData, their slurmd join the real slurmctld, the job starts; then the jobs end and safe scale-in brings the
+pool back to 0 without killing anything.
+
+One test drives the story of :func:`testbed.real.loop.run_story` (the same one ``slime-demo --real`` runs) and
+checks, through :meth:`testbed.real.loop.Story.problems`: every step of each scale-up's timeline seen and in
+order, a multi-node job given all its nodes, every job completed, no busy host powered off, nothing Slurm needs
+lost (a job as big as the pool still accepted at 0), no key in any log. ``SLIME_REAL_LOOP_FIGURES=<dir>`` writes
+the timeline (text, JSON, PNG) there; the figures in docs/performance.md come from that.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from testbed.real.loop import run_story, whole_loop
+from testbed.real.timeline import render
+from tests.real_loop.conftest import component
+from tests.support.audit import EVIDENCE
+
+pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(1500)]
+
+
+def test_the_whole_loop(tmp_path: Path) -> None:
+    parts = component("whole-loop")
+    lines: list[str] = []
+    with whole_loop(tmp_path, parts, hosts=4, progress=lines.append) as loop:
+        try:
+            story = run_story(loop, lines.append)
+        finally:
+            print("\n".join(lines))
+            for name, text in loop.logs().items():
+                EVIDENCE.add_text(f"whole loop {name}", text)
+    print(render(story.scale_ups))
+    if os.environ.get("SLIME_REAL_LOOP_FIGURES"):
+        story.write_figures(Path(os.environ["SLIME_REAL_LOOP_FIGURES"]))
+    assert story.problems() == [], "\n".join(story.problems()) + "\n" + render(story.scale_ups)
+    assert len(story.scale_ups) == 3 and all(s.since_submit("started") is not None for s in story.scale_ups)
