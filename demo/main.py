@@ -306,7 +306,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="leave the emulator and both webhooks up after the story, until Ctrl-C")
     parser.add_argument("--resync-seconds", type=float, default=1.0,
                         help="the scaling reconciler's period (default 1 s in the demo)")
-    return parser.parse_args(argv)
+    parser.add_argument("--real", action="store_true",
+                        help="the whole loop on real components (real Kubernetes, cert-manager, KEDA, Prometheus, "
+                             "Cluster API, Slurm 24.11; simulated metal): needs root, builds them on first use")
+    parser.add_argument("--figures", type=Path, metavar="DIR",
+                        help="with --real: write the scale-up timeline there (timeline.txt, .json, .png)")
+    options = parser.parse_args(argv)
+    if options.figures is not None and not options.real:
+        parser.error("--figures needs --real")
+    if options.real and options.keep_running:
+        parser.error("--keep-running is for the embedded demo; --real stops everything it started")
+    return options
 
 
 def _wait_for_interrupt(say: Narrator) -> None:
@@ -335,6 +345,10 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None
     environment once it runs, ``inspect`` after the story (tests read the emulator through them).
     """
     options = _parse(argv)
+    if options.real:
+        from demo import real  # the real components' kit is only loaded when asked for
+
+        return real.run(options.figures, out or (lambda line: print(line, flush=True)))
     say = Narrator(out or (lambda line: print(line, flush=True)))
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="slime-demo-"))
