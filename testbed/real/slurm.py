@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 import jwt
 
+from testbed.real.controlplane import LISTEN_PORTS
 from testbed.world import make_slurm_key
 
 SUITE = "trixie"
@@ -343,8 +344,10 @@ def _descendants(pid: int) -> list[int]:
 
 
 def free_port(low: int = 0, high: int = 0) -> int:
-    """A TCP port free on every address of this host (in ``[low, high]`` when given)."""
-    candidates = list(range(low, high + 1)) if low else [0]
+    """A TCP port free on every address of this host, in ``[low, high]`` when given, else below the
+    ephemeral range (:data:`testbed.real.controlplane.LISTEN_PORTS`: bound later, never taken meanwhile
+    as an outgoing connection's source port)."""
+    candidates = list(range(low, high + 1)) if low else list(LISTEN_PORTS)
     random.shuffle(candidates)
     for port in candidates:
         with socket.socket() as probe:
