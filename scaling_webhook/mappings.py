@@ -34,7 +34,7 @@ import yaml
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
 from common.meta import is_dns1123_label, is_dns1123_subdomain
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, NodeDemandConfig, SafeScaleInConfig, SlurmEndpoint
+from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, NodeDemandConfig, SafeScaleInConfig, SlurmEndpoint, parse_released_nodes
 
 log = logging.getLogger("slime.scaling.mappings")
 
@@ -54,7 +54,7 @@ OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AW
 MAX_INT32 = 2**31 - 1
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
 SLURM_ENDPOINT_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "tokenUser")
-SAFE_SCALE_IN_KEYS = (*SLURM_ENDPOINT_KEYS, "drainTimeoutSeconds")
+SAFE_SCALE_IN_KEYS = (*SLURM_ENDPOINT_KEYS, "drainTimeoutSeconds", "releasedNodes")
 NODE_DEMAND_KEYS = ("partition", *SLURM_ENDPOINT_KEYS)
 # Slurm allows more, but a partition is also a URL path segment (/demand/<partition>) and a label value.
 PARTITION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -194,7 +194,12 @@ def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
     timeout = block.get("drainTimeoutSeconds")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise MappingError(f"{where}.drainTimeoutSeconds: must be a positive number of seconds, got {timeout!r}")
-    return SafeScaleInConfig(**_fields(endpoint), drain_timeout_seconds=float(timeout) if timeout is not None else None)
+    try:
+        released = parse_released_nodes(block.get("releasedNodes"), f"{where}.releasedNodes")
+    except ValueError as exc:
+        raise MappingError(str(exc)) from None
+    return SafeScaleInConfig(**_fields(endpoint), drain_timeout_seconds=float(timeout) if timeout is not None else None,
+                             released_nodes=released)
 
 
 def _node_demand(value: Any, where: str, shared: SlurmEndpoint | None) -> NodeDemandConfig:

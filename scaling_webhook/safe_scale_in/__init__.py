@@ -2,6 +2,6 @@
 
 - :mod:`.config`: the per-mapping opt-in (``safeScaleIn``) as a validated object;
 - :mod:`.victims`: which Machines a scale-down may remove, in which order (pure);
-- :mod:`.slurmrestd`: the slurmrestd client (JWT, node states, drain, delete);
+- :mod:`.slurmrestd`: the slurmrestd client (JWT, node states, drain, return to FUTURE, delete);
 - :mod:`.service`: :class:`~.service.SafeScaleIn`, the one place that drains, marks, releases.
 """

@@ -14,8 +14,9 @@ replica that lost the Lease stops between two writes.
     UNDRAIN only drains SliMe made), then set the replicas. Works without Slurm.
 * :meth:`SafeScaleIn.maintain` (every pass): keep the pre-drain hook on every Machine; for
   each deleting Machine, read Slurm *for that Machine at that moment* and release the hook only
-  when Slurm reports its node drained and idle (then the node is deleted in Slurm), or gone
-  after it had joined, or when :func:`.victims.never_joined` holds. Otherwise it waits: a node
+  when Slurm reports its node drained and idle (then the node is returned to FUTURE, so Slurm
+  keeps its record for the pool, or deleted with ``releasedNodes: delete``), or gone after it
+  had joined, or when :func:`.victims.never_joined` holds. Otherwise it waits: a node
   not drained yet is drained; a busy one is never let go, however long (``drainTimeoutSeconds``
   only adds Warnings and a metric); nothing is released while slurmrestd is unusable. Nodes
   SliMe drained whose Machines are neither marked nor deleting are undrained when no scale-in
@@ -65,6 +66,7 @@ REASON_VICTIMS = "ScaleInVictims"
 REASON_DEFERRED = "ScaleInDeferred"
 REASON_SLURM = "SlurmUnavailable"
 REASON_RECLAIMED = "Reclaimed"
+REASON_NODE_FUTURE = "SlurmNodeReturnedToFuture"
 REASON_NODE_DELETED = "SlurmNodeDeleted"
 REASON_RELEASED = "ReleasedNeverJoined"
 REASON_DRAIN_OVERDUE = "DrainOverdue"
@@ -354,9 +356,9 @@ class SafeScaleIn:
                 return True
             if node.drained:
                 fence()
-                slurm.delete(node.name)
+                reason, what = self._let_go(config, slurm, node.name)
                 self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
-                self._event(mapping, REASON_NODE_DELETED, f"Machine {name}: Slurm node {node.name} drained and deleted; deletion may proceed")
+                self._event(mapping, reason, f"Machine {name}: Slurm node {node.name} drained and idle, {what}; deletion may proceed")
                 return True
             if "DRAIN" not in node.states:  # deleted by someone else, or joined after it was chosen
                 fence()
@@ -367,6 +369,18 @@ class SafeScaleIn:
         except SlurmUnavailable as exc:
             self._slurm_failed(mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)")
             return False
+
+    @staticmethod
+    def _let_go(config: SafeScaleInConfig, slurm: SlurmClient, node: str) -> tuple[str, str]:
+        """What a released node becomes in Slurm (``releasedNodes``): the Event's reason and what happened."""
+        if config.released_nodes == "delete":
+            if slurm.delete(node):
+                return REASON_NODE_DELETED, "deleted from Slurm (releasedNodes: delete)"
+            return REASON_RELEASED, "already gone from Slurm (removed by someone else): nothing left to delete"
+        if slurm.future(node):
+            return REASON_NODE_FUTURE, ("returned to FUTURE: Slurm keeps its record, so jobs as big as the pool still queue, "
+                                        "and the host's next slurmd -Z of that name takes it again")
+        return REASON_RELEASED, "already gone from Slurm (removed by someone else): no record left to keep"
 
     def _overdue(self, mapping: Mapping, config: SafeScaleInConfig, machine: dict[str, Any], state: str) -> None:
         """Warn (once per Machine) when a held Machine waits past drainTimeoutSeconds. Never a release."""

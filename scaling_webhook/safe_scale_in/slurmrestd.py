@@ -11,7 +11,8 @@ token nor the key ever appears in a message or a log line.
 What real slurmrestd 24.11 answers (checked against it, docs/scaling.md): a token it cannot
 verify gets 511 (error 1007), a request without one 401; both make the client read the key
 again once. Updating or deleting a node that does not exist gets 500 with error 2018, which a
-DELETE treats as done; a busy node gets 2016.
+DELETE or a return to FUTURE treats as "gone" (nothing left to do); deleting a busy node gets
+2016, returning a busy node (or one already FUTURE) to FUTURE 2028.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 # 401: no token; 511 (Network Authentication Required, error 1007): a token slurmrestd cannot verify.
 AUTH_FAILURES = (401, 511)
 INVALID_NODE_NAME = 2018  # slurm_errno ESLURM_INVALID_NODE_NAME: no such node (any more)
+FUTURE = "FUTURE"  # the node state slurmctld keeps a record in without a host behind it
 
 
 class SlurmUnavailable(Exception):
@@ -47,6 +49,10 @@ class SlurmUnavailable(Exception):
     def __init__(self, cause: str) -> None:
         super().__init__(cause)
         self.cause = cause
+
+
+class _NodeGone(Exception):
+    """slurmctld has no record of the node (error 2018): a DELETE or a return to FUTURE has nothing left to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +138,8 @@ class SlurmClient:
 
     # --- transport ---------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = None, gone_is_done: bool = False) -> dict[str, Any]:
+    def _call(self, method: str, path: str, body: Any = None, gone_raises: bool = False) -> dict[str, Any]:
+        """One request (signed, the key read again once after 401/511); with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`."""
         for attempt in (1, 2):
             headers = {"X-SLURM-USER-TOKEN": self._token(), "Accept": "application/json"}
             try:
@@ -147,8 +154,8 @@ class SlurmClient:
                 log.warning("slurmrestd refused the token; reading the signing key again", extra={"slurmrestd": self.config.slurmrestd})
                 self._key = None
                 continue
-            if gone_is_done and _error_numbers(response) == {INVALID_NODE_NAME}:
-                return {}
+            if gone_raises and _error_numbers(response) == {INVALID_NODE_NAME}:
+                raise _NodeGone(path)
             if not 200 <= response.status_code <= 299:
                 raise SlurmUnavailable(f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}")
             try:
@@ -209,9 +216,29 @@ class SlurmClient:
         """Remove the DRAIN flag (``UNDRAIN``, accepted by slurmrestd since v0.0.40)."""
         self._call("POST", f"/slurm/{self.version()}/node/{quote(name)}", {"state": ["UNDRAIN"]})
 
-    def delete(self, name: str) -> None:
-        """Delete a dynamic node; a node already gone is fine."""
-        self._call("DELETE", f"/slurm/{self.version()}/node/{quote(name)}", gone_is_done=True)
+    def delete(self, name: str) -> bool:
+        """Delete a node's record; False when it was gone already (fine: nothing left to delete)."""
+        try:
+            self._call("DELETE", f"/slurm/{self.version()}/node/{quote(name)}", gone_raises=True)
+        except _NodeGone:
+            return False
+        return True
+
+    def future(self, name: str) -> bool:
+        """Return an idle node to FUTURE; False when slurmctld has no record of it (any more).
+
+        Real slurmctld 24.11 keeps the record (hidden from ``GET nodes``, still one of its
+        partition's nodes, so a job that needs it is accepted and queues), clears DRAIN (the
+        reason stays until the node next runs a job), and the next ``slurmd -Z`` of that name
+        takes the record again, IDLE. That holds for a node that took a FUTURE record an
+        operator declared and for one ``slurmd -Z`` created. A busy node, or one already FUTURE,
+        is refused (500, error 2028), which raises :class:`SlurmUnavailable`.
+        """
+        try:
+            self._call("POST", f"/slurm/{self.version()}/node/{quote(name)}", {"state": [FUTURE]}, gone_raises=True)
+        except _NodeGone:
+            return False
+        return True
 
 
 def _errors_of(data: Any) -> str:
