@@ -27,15 +27,16 @@ def slurm(jwt_key: bytes) -> Iterator[FakeSlurmrestd]:
 
 
 @pytest.fixture
-def env(emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes, scaling_factory: Callable[..., Scaling]) -> Callable[[int], Env]:
-    """``env(n)``: a mirror and a MachineDeployment at n replicas, n Machines joined to Slurm."""
+def env(emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes, scaling_factory: Callable[..., Scaling]) -> Callable[..., Env]:
+    """``env(n, hosts=())``: a mirror and a MachineDeployment at n replicas, n Machines joined to Slurm
+    (their hosts named from ``hosts`` when given, see :class:`CapiSim`)."""
 
-    def make(replicas: int) -> Env:
+    def make(replicas: int, hosts: tuple[str, ...] = ()) -> Env:
         emulator.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
                          "type": "Opaque", "data": {JWT_KEY: base64.b64encode(jwt_key).decode()}})
         emulator.create(mirror(MIRROR, replicas=replicas))
         emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
-        capi = CapiSim(emulator, slurm)
+        capi = CapiSim(emulator, slurm, hosts=hosts)
         for _ in range(replicas):
             capi.add_machine()
         return Env(emulator, slurm, capi, scaling_factory)

@@ -1,4 +1,4 @@
-"""A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, DELETE, HS256 JWT auth, v0.0.42-v0.0.44.
+"""A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, FUTURE, DELETE, HS256 JWT auth, v0.0.42-v0.0.44.
 
 Test code drives a small job model (``start_job`` / ``finish_job``); a node's state is IDLE or
 ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node here joined with
@@ -14,6 +14,12 @@ without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps the 
 the node is next allocated; ``reason_set_by_user`` is the token's ``sun`` (``root`` for a node
 that just registered); bodies carry ``errors``, ``warnings`` and ``meta``. A job here takes the
 whole node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
+
+``{"state": ["FUTURE"]}`` on an idle node (drained or not) moves it to :attr:`FakeSlurmrestd.future`:
+the record stays, hidden from ``GET nodes`` but still counted in its partition's ``nodes.total``,
+DRAIN cleared, the reason kept; a busy node, or one already FUTURE, gets 500 with error 2028. A
+FUTURE record still takes DRAIN/UNDRAIN and DELETE, and :meth:`FakeSlurmrestd.add_node` of its
+name (the host's next ``slurmd -Z``) takes it again, IDLE, with the reason it had.
 
 For node demand it also lists jobs and partitions: running jobs from the node model (partition
 ``PARTITION``), and pending jobs queued with ``submit`` (any partition, reason, node count), in
@@ -50,8 +56,8 @@ class Node:
     reason_set_by_user: str = ""
     hostname: str = ""
 
-    def states(self) -> list[str]:
-        base = ["ALLOCATED"] if self.jobs else ["IDLE"]
+    def states(self, future: bool = False) -> list[str]:
+        base = ["FUTURE"] if future else ["ALLOCATED"] if self.jobs else ["IDLE"]
         return base + (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
 
     @property
@@ -63,12 +69,14 @@ class FakeSlurmrestd:
     def __init__(self, key: bytes, versions: tuple[str, ...] = VERSIONS) -> None:
         self.key = key
         self.versions = versions
-        self.nodes: dict[str, Node] = {}
+        self.nodes: dict[str, Node] = {}  # what GET nodes lists
+        self.future: dict[str, Node] = {}  # FUTURE records: kept, not listed
         self.lock = threading.RLock()
         self.fail_status: int | None = None
         self.calls: list[tuple[str, str]] = []
-        self.violations: list[str] = []  # busy nodes deleted
+        self.violations: list[str] = []  # busy nodes SliMe asked to delete or return to FUTURE
         self.deleted: list[str] = []
+        self.returned: list[str] = []  # nodes returned to FUTURE
         self.drains: list[str] = []
         self.undrains: list[str] = []
         self.tokens_seen: list[dict[str, Any]] = []
@@ -130,9 +138,27 @@ class FakeSlurmrestd:
     # --- the model ----------------------------------------------------------------------------
 
     def add_node(self, name: str, address: str, hostname: str = "") -> None:
+        """A host's ``slurmd -Z`` registers: it takes the FUTURE record of its name, else a new dynamic node is made."""
         with self.lock:
+            record = self.future.pop(name, None)
+            if record is not None:  # IDLE at its (new) address; the reason stays until it next runs a job
+                record.address, record.hostname, record.drain = address, hostname or name, False
+                self.nodes[name] = record
+                return
             # slurmctld records a registering dynamic node as set by root (slurmd's user).
             self.nodes[name] = Node(name, address, hostname=hostname or name, reason_set_by_user="root")
+
+    def admin_future(self, node: str) -> None:
+        """An administrator's ``scontrol update nodename=... state=future`` of an idle node (DRAIN cleared, the reason kept)."""
+        with self.lock:
+            found = self.nodes.pop(node)
+            found.drain = False
+            self.future[node] = found
+
+    def declare_future(self, name: str) -> None:
+        """An operator's ``scontrol create NodeName=<name> State=FUTURE``."""
+        with self.lock:
+            self.future[name] = Node(name, name, hostname=name)
 
     def admin_drain(self, node: str, reason: str) -> None:
         """An administrator's ``scontrol update nodename=... state=drain reason=...``."""
@@ -177,9 +203,13 @@ class FakeSlurmrestd:
             self.nodes[node].jobs.clear()
 
     def state(self, node: str) -> list[str] | None:
+        """A node's states (a FUTURE record's too, as ``scontrol --future show node`` gives them); None: no record."""
         with self.lock:
             found = self.nodes.get(node)
-            return found.states() if found else None
+            if found is not None:
+                return found.states()
+            record = self.future.get(node)
+            return record.states(future=True) if record else None
 
     # --- HTTP -------------------------------------------------------------------------------
 
@@ -207,8 +237,9 @@ class FakeSlurmrestd:
             if what == "jobs" and method == "GET":
                 return 200, _body(jobs=self._jobs())
             if what == "partitions" and method == "GET":
+                total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
                 return 200, _body(partitions=[{"name": name, "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
-                                               "nodes": {"total": len(self.nodes)}} for name, limit in self.partitions.items()])
+                                               "nodes": {"total": total}} for name, limit in self.partitions.items()])
             if what == "nodes" and method == "GET":
                 return 200, _body(nodes=[
                     {"name": n.name, "hostname": n.hostname, "address": n.address, "state": n.states(), "reason": n.reason,
@@ -216,11 +247,23 @@ class FakeSlurmrestd:
                     for n in self.nodes.values()
                 ])
             node = self.nodes.get(name or "")
-            if node is None:
+            record = self.future.get(name or "")
+            if node is None and record is None:
                 return 500, _body(errors=[_error(f"Failure to update node {name}", 2018, "Invalid node name specified", _source(method))])
+            if record is not None:
+                return self._future_record(method, record, raw, claims)
+            assert node is not None
             if method == "POST":
                 body = json.loads(raw or b"{}")
                 states = body.get("state") or []
+                if "FUTURE" in states:
+                    if node.busy:
+                        self.violations.append(f"FUTURE of busy node {node.name}")
+                        return 500, _invalid_state(node.name)
+                    node.drain = False  # slurmctld keeps the reason
+                    self.future[node.name] = self.nodes.pop(node.name)
+                    self.returned.append(node.name)
+                    return 200, _body()
                 if "DRAIN" in states:
                     node.drain, node.reason, node.reason_set_by_user = True, body.get("reason", ""), str(claims.get("sun"))
                     self.drains.append(node.name)
@@ -238,6 +281,28 @@ class FakeSlurmrestd:
                 self.deleted.append(node.name)
                 return 200, _body()
         return 405, "Method not allowed"
+
+    def _future_record(self, method: str, record: Node, raw: bytes, claims: dict[str, Any]) -> tuple[int, dict[str, Any] | str]:
+        """A request naming a FUTURE record: DRAIN/UNDRAIN and DELETE work on it, FUTURE again is refused (2028)."""
+        if method == "DELETE":
+            del self.future[record.name]
+            self.deleted.append(record.name)
+            return 200, _body()
+        if method == "POST":
+            states = json.loads(raw or b"{}").get("state") or []
+            if "DRAIN" in states:
+                record.drain, record.reason, record.reason_set_by_user = True, json.loads(raw).get("reason", ""), str(claims.get("sun"))
+                return 200, _body()
+            if "UNDRAIN" in states or "RESUME" in states:
+                record.drain = False
+                return 200, _body()
+            return 500, _invalid_state(record.name)
+        return 405, "Method not allowed"
+
+
+def _invalid_state(name: str) -> dict[str, Any]:
+    """What slurmctld 24.11 answers to a FUTURE it will not make (the node is busy, or FUTURE already)."""
+    return _body(errors=[_error(f"Failure to update node {name}", 2028, "Invalid node state specified", "_update_node")])
 
 
 def _source(method: str) -> str:

@@ -30,9 +30,13 @@ class CapiSim:
 
     emulator: Emulator
     slurm: FakeSlurmrestd
+    # The hosts' names, when they come back (BareMetalHost-named hosts): a new Machine's host is the
+    # first one no Machine has. Without them, Machine md-<n>'s host is node-<n> (never reused).
+    hosts: tuple[str, ...] = ()
     counter: int = 0
     removed: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    assigned: dict[str, str] = field(default_factory=dict)  # Machine -> its host's (Slurm node's) name
 
     def machines(self) -> list[dict[str, Any]]:
         return sorted(
@@ -49,7 +53,7 @@ class CapiSim:
         ``join``: its slurmd has joined Slurm."""
         self.counter += 1
         name = f"{MD}-{self.counter:03d}"
-        node, address = f"node-{self.counter:03d}", f"10.0.0.{self.counter}"
+        node, address = self._host_for(name), f"10.0.0.{self.counter}"
         status: dict[str, Any] = {"infrastructureReady": provisioned}
         if provisioned:
             status["addresses"] = [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]
@@ -64,19 +68,26 @@ class CapiSim:
             self.slurm.add_node(node, address)
         return name
 
+    def _host_for(self, machine: str) -> str:
+        if self.hosts:
+            taken = {self.assigned.get(m["metadata"]["name"]) for m in self.machines()}
+            self.assigned[machine] = next(h for h in self.hosts if h not in taken)
+        else:
+            self.assigned[machine] = f"node-{int(machine.rsplit('-', 1)[1]):03d}"
+        return self.assigned[machine]
+
     def provision(self, name: str, join: bool = True) -> None:
         """The host of Machine ``name`` finishes provisioning (and its slurmd joins)."""
         number = int(name.rsplit("-", 1)[1])
-        node, address = f"node-{number:03d}", f"10.0.0.{number}"
+        node, address = self.assigned[name], f"10.0.0.{number}"
         self.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, name, {"status": {
             "infrastructureReady": True,
             "addresses": [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]}})
         if join:
             self.slurm.add_node(node, address)
 
-    @staticmethod
-    def node_of(machine: dict[str, Any]) -> str:
-        return f"node-{int(machine['metadata']['name'].rsplit('-', 1)[1]):03d}"
+    def node_of(self, machine: dict[str, Any]) -> str:
+        return self.assigned[machine["metadata"]["name"]]
 
     def step(self) -> None:
         replicas = md_replicas(self.emulator, MD_NS, MD) or 0

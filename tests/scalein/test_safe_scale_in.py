@@ -2,7 +2,8 @@
 
 The scale-in cannot fail open: a hook is released only when Slurm, read for that Machine at that
 moment, lets it go; no timeout and no outage releases a busy node; drains SliMe leaves behind are
-undone; an administrator's drain is never undone.
+undone; an administrator's drain is never undone. Nothing is lost either: a released node goes
+back to FUTURE, so its record stays for the pool (``releasedNodes: delete`` deletes it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import random
 import time
 from collections.abc import Callable
 
+import httpx
+import jwt
 import pytest
 
 from scaling_webhook.mappings import MappingError, parse_mappings
@@ -18,6 +21,7 @@ from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, DRAIN_REASON, SLURM_NODE_ANNOTATION, order_candidates
 from testbed.wait import wait_for
 from testbed.world import md_events, md_replicas
+from tests.scalein.fake_slurmrestd import FakeSlurmrestd
 from tests.scalein.sim import MD, MD_NS, Env
 
 IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
@@ -39,10 +43,11 @@ def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env
     assert e.capi.machine("md-001")["metadata"]["annotations"][SLURM_NODE_ANNOTATION] == "node-001"
     e.capi.step()  # CAPI deletes the marked Machines; the pre-drain hook holds them
     assert e.hooked("md-001") and e.capi.machine("md-001")["metadata"].get("deletionTimestamp")
-    scaling.service.reconcile_once()  # nodes drained: Slurm DELETE, then the hook goes
+    scaling.service.reconcile_once()  # nodes drained: back to FUTURE in Slurm, then the hook goes
     e.capi.step()
     assert [m["metadata"]["name"] for m in e.capi.machines()] == ["md-002"]
-    assert sorted(e.slurm.deleted) == ["node-001", "node-003"]
+    assert sorted(e.slurm.returned) == ["node-001", "node-003"] and e.slurm.deleted == []
+    assert e.slurm.state("node-001") == ["FUTURE", "DYNAMIC_NORM"]  # the record stays, DRAIN cleared
     assert e.capi.violations == [] and e.slurm.violations == []
     assert scaling.metric("slime_scaling_scale_in_victims_total") == 2
     assert all(claims["sun"] == "slurm" and claims["exp"] - claims["iat"] == 60 for claims in e.slurm.tokens_seen)
@@ -183,7 +188,7 @@ def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
     assert e.capi.machine("md-001") is not None  # held
     e.slurm.finish_jobs("node-001")
     scaling.service.reconcile_once()
-    assert "node-001" in e.slurm.deleted and not e.hooked("md-001")
+    assert "node-001" in e.slurm.returned and not e.hooked("md-001")
     e.capi.step()
     assert e.capi.machine("md-001") is None and e.capi.violations == []
 
@@ -210,13 +215,13 @@ def test_a_drain_timeout_warns_and_never_releases_a_busy_node(env: Callable[[int
     time.sleep(3.1)  # deletionTimestamp has a one-second resolution
     scaling.service.reconcile_once()
     scaling.service.reconcile_once()
-    assert e.hooked("md-001") and "node-001" not in e.slurm.deleted  # still held: it runs a job
+    assert e.hooked("md-001") and "node-001" not in e.slurm.returned  # still held: it runs a job
     (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "DrainOverdue"), what="the DrainOverdue Warning")
     assert event["type"] == "Warning" and "md-001" in event["message"] and "never released" in event["message"]
     assert scaling.metric("slime_scaling_drain_overdue_total") == 1  # warned once, not every pass
     e.slurm.finish_jobs("node-001")
     scaling.service.reconcile_once()
-    assert not e.hooked("md-001") and "node-001" in e.slurm.deleted
+    assert not e.hooked("md-001") and "node-001" in e.slurm.returned
 
 
 def test_nothing_is_released_while_slurmrestd_is_unreachable(env: Callable[[int], Env]) -> None:
@@ -320,6 +325,100 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], En
     assert len(live) == mirror
 
 
+# --- what a released node becomes in Slurm (releasedNodes) ----------------------------------------
+
+
+def _partition_nodes(slurm: FakeSlurmrestd) -> int:
+    """The partition's node count, as slurmrestd lists it (what Slurm checks a job's node count against at submission)."""
+    now = int(time.time())
+    token = jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60}, slurm.key, algorithm="HS256")
+    answer = httpx.get(f"{slurm.url}/slurm/v0.0.42/partitions/", headers={"X-SLURM-USER-TOKEN": token}, timeout=5)
+    (partition,) = answer.json()["partitions"]
+    return int(partition["nodes"]["total"])
+
+
+def test_scale_in_to_zero_keeps_the_pools_records_and_its_hosts_take_them_again(slurm: FakeSlurmrestd, env: Callable[..., Env]) -> None:
+    """The pool's hosts were declared FUTURE; after a scale-in to 0 Slurm still has their records, and they come back."""
+    for host in ("bm-1", "bm-2"):
+        slurm.declare_future(host)  # scontrol create NodeName=bm-[1-2] State=FUTURE
+    e = env(2, hosts=("bm-1", "bm-2"))
+    assert sorted(slurm.nodes) == ["bm-1", "bm-2"] and slurm.future == {}  # each slurmd -Z took its record
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+    scaling.service.reconcile_once()
+    e.capi.step()
+    assert e.capi.machines() == [] and md_replicas(e.emulator, MD_NS, MD) == 0
+    assert slurm.nodes == {} and sorted(slurm.returned) == ["bm-1", "bm-2"] and slurm.deleted == []
+    assert slurm.state("bm-1") == slurm.state("bm-2") == ["FUTURE", "DYNAMIC_NORM"]
+    assert _partition_nodes(slurm) == 2  # a 2-node job is still accepted and queues
+    events = wait_for(lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeReturnedToFuture")) and len(found) == 2 and found,
+                      what="two SlurmNodeReturnedToFuture events")
+    assert all("drained and idle, returned to FUTURE: Slurm keeps its record" in event["message"] for event in events)
+    assert md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted") == []
+    e.scale(scaling, 2)  # the pool grows again: the hosts boot, their slurmd -Z take the records
+    e.capi.step()
+    assert sorted(slurm.nodes) == ["bm-1", "bm-2"] and slurm.future == {}
+    assert slurm.state("bm-1") == IDLE and slurm.nodes["bm-1"].reason == DRAIN_REASON  # no DRAIN; the reason waits for a job
+    scaling.service.reconcile_once()
+    assert all(e.hooked(m["metadata"]["name"]) for m in e.capi.machines())
+    e.scale(scaling, 1)  # an old reason without DRAIN is not a drain of ours: an idle node like any other
+    assert e.annotated() == ["md-003"] and slurm.violations == [] and e.capi.violations == []
+
+
+def test_released_nodes_delete_deletes_the_record(env: Callable[..., Env]) -> None:
+    e = env(2)
+    scaling = e.scaling(releasedNodes="delete")
+    e.scale(scaling, 0)
+    e.capi.step()
+    scaling.service.reconcile_once()
+    e.capi.step()
+    assert e.capi.machines() == [] and sorted(e.slurm.deleted) == ["node-001", "node-002"] and e.slurm.returned == []
+    assert e.slurm.state("node-001") is None and _partition_nodes(e.slurm) == 0  # a job for the pool would now be refused
+    events = wait_for(lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted")) and len(found) == 2 and found,
+                      what="two SlurmNodeDeleted events")
+    assert all("drained and idle, deleted from Slurm (releasedNodes: delete)" in event["message"] for event in events)
+
+
+def test_a_node_someone_deletes_during_the_release_is_released_as_gone(env: Callable[..., Env]) -> None:
+    e = env(1)
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+
+    def an_admin_deletes_it() -> None:  # scontrol delete nodename=node-001, right after SliMe read the node list
+        e.slurm.after_nodes_read = None
+        with e.slurm.lock:
+            e.slurm.nodes.pop("node-001", None)
+
+    e.slurm.after_nodes_read = an_admin_deletes_it
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001") and e.slurm.returned == []
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ReleasedNeverJoined")[:1], what="the release event")
+    assert "already gone from Slurm (removed by someone else): no record left to keep" in event["message"]
+
+
+def test_a_future_slurm_refuses_holds_the_machine_until_slurm_shows_the_node_gone(env: Callable[..., Env]) -> None:
+    """Someone returns the node to FUTURE between SliMe's read and its own request: Slurm answers 2028, nothing is released that pass."""
+    e = env(1)
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+
+    def an_admin_returns_it_to_future() -> None:  # scontrol update nodename=node-001 state=future
+        e.slurm.after_nodes_read = None
+        e.slurm.admin_future("node-001")
+
+    e.slurm.after_nodes_read = an_admin_returns_it_to_future
+    scaling.service.reconcile_once()
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the refusal")
+    assert "not releasing Machine md-001" in event["message"] and "answered 500 to POST" in event["message"]
+    assert (scaling.metric("slime_scaling_slurm_errors_total") or 0) >= 1
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001")  # the next read shows the node gone (FUTURE is not listed): its recorded node joined and left
+    assert e.slurm.state("node-001") == ["FUTURE", "DYNAMIC_NORM"] and e.capi.violations == []
+
+
 # --- pure parts -------------------------------------------------------------------------------
 
 
@@ -355,6 +454,8 @@ def test_order_candidates() -> None:
     ("{slurmrestd: 'http://x', jwtSecret: a/b, drainTimeoutSeconds: 0}", "drainTimeoutSeconds: must be a positive number"),
     ("{slurmrestd: 'http://x'}", "safeScaleIn: missing key jwtSecret"),
     ("{slurmrestd: 'http://x', jwtSecret: a/b, foo: 1}", "safeScaleIn: unknown key(s) foo"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: keep}", "safeScaleIn.releasedNodes: 'keep' is not one of future, delete"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: true}", "safeScaleIn.releasedNodes: True is not one of future, delete"),
 ])
 def test_config_validation(options: str, message: str) -> None:
     with pytest.raises(MappingError) as error:
@@ -370,4 +471,9 @@ def test_config_defaults() -> None:
     assert config is not None and config.slurmrestd == "http://slurm-restapi.slurm:6820"
     # No drain timeout unless an operator sets one (and then it only warns).
     assert (config.jwt_key, config.api_version, config.drain_timeout_seconds, config.token_user) == ("jwt_hs256.key", None, None, "slurm")
+    # A released node's record is kept (FUTURE) unless the mapping says delete.
+    assert config.released_nodes == "future"
+    (deleting,) = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+                                              "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: delete}}"}, "slime")
+    assert deleting.safe_scale_in is not None and deleting.safe_scale_in.released_nodes == "delete"
     assert parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in is None
