@@ -4,7 +4,9 @@
 BareMetalHosts would do, like ``tests/scalein/sim.py``'s ``CapiSim`` but with real nodes:
 
 - a Machine is created without addresses (``status.infrastructureReady: false``, phase
-  Provisioning); CAPM3 creates its Metal3Data and ``metaData`` Secret (through the API: the
+  Provisioning) and gets a host: ``bm-<n>`` for Machine ``md-<n>``, or, with ``host_names``
+  (hosts named after their BareMetalHosts, whose names come back), the first of them no live
+  Machine has; CAPM3 creates its Metal3Data and ``metaData`` Secret (through the API: the
   injection webhook admits it); the host is provisioned: the Machine gets ``status.addresses``
   (Hostname = the host's name, InternalIP = its namespace's address) and
   ``infrastructureReady: true`` (v1beta1), then the host boots from the Secret as stored and its
@@ -34,8 +36,10 @@ from tests.scalein.sim import FINALIZER, MD, MD_NS
 @dataclass
 class RealCapi:
     site: Site
+    host_names: tuple[str, ...] = ()  # the pool's BareMetalHosts' names; empty: a new name per Machine
     counter: int = 0
     hosts: dict[str, Node] = field(default_factory=dict)  # Machine name -> its booted host
+    assigned: dict[str, str] = field(default_factory=dict)  # Machine name -> its host's name (its Slurm node's)
     removed: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
@@ -52,13 +56,23 @@ class RealCapi:
     def live(self) -> list[dict[str, Any]]:
         return [m for m in self.machines() if not m["metadata"].get("deletionTimestamp")]
 
-    @staticmethod
-    def hostname(machine: str) -> str:
-        return f"bm-{int(machine.rsplit('-', 1)[1]):03d}"
+    def hostname(self, machine: str) -> str:
+        return self.assigned[machine]
+
+    def _host_for(self, machine: str) -> str:
+        if self.host_names:
+            taken = {self.assigned.get(m["metadata"]["name"]) for m in self.live()}
+            free = [h for h in self.host_names if h not in taken]
+            assert free, f"no free host among {self.host_names} for {machine}"
+            self.assigned[machine] = free[0]
+        else:
+            self.assigned[machine] = f"bm-{int(machine.rsplit('-', 1)[1]):03d}"
+        return self.assigned[machine]
 
     def add_machine(self, provision: bool = True) -> str:
         self.counter += 1
         name = f"{MD}-{self.counter:03d}"
+        self._host_for(name)
         self.site.emulator.create({
             "apiVersion": f"{CAPI}/v1beta1", "kind": "Machine",
             "metadata": {"name": name, "namespace": MD_NS, "finalizers": [FINALIZER],
@@ -73,7 +87,7 @@ class RealCapi:
     def provision(self, name: str) -> Node:
         """CAPM3 makes the host's metaData Secret (admitted by the injection webhook), the host is provisioned and boots."""
         index = int(name.rsplit("-", 1)[1])
-        secret = self.site.create_metadata_secret(index, self.hostname(name))
+        secret = self.site.create_metadata_secret(index, self.hostname(name), machine=name if self.host_names else None)
         address = next(a for a in self.site.network.hosts() if a not in {n.address for n in self.site.network.nodes.values()})
         self.site.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, name, {"status": {
             "phase": "Provisioned", "infrastructureReady": True,

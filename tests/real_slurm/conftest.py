@@ -105,5 +105,5 @@ def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[...
 
 @pytest.fixture
 def pool(site: Site, scaling_factory: Callable[..., Scaling]) -> Callable[..., Pool]:
-    """``pool(n, **safeScaleIn options)``: n real hosts in a MachineDeployment, its mirror, the scaling webhook on real slurmrestd."""
-    return lambda replicas, **safe: make_pool(site, scaling_factory, replicas, **safe)
+    """``pool(n, hosts=(), **safeScaleIn options)``: n real hosts in a MachineDeployment, its mirror, the scaling webhook on real slurmrestd."""
+    return lambda replicas, hosts=(), **safe: make_pool(site, scaling_factory, replicas, hosts, **safe)

@@ -57,7 +57,8 @@ class Pool:
         return md_events(self.site.emulator, MD_NS, MD, reason)
 
 
-def make_pool(site: Site, start: Callable[..., Scaling], replicas: int, **safe: Any) -> Pool:
+def make_pool(site: Site, start: Callable[..., Scaling], replicas: int, hosts: tuple[str, ...] = (), **safe: Any) -> Pool:
+    """``replicas`` Machines whose hosts boot and join (named from ``hosts`` when given, see :class:`RealCapi`); ``safe``: safeScaleIn options."""
     emulator = site.emulator
     # Slinky's JWT Secret (seeded with the Controller) holds the key slurmctld verifies tokens with.
     jwt_secret = emulator.get("v1", "Secret", JWT_NS, JWT_SECRET)
@@ -65,7 +66,7 @@ def make_pool(site: Site, start: Callable[..., Scaling], replicas: int, **safe: 
     assert same, "Slinky's JWT Secret does not hold the key slurmctld verifies with"  # (no key in the report)
     emulator.create(mirror(MIRROR, replicas=replicas, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
-    capi = RealCapi(site)
+    capi = RealCapi(site, host_names=hosts)
     for _ in range(replicas):
         capi.add_machine()
     emulator.create(safe_config_map(site.slurm.restd_url, **safe))

@@ -7,6 +7,11 @@ rely on (status, content type, error entries, the node fields SliMe reads, the j
 fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own client
 (``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
 ``v0.0.42`` is proven against real Slurm here (24.11 serves v0.0.40 to v0.0.42).
+
+The release SliMe makes (``{"state": ["FUTURE"]}`` on a drained, idle node whose slurmd still
+runs) is part of the conversation: the record must stay (not listed, still counted in the
+partition), a busy node or one already FUTURE be refused, and the host's next ``slurmd -Z``
+(the host powered off and booted again) take the record back.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class Target:
     partition: str  # the one partition, over every node
     queue: Callable[[int], None]  # submit a job asking this many nodes, which cannot start now (it pends)
     unqueue: Callable[[], None]  # cancel it
+    reboot: Callable[[str], None]  # the node's host powers off and boots again: its slurmd -Z registers anew
 
 
 @pytest.fixture
@@ -64,6 +70,15 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
         nodes = [boot(slurm_root, network, meta_data_for(slurm, name), tmp_path / "nodes", shared=slurm.shared) for name in (IDLE, BUSY)]
         for node in nodes:
             node.wait_joined(slurm)
+        addresses = {n.hostname: n.net.address for n in nodes}
+
+        def reboot(name: str) -> None:
+            old = next(n for n in nodes if n.hostname == name)
+            old.power_off(network)
+            nodes.remove(old)
+            nodes.append(boot(slurm_root, network, meta_data_for(slurm, name), tmp_path / "nodes", shared=slurm.shared))
+            addresses[name] = nodes[-1].net.address
+            nodes[-1].wait_joined(slurm)
 
         def make_busy(name: str) -> None:
             slurm.sbatch("--exclusive", "-w", name, "--wrap", "sleep 300")
@@ -78,8 +93,8 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
         def unqueue() -> None:
             slurm.client(["scancel", str(queued.pop())])
 
-        yield Target("real slurmrestd 24.11", slurm.restd_url, slurm.jwt_key, make_busy, {n.hostname: n.net.address for n in nodes},
-                     slurm.config.partition, queue, unqueue)
+        yield Target("real slurmrestd 24.11", slurm.restd_url, slurm.jwt_key, make_busy, addresses, slurm.config.partition, queue, unqueue,
+                     reboot)
     finally:
         for node in nodes:
             node.power_off(network)
@@ -104,7 +119,11 @@ def fake() -> Iterator[Target]:
     def unqueue() -> None:
         server.pending.clear()
 
-    yield Target("fake slurmrestd", server.url, key, make_busy, addresses, PARTITION, queue, unqueue)
+    def reboot(name: str) -> None:
+        addresses[name] = addresses[name].rsplit(".", 1)[0] + ".21"  # (a host may come back at another address)
+        server.add_node(name, addresses[name])
+
+    yield Target("fake slurmrestd", server.url, key, make_busy, addresses, PARTITION, queue, unqueue, reboot)
     server.stop()
 
 
@@ -209,6 +228,16 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
         send("drain unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["DRAIN"], "reason": "slime: scale-in"})
         send("undrain unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["UNDRAIN"]})
         send("delete unknown node", "DELETE", f"/slurm/{V}/node/nosuch")
+        # The release: back to FUTURE (the idle node's slurmd still runs, as before its host is deprovisioned).
+        send("FUTURE busy node", "POST", f"/slurm/{V}/node/{BUSY}", {"state": ["FUTURE"]})
+        send("FUTURE unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["FUTURE"]})
+        send("drain idle node again", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
+        send("FUTURE drained idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
+        send("after FUTURE", "GET", f"/slurm/{V}/nodes/")
+        send("partitions after FUTURE", "GET", f"/slurm/{V}/partitions/")
+        send("FUTURE again", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
+        target.reboot(IDLE)
+        answers.append(("after its host boots again", _reduce(target, _settled_nodes(target, client))))
         send("delete idle node", "DELETE", f"/slurm/{V}/node/{IDLE}")
         send("delete it again (gone)", "DELETE", f"/slurm/{V}/node/{IDLE}")
         send("after delete", "GET", f"/slurm/{V}/nodes/")
@@ -242,6 +271,16 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None
                          ("delete it again (gone)", 2018), ("drain unknown node", 2018)):
         assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
     assert IDLE not in facts["after delete"]["nodes"]
+    # The release to FUTURE: the record stays (not listed, still one of the partition's 2 nodes), DRAIN
+    # cleared; a busy node and a node already FUTURE are refused (2028); the next slurmd -Z takes it back.
+    assert (facts["FUTURE drained idle node"]["status"], facts["FUTURE drained idle node"]["errors"]) == (200, [])
+    assert IDLE not in facts["after FUTURE"]["nodes"] and BUSY in facts["after FUTURE"]["nodes"]
+    assert facts["partitions after FUTURE"]["partitions"][0]["total"] == 2
+    for what, number in (("FUTURE busy node", 2028), ("FUTURE again", 2028), ("FUTURE unknown node", 2018)):
+        assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
+    assert facts["after its host boots again"]["nodes"][IDLE] == {
+        "state": ["IDLE", "DYNAMIC_NORM"], "reason": "slime: scale-in", "reason_set_by_user": "slurm", "address_is_the_nodes": True,
+        "hostname": IDLE}
 
 
 class _SecretReader:
@@ -268,8 +307,13 @@ def product_client_run(target: Target) -> list[str]:
         seen.append(f"drained: {node.drained} reason {node.reason!r}")
         client.undrain(IDLE)
         client.drain(IDLE, "slime: scale-in")
-        client.delete(IDLE)
-        client.delete(IDLE)  # already gone: done, not an error
+        seen.append(f"returned to FUTURE: {client.future(IDLE)}; listed: {IDLE in {n.name for n in client.nodes()}}")
+        try:
+            client.future(IDLE)
+        except SlurmUnavailable as exc:
+            seen.append(f"FUTURE again refused: {'answered 500' in exc.cause}")
+        seen.append(f"deleted its record: {client.delete(IDLE)}; again: {client.delete(IDLE)}")  # already gone: done, not an error
+        seen.append(f"FUTURE of a node with no record: {client.future('nosuch')}")
         seen.append(f"after delete: {sorted(n.name for n in client.nodes())}")
         target.make_busy(BUSY)
         busy = {n.name: n for n in client.nodes()}[BUSY]
@@ -298,6 +342,10 @@ def test_slime_client_speaks_v0_0_42_to_real_slurmrestd_as_to_the_fake(real: Tar
         f"nodes {sorted([IDLE, BUSY])}; {IDLE} ['DYNAMIC_NORM', 'IDLE'] busy=False",
         f"{IDLE} address is the node's: True",
         "drained: True reason 'slime: scale-in'",
+        "returned to FUTURE: True; listed: False",
+        "FUTURE again refused: True",
+        "deleted its record: True; again: False",
+        "FUTURE of a node with no record: False",
         f"after delete: ['{BUSY}']",
         f"{BUSY} busy=True drained=False",
         "delete busy refused: True",

@@ -6,10 +6,15 @@ Machines carry ``status.addresses`` that name the real nodes; jobs are real (``s
 node, ``COMPLETING`` while an Epilog runs, ``NOT_RESPONDING`` and then ``DOWN`` after slurmd is
 killed, ``DRAIN`` together with ``MIXED``/``ALLOCATED`` after an admin drains a busy node. The
 seeded simulation (:mod:`tests.real_slurm.test_simulation`) runs them all together.
+
+Nothing is lost either: a released node goes back to FUTURE (the default ``releasedNodes``), so
+after a scale-in to 0 real Slurm still accepts a job as big as the pool and runs it once the
+hosts boot again; ``releasedNodes: delete`` deletes the records.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from collections.abc import Callable
@@ -19,17 +24,25 @@ import pytest
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
+from testbed.real.slurm import Slurm, SlurmFailed
 from testbed.wait import wait_for
 from tests.real_slurm.pool import Pool, SecretReader
+from tests.real_slurm.site import Site
 from tests.scalein.sim import MD_NS
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 
 
+def future_records(slurm: Slurm) -> dict[str, dict[str, object]]:
+    """The FUTURE node records slurmctld keeps (``scontrol --future show nodes``; plain listings and GET nodes leave them out)."""
+    data = json.loads(slurm.client(["scontrol", "--json", "--future", "show", "nodes"]).stdout)
+    return {n["name"]: n for n in data.get("nodes") or [] if "FUTURE" in (n.get("state") or [])}
+
+
 def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy_one_stays(
         pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="slime.scaling.slurmrestd")
-    p = pool(3)
+    p = pool(3, releasedNodes="delete")  # the records go (the default keeps them: the next test)
     assert p.states() == {f"bm-00{i}": {"IDLE", "DYNAMIC_NORM"} for i in (1, 2, 3)}
     job = p.run("bm-002", 300)
     assert p.states()["bm-002"] == {"MIXED", "DYNAMIC_NORM"}  # one of two CPUs
@@ -42,7 +55,7 @@ def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy
     assert nodes["bm-002"]["state"] == ["MIXED", "DYNAMIC_NORM"]
     p.capi.step()  # CAPI deletes the marked Machines; each is released once its node is deleted in Slurm
     p.capi.wait_all_released(p.reconcile)  # (the webhook's own watch-driven passes may release them first)
-    assert sorted(p.slurm.nodes()) == ["bm-002"]
+    assert sorted(p.slurm.nodes()) == ["bm-002"] and future_records(p.slurm) == {}
     assert sorted(p.capi.removed) == ["md-001", "md-003"]
     assert [m["metadata"]["name"] for m in p.capi.machines()] == ["md-002"]
     assert p.capi.violations == []
@@ -50,6 +63,50 @@ def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy
     assert len(p.events("SlurmNodeDeleted")) == 2
     versions = [r.__dict__.get("api_version") for r in caplog.records if r.getMessage() == "slurmrestd API version discovered"]
     assert versions == ["v0.0.42"]  # probed v0.0.44, v0.0.43 (404 from Slurm 24.11), then v0.0.42
+
+
+def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(site: Site, pool: Callable[..., Pool]) -> None:
+    """Nothing lost: the released nodes go back to FUTURE, a job as big as the pool is still accepted, and runs when the hosts return.
+
+    bm-a took a FUTURE record the operator declared (docs/install.md); bm-b is a purely dynamic
+    node (its ``slurmd -Z`` made its record). Both are kept. Their hosts are named after their
+    BareMetalHosts, so the Machines of the next scale-up boot them under the same names.
+    """
+    slurm = site.slurm
+    slurm.scontrol("create", "NodeName=bm-a", "CPUs=2", "State=FUTURE")
+    p = pool(2, hosts=("bm-a", "bm-b"))
+    assert p.states() == {"bm-a": {"IDLE", "DYNAMIC_NORM"}, "bm-b": {"IDLE", "DYNAMIC_NORM"}} and future_records(slurm) == {}
+    p.scale(0)
+    assert sorted(p.capi.annotated()) == ["md-001", "md-002"] and p.replicas() == 0
+    p.capi.step()
+    p.capi.wait_all_released(p.reconcile)
+    assert p.capi.machines() == [] and p.slurm.nodes() == {} and p.capi.violations == []
+    kept = future_records(slurm)
+    assert {name: node["state"] for name, node in kept.items()} == {"bm-a": ["FUTURE", "DYNAMIC_NORM"], "bm-b": ["FUTURE", "DYNAMIC_NORM"]}
+    assert kept["bm-a"]["reason"] == DRAIN_REASON  # DRAIN is gone; the reason stays until the node next runs a job
+    events = p.events("SlurmNodeReturnedToFuture")
+    assert len(events) == 2 and all("returned to FUTURE" in e["message"] for e in events) and p.events("SlurmNodeDeleted") == []
+    # Real Slurm still counts both records: a 2-node job is accepted and queues, a 3-node one is refused at submission.
+    with pytest.raises(SlurmFailed, match="Requested node configuration is not available"):
+        slurm.sbatch("-N3", "--wrap", "true")
+    job = slurm.sbatch("-N2", "--wrap", "srun hostname")
+    wait_for(lambda: slurm.jobs()[job]["state_reason"] not in ("None", ""), 20, f"job {job} to pend with a reason")
+    assert slurm.jobs()[job]["job_state"] == ["PENDING"]
+    # (A held job proves nothing here: Slurm does not check a held job's node count at submission.)
+    held = slurm.sbatch("-N3", "--hold", "--wrap", "true")
+    assert slurm.jobs()[held]["state_reason"] == "JobHeldUser"
+    p.scale(2)  # new Machines; their hosts boot bm-a and bm-b again, each slurmd -Z takes its record
+    p.capi.step()
+    assert sorted(p.capi.assigned[m["metadata"]["name"]] for m in p.capi.live()) == ["bm-a", "bm-b"]
+    nodes = p.slurm.nodes()
+    for machine, node in p.capi.hosts.items():
+        assert nodes[node.hostname]["address"] == node.net.address and "DRAIN" not in nodes[node.hostname]["state"], machine
+    assert future_records(slurm) == {}
+    wait_for(lambda: slurm.jobs()[job]["job_state"] == ["COMPLETED"], 60, f"job {job} to run on the returned hosts")
+    assert sorted(slurm.hostnames(slurm.jobs()[job]["nodes"])) == ["bm-a", "bm-b"]
+    p.reconcile()
+    assert all(p.capi.held(m["metadata"]["name"]) for m in p.capi.live())  # the new Machines carry the pre-drain hook
+    assert p.capi.violations == []
 
 
 def test_completing_is_never_a_victim_and_a_draining_completing_node_is_held(pool: Callable[..., Pool]) -> None:

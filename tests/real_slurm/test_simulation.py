@@ -12,7 +12,11 @@ real, so two runs of one seed are alike, not identical.
 Checked throughout: no host is powered off while a job process runs on it or Slurm lists a job
 there; no admin drain is undone; nothing is released while slurmrestd is down. At the end every
 job that ran must have COMPLETED (jobs killed = 0), apart from those the deliberate slurmd kill
-hit, which are counted on their own.
+hit, which are counted on their own; and every node SliMe let go is still a record in Slurm
+(returned to FUTURE, the default ``releasedNodes``), none deleted. Each Machine here gets a new
+host name, so those records are never taken again (a pool whose names never come back would use
+``releasedNodes: delete``); they still count as nodes of the partition, so fewer jobs are refused
+at submission.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from testbed.real.slurm import SlurmFailed
 from testbed.wait import wait_for
 from testbed.world import SLIME_NAMESPACE
 from tests.real_slurm.pool import Pool
+from tests.real_slurm.test_scale_in import future_records
 from tests.scalein.sim import MIRROR
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(900)]
@@ -195,7 +200,9 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
         "replicas_deferred": metric(p, "slime_scaling_scale_in_deferred_total"),  # summed over those
         "reclaimed": metric(p, "slime_scaling_reclaimed_total"),
         "slurm_errors": metric(p, "slime_scaling_slurm_errors_total"),
-        "nodes_deleted_in_slurm": len(p.events("SlurmNodeDeleted")),
+        "nodes_returned_to_future": len(p.events("SlurmNodeReturnedToFuture")),  # released, the record kept
+        "nodes_deleted_in_slurm": len(p.events("SlurmNodeDeleted")),  # only with releasedNodes: delete
+        "future_records_at_the_end": len(future_records(slurm)),
         "machines_released": len(p.capi.removed),
         "hosts_booted": p.capi.counter,
         "jobs_submitted": len(jobs),
@@ -219,6 +226,10 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
     assert outage_releases == [], outage_releases
     assert len(admin) == 2 and crashed, (admin, crashed)
     assert result["victims"] > 0 and result["machines_released"] > 0
+    assert result["nodes_returned_to_future"] > 0 and result["nodes_deleted_in_slurm"] == 0
+    # Every node let go is still a record: the hosts of released Machines that had joined (each name once).
+    gone = {p.capi.assigned[m] for m in p.capi.removed}
+    assert set(future_records(slurm)) <= gone and len(future_records(slurm)) == result["nodes_returned_to_future"]
     for state in ("DYNAMIC_NORM", "COMPLETING", "NOT_RESPONDING", "DRAIN"):
         assert any(state in s.split("+") for s in seen), f"{state} never seen: {sorted(seen)}"
     assert any({"DRAIN", "MIXED"} <= set(s.split("+")) or {"DRAIN", "ALLOCATED"} <= set(s.split("+")) for s in seen), sorted(seen)
