@@ -79,3 +79,7 @@ def configure_logging(level: str = "INFO", stream: Any = None) -> None:
     # lines come once per server (two per process): the runner logs one "serving" line instead.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    # httpx logs every request at INFO: with node demand polled each second that is two lines a
+    # second of "GET .../jobs/ 200" (the real whole loop showed it). Failures reach our own logs
+    # through the slurmrestd client's errors; at DEBUG the requests show again.
+    logging.getLogger("httpx").setLevel(logging.WARNING if root.getEffectiveLevel() > logging.DEBUG else logging.NOTSET)

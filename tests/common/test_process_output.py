@@ -7,7 +7,9 @@ a dev certificate from ``slime-dev-certs`` (valid for localhost and 127.0.0.1) a
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import signal
 import socket
 import ssl
@@ -18,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from certs.devcerts import main as dev_certs
+from common.logs import configure_logging
 from kubemu import Emulator
 from testbed.reviews import secret_request
 from testbed.wait import wait_for
@@ -77,3 +80,21 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
         assert admission["reason"] == "added the Slurm join data for slurmctld 192.0.2.10:30817 to Secret metal3/m3m-0-metadata"
     assert "_created" not in metrics
     assert "slime_webhook_requests_total{outcome=\"patched\",webhook=\"injection\"} 2.0" in metrics
+
+
+def test_http_client_requests_are_logged_only_at_debug() -> None:
+    """The demand poller calls slurmrestd every second: httpx's per-request INFO line must not flood the log."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        for level, shown in (("INFO", False), ("DEBUG", True), ("INFO", False)):
+            stream = io.StringIO()
+            configure_logging(level, stream)
+            logging.getLogger("httpx").info("HTTP Request: GET http://127.0.0.1:6820/slurm/v0.0.42/jobs/ 200 OK")
+            logging.getLogger("httpx").warning("a warning always shows")
+            assert ("HTTP Request" in stream.getvalue()) is shown, (level, stream.getvalue())
+            assert "a warning always shows" in stream.getvalue()
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        logging.getLogger("httpx").setLevel(logging.NOTSET)
