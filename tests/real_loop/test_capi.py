@@ -83,7 +83,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
 
     # Scale-in by one: SliMe drains the idle node, marks its Machine delete-machine, lowers the MachineDeployment;
     # CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-drain hook holds it
-    # until SliMe deleted the node in Slurm; then the host is deprovisioned.
+    # until SliMe returned the node to FUTURE in Slurm (its record kept for the host); then the host is deprovisioned.
     idle_host = next(m for m in running if m["metadata"]["name"] == idle)["spec"]["providerID"].split("/")[-2]
     s.scale_mirror(1)
     s.wait_for(lambda: s.md_replicas() == 1, 60, "the MachineDeployment to follow the mirror to 1")
@@ -97,9 +97,9 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     assert f'"Machine {SPEC.namespace}/{idle} deleting (scale down, deleting 1 of 1)"' in log, "CAPI did not scale down by the marked Machine"
     assert f'"Machine {SPEC.namespace}/{busy} deleting (scale down' not in log
     assert s.machine(busy) is not None and not s.machine(busy)["metadata"].get("deletionTimestamp")  # type: ignore[index]
-    assert idle not in s.slurm.nodes(), "SliMe deletes the drained node in Slurm before releasing the hook"
+    assert idle not in s.slurm.nodes(), "SliMe returns the drained node to FUTURE (hidden from the node list) before releasing the hook"
     assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"]
-    assert len(s.events("SlurmNodeDeleted")) >= 1
+    assert len(s.events("SlurmNodeReturnedToFuture")) >= 1
     assert s.sim.violations == []
 
     # An operator deletes the busy Machine: CAPI waits for SliMe's pre-drain hook, SliMe drains the node in
@@ -124,7 +124,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
         assert machine is not None and PRE_DRAIN in machine["metadata"]["annotations"], "the hook holds the busy Machine"
         assert [m["metadata"]["name"] for m in s.machines()] == [busy]
         assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"] and s.sim.violations == []
-    # The job ends by itself: SliMe deletes the node in Slurm, takes the hook off; CAPI drains, the host goes.
+    # The job ends by itself: SliMe returns the node to FUTURE in Slurm, takes the hook off; CAPI drains, the host goes.
     s.end_job("release-busy")
     s.wait_for(lambda: s.machine(busy) is None, 180, f"Machine {busy} to go once its job ended")
     assert s.slurm.jobs()[job]["job_state"] == ["COMPLETED"], "no job was killed"
