@@ -390,6 +390,19 @@ def test_per_mapping_keda_overrides_win_even_when_zero(render):
     assert "x_pending{" in meta["query"] and "slurm_partition_jobs_running{" in meta["query"]
 
 
+def test_scale_down_stabilization_is_the_hpas_default_unless_set(render):
+    """Empty: no `advanced` block, so the HPA keeps its 300 s window; set globally or per mapping: KEDA's HPA behavior."""
+    values = {"keda": {"enabled": True},
+              "scaling": {"mappings": [mapping("s/default", "d/md0", "p"),
+                                       mapping("s/quick", "d/md1", "p", keda={"scaleDownStabilizationSeconds": 0}),
+                                       mapping("s/minute", "d/md2", "p", keda={"scaleDownStabilizationSeconds": "60"})]}}
+    sos = {s["metadata"]["name"]: s["spec"] for s in by_kind(render(values), "ScaledObject")}
+    assert "advanced" not in sos["default"]
+    window = {name: spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
+              for name, spec in sos.items() if name != "default"}
+    assert window == {"quick": 0, "minute": 60}
+
+
 # ---------------------------------------------------------------- node demand (keda.demand=nodes)
 
 NODE_DEMAND = {"slurmrestd": "http://slurm-restapi.slurm:6820", "jwtSecret": {"name": "slurm-auth-jwths256", "namespace": "slurm"}}
