@@ -62,6 +62,7 @@ SPEC = ClusterSpec(pool="md-batch", hostname_object="baremetalhost")  # node nam
 JWT_SECRET = "slurm-auth-jwths256"
 MONITORING = "monitoring"
 POLL_SECONDS = 0.2
+STARTED_STATES = {"RUNNING", "COMPLETING", "COMPLETED"}  # a job that already ended has started too
 VOLUME_SYNC_SECONDS = 5.0  # kubelet's secret-volume refresh (1 min by default on a node)
 KEDA_POLLING_SECONDS = 2  # the thesis used 15 s; short here so the story takes a minute, not several
 KEDA_COOLDOWN_SECONDS = 15
@@ -129,6 +130,12 @@ class Loop:
         answer = httpx.get(f"http://127.0.0.1:{self.release.metrics_port('scaling')}/demand/{PARTITION}", timeout=5)
         return answer.json() if answer.status_code == 200 else None
 
+    def _demand_or_error(self) -> str:
+        try:
+            return json.dumps(self.demand())
+        except httpx.HTTPError as exc:
+            return f"unreadable ({type(exc).__name__})"
+
     def slurm_jobs(self) -> dict[int, dict[str, Any]]:
         """Slurm's jobs through slurmrestd (the same API SliMe reads)."""
         answer = self.slurm.rest("GET", "/slurm/v0.0.42/jobs/")
@@ -167,7 +174,13 @@ class Loop:
 
     def diagnostics(self) -> str:
         phases = [(m["metadata"]["name"], (m.get("status") or {}).get("phase")) for m in self.machines()]
+        scaled = self.api.get("keda.sh/v1alpha1", "scaledobjects", SLIME_NAMESPACE, MIRROR) or {}
+        conditions = [(c.get("type"), c.get("status"), c.get("reason")) for c in (scaled.get("status") or {}).get("conditions") or []]
+        waiting = {job: (j.get("job_state"), j.get("state_reason"), (j.get("node_count") or {}).get("number"))
+                   for job, j in self.slurm_jobs().items() if "COMPLETED" not in (j.get("job_state") or [])}
         parts = [f"mirror {self.mirror_replicas()}, MachineDeployment {self.md_replicas()}, Machines {phases}",
+                 f"/demand/{PARTITION} {self._demand_or_error()}; ScaledObject conditions {conditions}",
+                 f"jobs not completed (state, reason, nodes) {waiting}",
                  f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
                  f"simulator errors {self.sim.errors[-5:]}", "--- CAPI manager ---\n" + self.manager.tail(10)]
         parts += [f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-8:]) for name, text in self.keda.logs().items()]
@@ -200,8 +213,11 @@ def values(image: str, slurm: Slurm, hosts: int, prometheus_port: int) -> dict[s
         "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
         "machineDeployment": {"name": SPEC.pool, "namespace": SPEC.namespace},
         "partition": PARTITION,
+        # The HPA's scale-down window as short as KEDA's cooldown: with its default 300 s, a story run
+        # again within 5 minutes started its 1-node job at the previous story's 4 (chart values.yaml).
         "keda": {"demand": "nodes", "minReplicaCount": 0, "maxReplicaCount": hosts,
-                 "pollingInterval": KEDA_POLLING_SECONDS, "cooldownPeriod": KEDA_COOLDOWN_SECONDS},
+                 "pollingInterval": KEDA_POLLING_SECONDS, "cooldownPeriod": KEDA_COOLDOWN_SECONDS,
+                 "scaleDownStabilizationSeconds": KEDA_COOLDOWN_SECONDS},
         "config": {"capacityAware": True,
                    "safeScaleIn": {"slurmrestd": slurm.restd_url, "jwtSecret": f"{SPEC.slurm_namespace}/{JWT_SECRET}"}},
     }
@@ -342,7 +358,7 @@ class Recorder:
                 if len(up) >= self.target:
                     self.scale_up.mark("registered", now)
                 job = self.loop.slurm_jobs().get(self.job)
-                if job is not None and "RUNNING" in (job.get("job_state") or []):
+                if job is not None and set(job.get("job_state") or []) & STARTED_STATES:
                     self.scale_up.mark("started", now)
                     return
             except (httpx.HTTPError, ValueError, KeyError):
@@ -470,7 +486,7 @@ def run_story(loop: Loop, say: Progress = _no_progress) -> Story:
 
 def _run_job(loop: Loop, story: Story, label: str, nodes: int, say: Progress) -> None:
     """Submit a ``nodes``-node job, record its scale-up, let it end, wait until Slurm says COMPLETED."""
-    release = f"release-{len(story.scale_ups) + 1}"
+    release = f"release-{len(loop.jobs) + 1}"  # unique in the loop: a file left by an earlier story would end this job at once
     say(f"submitting a {nodes}-node job")
     job, timeline = scale_up(loop, label, nodes, release)
     story.scale_ups.append(timeline)
