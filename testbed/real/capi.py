@@ -44,7 +44,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ import yaml
 
 from testbed.helm import REPO_ROOT
 from testbed.real.build import CAPI_MODULE, STACK, BuildFailed, Progress, _locked, _run_with_progress, capm3_crds, go_build, go_env, module_dir, to_stderr
-from testbed.real.controlplane import Ca, ControlPlane, _write
+from testbed.real.controlplane import _LIVE, Ca, ControlPlane, _stop, _write
 from testbed.real.netns import _NUMBERS, NETNS_PREFIX, ip, kill_pids, netns_pids
 
 CAPI_VERSION = CAPI_MODULE[1]
@@ -76,29 +75,13 @@ CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL = "controlplane.sl
 MANAGER_BINARY = "core"  # go build names it after the package: sigs.k8s.io/cluster-api/core
 READY_CONTROLLERS = ("cluster", "machine", "machineset", "machinedeployment")
 
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
-_NETNS: set[str] = set()
+_NETNS: set[str] = set()  # the processes are in testbed.real.controlplane's _LIVE, stopped at exit by PID
 
 
 @atexit.register
-def _stop_leftovers() -> None:
-    for proc in list(_LIVE.values()):
-        _stop(proc)
+def _remove_leftover_namespaces() -> None:
     for netns in list(_NETNS):
         _delete_netns(netns)
-
-
-def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-    _LIVE.pop(proc.pid, None)
 
 
 def _delete_netns(netns: str) -> None:
@@ -296,7 +279,7 @@ class Manager:
     def stop(self) -> None:
         for proc in (self.process, self.forwarder):
             if proc is not None:
-                _stop(proc)
+                _stop(proc, 10.0)
         if self.netns:
             _delete_netns(self.netns)
 

@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 import jwt
 
+from testbed.real.build import cache_root
 from testbed.real.controlplane import LISTEN_PORTS
 from testbed.world import make_slurm_key
 
@@ -86,14 +87,6 @@ class SlurmFailed(RuntimeError):
 
 
 # --- the root ------------------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """``$SLIME_REAL_CACHE``, else ``$XDG_CACHE_HOME/slime/real``, else ``~/.cache/slime/real``."""
-    explicit = os.environ.get("SLIME_REAL_CACHE")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slime" / "real"
 
 
 def root_name() -> str:
