@@ -4,7 +4,7 @@ A :class:`ScaleUp` holds the wall-clock time of each step the loop goes through 
 as the whole-loop tier observes them; :data:`PHASES` groups them as the thesis' Figure 6.15
 does (KEDA reaction, scaling webhook, node provisioning) with the Cluster API and Slurm steps
 between made visible. :func:`render` prints the table, :func:`plot` draws it as a PNG (the
-thesis' two views: the whole scale-up, and the fast phases zoomed). Pure, except :func:`plot`,
+thesis' two views: the whole scale-up, and zoomed around the admission). Pure, except :func:`plot`,
 which writes a file (matplotlib, from the ``real`` extra).
 """
 
@@ -90,7 +90,9 @@ def render(scale_ups: Sequence[ScaleUp]) -> str:
 
 
 def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up, job submitted to job started") -> Path:
-    """Draw the phases of each scale-up as bars (whole scale-up above, the fast phases zoomed below); write a PNG."""
+    """Draw the phases of each scale-up as bars and write a PNG: the whole scale-up above (the thesis'
+    Figure 6.15), and below, each scale-up shifted so its admission is at 0 and zoomed to the scaling
+    webhook's phase and the start of Cluster API's (Figure 6.16's view)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write files only
@@ -98,21 +100,22 @@ def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up,
 
     figure, (whole, zoomed) = plt.subplots(2, 1, figsize=(12, 2.2 + 1.1 * len(scale_ups) * 2))
     colours = ("#4e79a7", "#f28e2b", "#59a14f", "#9c755f", "#e15759")
-    fast = _fast_window(scale_ups)
-    for axis, window in ((whole, None), (zoomed, fast)):
+    for axis, around_admission in ((whole, False), (zoomed, True)):
         for row, scale_up in enumerate(scale_ups):
+            shift = (scale_up.since_submit("admitted") or 0.0) if around_admission else 0.0
             for (name, start, end), colour in zip(PHASES, colours, strict=True):
                 left, right = scale_up.since_submit(start), scale_up.since_submit(end)
                 if left is None or right is None:
                     continue
-                axis.barh(row, max(right - left, 1e-4), left=left, color=colour, label=name if row == 0 else None)
+                axis.barh(row, max(right - left, 1e-4), left=left - shift, color=colour, label=name if row == 0 else None)
         axis.set_yticks(range(len(scale_ups)), [s.label for s in scale_ups])
         axis.invert_yaxis()
-        axis.set_xlabel("seconds since the job was submitted")
-        if window is not None:
-            axis.set_xlim(*window)
-            axis.set_title("zoomed: KEDA reaction, scaling webhook and Cluster API", fontsize=9)
+        if around_admission:
+            axis.set_xlim(*_admission_window(scale_ups))
+            axis.set_xlabel("seconds since the scaling webhook admitted the mirror's /scale")
+            axis.set_title("zoomed around the admission: the scaling webhook and the leader's MachineDeployment write", fontsize=9)
         else:
+            axis.set_xlabel("seconds since the job was submitted")
             axis.set_title(title, fontsize=10)
             axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # beside the bars, never over them
     figure.tight_layout()
@@ -122,8 +125,8 @@ def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up,
     return path
 
 
-def _fast_window(scale_ups: Iterable[ScaleUp]) -> tuple[float, float]:
-    """From submission to the latest Machine creation, with a margin: where the fast phases are visible."""
-    ends = [t for s in scale_ups if (t := s.since_submit("machine")) is not None]
-    end = max(ends, default=1.0)
-    return (0.0, end * 1.05 + 0.05)
+def _admission_window(scale_ups: Iterable[ScaleUp]) -> tuple[float, float]:
+    """From a little before the admission to three times the longest scaling-webhook phase after it."""
+    spans = [t for s in scale_ups if (t := dict(s.phases()).get("scaling webhook")) is not None]
+    longest = max(spans, default=0.1)
+    return (-longest, longest * 3)
