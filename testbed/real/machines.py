@@ -719,7 +719,7 @@ class MachineSimulator:
     def _power_off(self, booted: Booted, check: bool = True) -> None:
         node = booted.node
         if check:
-            busy = [_cmdline(p) for p in node.job_processes()]
+            busy = [command_line(p) for p in node.job_processes()]
             jobs = self._jobs_on(node.hostname)
             if busy or jobs:
                 self.violations.append(f"host {booted.host} ({node.hostname}) powered off while it ran {jobs or busy}")
@@ -769,7 +769,8 @@ def render_meta_data(template: Obj, data: Obj, m3m: Obj, machine: Obj, host: Obj
     return content
 
 
-def _cmdline(pid: int) -> str:
+def command_line(pid: int) -> str:
+    """A process's command line (its first 80 characters), or its PID once it is gone: for reports of busy hosts."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]

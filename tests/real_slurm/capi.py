@@ -28,6 +28,7 @@ from typing import Any
 
 from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, PRE_DRAIN_HOOK
 from testbed.real.cloudinit import Node
+from testbed.real.machines import command_line
 from testbed.world import CAPI, md_replicas
 from tests.real_slurm.site import Site
 from tests.scalein.sim import FINALIZER, MD, MD_NS
@@ -137,7 +138,7 @@ class RealCapi:
         processes = node.job_processes()
         jobs = self.busy_in_slurm(node.hostname)
         if processes or jobs:
-            commands = [_cmdline(p) for p in processes]
+            commands = [command_line(p) for p in processes]
             self.violations.append(f"released Machine {name} while its host {node.hostname} ran {jobs or commands}")
         node.power_off(self.site.network)
 
@@ -157,11 +158,3 @@ class RealCapi:
             reconcile()
             self.step()
             time.sleep(0.2)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
-    except OSError:
-        return str(pid)
