@@ -173,13 +173,7 @@ def _atomic_write(target: Path, files: dict[str, bytes], mode: int, fs_group: in
     stamp = dt.datetime.now(dt.UTC).strftime("..%Y_%m_%d_%H_%M_%S.%f") + os.urandom(2).hex()
     fresh = target / stamp
     fresh.mkdir(mode=0o755)
-    for rel, content in files.items():
-        path = fresh / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-        os.chmod(path, mode)
-        if fs_group is not None and os.geteuid() == 0:
-            os.chown(path, 0, fs_group)
+    _write_files(fresh, files, mode, fs_group)
     old = os.readlink(target / DATA_DIR) if (target / DATA_DIR).is_symlink() else None
     tmp_link = target / "..data_tmp"
     if tmp_link.is_symlink():
@@ -227,13 +221,7 @@ def _materialize(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], con
             mounts[mount["mountPath"]] = target
             continue
         target.mkdir(parents=True, exist_ok=True)
-        for rel, content in files.items():
-            path = target / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            os.chmod(path, mode)
-            if fs_group is not None and os.geteuid() == 0:
-                os.chown(path, 0, int(fs_group))
+        _write_files(target, files, mode, None if fs_group is None else int(fs_group))
         mounts[mount["mountPath"]] = target
     if pod_spec.get("automountServiceAccountToken", True):
         sa = root / "kube-api-access"
@@ -388,3 +376,14 @@ class VolumeSync:
 
 def podman_available() -> bool:
     return shutil.which("podman") is not None and bool(podman_env())
+
+
+def _write_files(directory: Path, files: dict[str, bytes], mode: int, fs_group: int | None) -> None:
+    """Write a volume's files under ``directory`` with the volume's mode, group-owned by ``fs_group`` (as kubelet does)."""
+    for rel, content in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.chmod(path, mode)
+        if fs_group is not None and os.geteuid() == 0:
+            os.chown(path, 0, fs_group)
