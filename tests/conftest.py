@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 
 from kubemu import Emulator
+from testbed.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
 from testbed.pki import Pki, make_pki
 from testbed.serve import started_services
 from testbed.services import ScaleWebhookRoute, Scaling, start_scaling
 from testbed.world import SLIME_NAMESPACE, issued_secrets
-from tests.support.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
+
+# The real tiers' shared fixtures (control_plane, stack) live in the kit.
+pytest_plugins = ["testbed.real.fixtures"]
 
 AUDIT_SUMMARY: list[str] = []
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from kubemu import Emulator, RecordedRequest
+from testbed.audit import audit_rbac
 from testbed.pki import Pki
 from testbed.reviews import scale_request, secret_request
 from testbed.services import Scaling, start_injection
 from testbed.world import SLIME_NAMESPACE, config_map, machine_deployment, metadata_secret, mirror, seed_metal3, seed_slinky
-from tests.support.audit import audit_rbac
 
 
 def test_rbac_audit_covers_a_story_of_both_services(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,22 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.helm import REPO_ROOT, HelmUnavailable, helm_binary
-from tests.chart.helpers import CRD_APIS, KUBE_VERSION, NAMESPACE, RELEASE
-
-CHART = REPO_ROOT / "charts" / "slime"
-
-try:
-    _Loader = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - libyaml missing
-    _Loader = yaml.SafeLoader
-
-
-class HelmError(Exception):
-    def __init__(self, cmd: list[str], proc: subprocess.CompletedProcess[str]) -> None:
-        super().__init__(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
-        self.stderr = proc.stderr
-        self.stdout = proc.stdout
+from testbed.chart_values import CHART, CRD_APIS, KUBE_VERSION, NAMESPACE, RELEASE, YAML_LOADER, run_helm
+from testbed.helm import HelmUnavailable, helm_binary
 
 
 @pytest.fixture(scope="session")
@@ -35,20 +20,6 @@ def helm() -> Path:
         return helm_binary()
     except HelmUnavailable as exc:  # make the cause obvious rather than a cascade of errors
         pytest.fail(f"helm is required for the chart tests: {exc}")
-
-
-def run_helm(helm: Path, args: list[str], tmp_dir: Path, values: dict[str, Any] | None) -> str:
-    cmd = [str(helm), *args]
-    if values is not None:
-        # JSON is YAML without ambiguity (Helm's YAML 1.1 reads a bare `n` or `on` as a bool).
-        text = json.dumps(values, sort_keys=True)
-        vf = tmp_dir / f"values-{abs(hash(text))}.json"
-        vf.write_text(text)
-        cmd += ["-f", str(vf)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise HelmError(cmd, proc)
-    return proc.stdout
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +36,7 @@ def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[...
             for api in api_versions:
                 args += ["--api-versions", api]
             out = run_helm(helm, args + list(extra), tmp_dir, values)
-            cache[key] = [d for d in yaml.load_all(out, Loader=_Loader) if d]
+            cache[key] = [d for d in yaml.load_all(out, Loader=YAML_LOADER) if d]
         return cache[key]
 
     return _render

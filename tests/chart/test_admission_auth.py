@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.chart_values import CHART, NAMESPACE, RELEASE, by_kind, one
 from testbed.helm import REPO_ROOT
-from tests.chart.conftest import CHART
-from tests.chart.helpers import NAMESPACE, RELEASE, by_kind, one
 
 INJ = f"{RELEASE}-injection-webhook"
 SCL = f"{RELEASE}-scaling-webhook"

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from tests.chart.helpers import NAMESPACE, TWO_MAPPINGS, one
-from tests.support.cel import MatchConditionError, evaluate_match_conditions
+from demo.cel import MatchConditionError, evaluate_match_conditions
+from testbed.chart_values import NAMESPACE, TWO_MAPPINGS, one
 
 
 def _secret_request(owner_refs=None, data=None, operation="CREATE"):

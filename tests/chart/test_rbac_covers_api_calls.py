@@ -12,10 +12,10 @@ import re
 
 import pytest
 
+from testbed.chart_values import NAMESPACE, RELEASE, mapping
 from testbed.helm import REPO_ROOT
-from tests.chart.helpers import NAMESPACE, RELEASE, mapping
-from tests.support.rbac import ApiRequest as R
-from tests.support.rbac import assert_rbac_covers, rbac_allows
+from testbed.rbac import ApiRequest as R
+from testbed.rbac import assert_rbac_covers, rbac_allows
 
 INJ_SA = f"{RELEASE}-injection-webhook"
 SCL_SA = f"{RELEASE}-scaling-webhook"
@@ -150,8 +150,7 @@ def test_extra_namespaces_grant_unrestricted_names(render):
 
 
 def test_no_wildcards_and_every_rule_commented(render):
-    from tests.chart.conftest import CHART
-    from tests.chart.helpers import COMBOS
+    from testbed.chart_values import CHART, COMBOS
     for combo in [*COMBOS.values(), SCALING_VALUES]:
         for obj in render(combo):
             if obj["kind"] not in ("Role", "ClusterRole"):

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from tests.chart.conftest import CHART, HelmError
-from tests.chart.helpers import mapping
+from testbed.chart_values import CHART, HelmError, mapping
 
 BAD = {
     "keda-demand-enum": ({"keda": {"demand": "pods"}}, "/keda/demand"),

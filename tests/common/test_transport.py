@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from common.admission import AdmissionResponse, patch_response
+from testbed.harness import echo_allow, serve_handler
 from testbed.pki import Pki
 from testbed.serve import RunningService
-from tests.common.harness import echo_allow, serve_handler
 
 LIMIT = 64 * 1024
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from demo.environment import DemoEnvironment
-from tests.support.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler
+from testbed.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubemu import Emulator
-from tests.kubemu.helpers import deployment, machine_deployment, pod, raw
+from testbed.builders import deployment, machine_deployment, pod, raw
 
 
 def _status(exc: ApiException) -> dict:

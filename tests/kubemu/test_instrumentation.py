@@ -12,7 +12,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, Fault
-from tests.kubemu.helpers import deployment, machine_deployment, pod, raw
+from testbed.builders import deployment, machine_deployment, pod, raw
 
 
 def test_request_records_map_to_rbac_verbs(api: client.ApiClient, emu: Emulator, ns: str) -> None:

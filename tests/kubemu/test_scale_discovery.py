@@ -9,7 +9,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kubemu import Emulator
-from tests.kubemu.helpers import deployment, machine_deployment, raw
+from testbed.builders import deployment, machine_deployment, raw
 
 CAPI = ("cluster.x-k8s.io",)
 

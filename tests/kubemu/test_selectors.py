@@ -10,7 +10,7 @@ from kubernetes.client.rest import ApiException
 
 from kubemu import Emulator
 from kubemu.selectors import LabelSelector, match_labels_to_string
-from tests.kubemu.helpers import pod
+from testbed.builders import pod
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import ProtocolError
 
 from kubemu import Emulator
-from tests.kubemu.helpers import machine_deployment, pod
+from testbed.builders import machine_deployment, pod
 
 
 def _watch_in_thread(func: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[queue.Queue, watch.Watch]:

@@ -15,9 +15,9 @@ import time
 import pytest
 import yaml
 
+from testbed.real.story import MD_NAME, MD_NAMESPACE, MD_START, MIRROR, Stack, apiserver_webhook_calls, send_review
 from testbed.reviews import scale_request, secret_request
 from testbed.world import metadata_secret, seed_metal3
-from tests.real_k8s.conftest import MD_NAME, MD_NAMESPACE, MD_START, MIRROR, Stack, apiserver_webhook_calls, send_review
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.timeout(300)]
 

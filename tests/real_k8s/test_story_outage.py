@@ -16,9 +16,9 @@ from collections import Counter
 import pytest
 import yaml
 
+from testbed.real.story import MD_NAME, MD_NAMESPACE, MIRROR, Stack, send_review
 from testbed.reviews import scale_request, secret_request
 from testbed.world import metadata_secret, seed_metal3
-from tests.real_k8s.conftest import MD_NAME, MD_NAMESPACE, MIRROR, Stack, send_review
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.timeout(300)]
 OPT_IN = {"slurm-controller-namespace": "slurm"}

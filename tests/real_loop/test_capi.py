@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.real_loop.capi_site import SPEC, Prepared, Site, site
-from tests.real_loop.conftest import component
+from testbed.real.capi_site import SPEC, Prepared, Site, site
+from testbed.real.components import component
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(900)]
 

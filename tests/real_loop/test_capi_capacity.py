@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.real_loop.capi_site import Prepared, Site, site
-from tests.real_loop.conftest import component
+from testbed.real.capi_site import Prepared, Site, site
+from testbed.real.components import component
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(900)]
 

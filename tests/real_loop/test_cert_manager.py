@@ -32,14 +32,14 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.real import story as k8s
 from testbed.real.certmanager import CertManager, CertManagerBuild, certificate_ready, renew, secret_serial, served_serial
+from testbed.real.components import component
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.objects import RealApi
 from testbed.real.pods import Pod, VolumeSync, run_pod, run_process
 from testbed.real.release import Release, tier_values
 from testbed.world import SLIME_NAMESPACE, ensure_namespace, machine_deployment, metadata_secret, seed_metal3
-from tests.real_k8s import conftest as k8s
-from tests.real_loop.conftest import component
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(600)]
 

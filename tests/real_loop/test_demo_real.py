@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from demo.main import main
+from testbed.audit import EVIDENCE
+from testbed.real.components import component
 from testbed.real.timeline import STEP_KEYS
-from tests.real_loop.conftest import component
-from tests.support.audit import EVIDENCE
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(1500)]
 

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from testbed.real.components import component
+from testbed.real.keda_site import JOBS, MAX_REPLICAS, NODES, PARTITION, Loop, loop, mirror_name, webhook_requests
 from testbed.world import SLIME_NAMESPACE
-from tests.real_loop.conftest import component
-from tests.real_loop.keda_site import JOBS, MAX_REPLICAS, NODES, PARTITION, Loop, loop, mirror_name, webhook_requests
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(900)]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.audit import EVIDENCE
+from testbed.real.components import component
 from testbed.real.loop import run_story, whole_loop
 from testbed.real.timeline import render
-from tests.real_loop.conftest import component
-from tests.support.audit import EVIDENCE
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(1500)]
 

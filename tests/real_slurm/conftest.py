@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from kubemu import Emulator
+from testbed.audit import scan_logs
 from testbed.pki import Pki
 from testbed.real.netns import Network
 from testbed.real.prerequisites import unavailable
 from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, Unavailable, free_port, prepare_root
+from testbed.real.slurm_pool import Pool, make_pool
+from testbed.real.slurm_site import Admission, Site
 from testbed.services import ScaleWebhookRoute, Scaling, start_injection
 from testbed.world import seed_nodeport, seed_slinky
-from tests.real_slurm.pool import Pool, make_pool
-from tests.real_slurm.site import Admission, Site
-from tests.support.audit import EVIDENCE
 
 _ROOT: list[SlurmRoot | str] = []
 FIGURES: dict[str, Any] = {}
@@ -67,12 +67,6 @@ def network(slurm_root: SlurmRoot) -> Iterator[Network]:
         yield net
 
 
-def _collect(where: str, logs: dict[str, str]) -> None:
-    """Hand the daemons' logs to the session's secret scan: no key may appear in them."""
-    for name, text in logs.items():
-        EVIDENCE.add_text(f"{where} {name}", text)
-
-
 @pytest.fixture
 def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[..., Emulator],
          scale_routes: dict[int, ScaleWebhookRoute], pki: Pki, tmp_path: Path) -> Iterator[Site]:
@@ -96,11 +90,11 @@ def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[...
     finally:
         if site is not None:
             site.close()
-            _collect("node", site.node_logs())
+            scan_logs("node", site.node_logs())
         if injection is not None:
             injection.stop()
         slurm.close()
-        _collect("slurm", slurm.logs())
+        scan_logs("slurm", slurm.logs())
 
 
 @pytest.fixture

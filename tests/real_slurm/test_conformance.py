@@ -30,13 +30,13 @@ import pytest
 
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from testbed.audit import scan_logs
+from testbed.fake_slurmrestd import PARTITION, FakeSlurmrestd
 from testbed.real.cloudinit import Node, boot, meta_data_for
 from testbed.real.netns import Network
 from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port
 from testbed.wait import wait_for
 from testbed.world import make_jwt_key, make_slurm_key
-from tests.real_slurm.conftest import _collect
-from tests.scalein.fake_slurmrestd import PARTITION, FakeSlurmrestd
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 
@@ -99,7 +99,7 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
         for node in nodes:
             node.power_off(network)
         slurm.close()
-        _collect("slurm", slurm.logs())
+        scan_logs("slurm", slurm.logs())
 
 
 @pytest.fixture

@@ -19,14 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
+from testbed.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, demand_config
 from testbed.real.slurm import SlurmFailed
+from testbed.real.slurm_site import Site, join
 from testbed.services import Scaling
 from testbed.wait import wait_for
 from testbed.world import b64, ensure_namespace, machine_deployment, mirror
-from tests.real_slurm.site import Site
-from tests.real_slurm.test_join import join
-from tests.scalein.sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR
-from tests.scalein.test_node_demand import demand_config
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 

@@ -21,24 +21,15 @@ import yaml
 
 import injection_webhook.handler
 from testbed.helm import REPO_ROOT
-from testbed.real.cloudinit import MISSING, USER_DATA, Node, NodeDidNotJoin, boot_script, render_user_data
+from testbed.real.cloudinit import MISSING, USER_DATA, NodeDidNotJoin, boot_script, render_user_data
 from testbed.real.slurm import SlurmRoot
+from testbed.real.slurm_site import JOIN_SECONDS, Site, join
 from testbed.wait import wait_for
 from testbed.world import b64, make_slurm_key
-from tests.real_slurm.site import Site
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 
 FILES_USER_DATA = USER_DATA.with_name("slurm-worker-files.yaml")
-JOIN_SECONDS = 20.0
-
-
-def join(site: Site, count: int, first: int = 1, timeout: float = JOIN_SECONDS) -> list[Node]:
-    """Hosts ``first``..: their metaData Secrets admitted through the API, each booted from the stored Secret, each joined."""
-    nodes = [site.boot(site.create_metadata_secret(index, f"bm-{index:03d}")) for index in range(first, first + count)]
-    for node in nodes:
-        node.wait_joined(site.slurm, timeout=timeout)
-    return nodes
 
 
 # --- the documented user-data is the one that runs ---------------------------------------------

@@ -14,7 +14,6 @@ hosts boot again; ``releasedNodes: delete`` deletes the records.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 from collections.abc import Callable
@@ -24,19 +23,13 @@ import pytest
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
-from testbed.real.slurm import Slurm, SlurmFailed
+from testbed.capi_sim import MD_NS
+from testbed.real.slurm import SlurmFailed
+from testbed.real.slurm_pool import Pool, SecretReader, future_records
+from testbed.real.slurm_site import Site
 from testbed.wait import wait_for
-from tests.real_slurm.pool import Pool, SecretReader
-from tests.real_slurm.site import Site
-from tests.scalein.sim import MD_NS
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
-
-
-def future_records(slurm: Slurm) -> dict[str, dict[str, object]]:
-    """The FUTURE node records slurmctld keeps (``scontrol --future show nodes``; plain listings and GET nodes leave them out)."""
-    data = json.loads(slurm.client(["scontrol", "--json", "--future", "show", "nodes"]).stdout)
-    return {n["name"]: n for n in data.get("nodes") or [] if "FUTURE" in (n.get("state") or [])}
 
 
 def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy_one_stays(

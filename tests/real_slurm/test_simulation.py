@@ -31,12 +31,11 @@ from typing import Any
 
 import pytest
 
+from testbed.capi_sim import MIRROR
 from testbed.real.slurm import SlurmFailed
+from testbed.real.slurm_pool import Pool, future_records
 from testbed.wait import wait_for
 from testbed.world import SLIME_NAMESPACE
-from tests.real_slurm.pool import Pool
-from tests.real_slurm.test_scale_in import future_records
-from tests.scalein.sim import MIRROR
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(900)]
 

@@ -1,7 +1,7 @@
 """Fixtures of the reliability suite: real services, seeded clusters, and the figures of the run.
 
 Every log line, metrics page and error text of the session is evidence for the secret scan
-(:data:`tests.support.audit.EVIDENCE`, checked at the end of every session). The figures
+(:data:`testbed.audit.EVIDENCE`, checked at the end of every session). The figures
 (counts, latencies, pickup times) are printed at the end of the run, and written as JSON to
 ``$SLIME_RELIABILITY_FIGURES`` when that is set; ``docs/reliability.md`` quotes them.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from testbed.pki import Pki
-from tests.reliability.support import FIGURES, Services
+from testbed.reliability import FIGURES, Services
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -22,11 +22,11 @@ import httpx
 import pytest
 
 from kubemu import Emulator
+from testbed.malformed import Case, generate
+from testbed.reliability import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
 from testbed.reviews import scale_request, secret_request
 from testbed.serve import RunningService
 from testbed.world import SLIME_NAMESPACE, metadata_secret
-from tests.reliability.malformed import Case, generate
-from tests.reliability.support import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
 
 SEED = int(os.environ.get("SLIME_RELIABILITY_SEED", "20250601"))
 BODIES = int(os.environ.get("SLIME_RELIABILITY_BODIES", "10000"))

@@ -24,12 +24,12 @@ import pytest
 
 from kubemu import Emulator, Fault
 from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE
+from testbed.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, safe_config_map
+from testbed.fake_slurmrestd import FakeSlurmrestd
+from testbed.reliability import Services
 from testbed.services import ScaleWebhookRoute, Scaling
 from testbed.wait import wait_for
 from testbed.world import SLIME_NAMESPACE, machine_deployment, make_jwt_key, md_replicas, mirror, scale_mirror
-from tests.reliability.support import Services
-from tests.scalein.fake_slurmrestd import FakeSlurmrestd
-from tests.scalein.sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, safe_config_map
 
 QUICK_LEASE = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "lease_retry_seconds": 0.5}
 

@@ -33,10 +33,10 @@ from kubernetes.client.exceptions import ApiException
 
 from kubemu import Emulator, Fault
 from testbed.pki import Pki
+from testbed.reliability import EVIDENCE, REPO_ROOT, Services, md_replicas, mirror_replicas, seed_scaling_cluster
 from testbed.reviews import scale_request
 from testbed.wait import wait_for
 from testbed.world import SLIME_NAMESPACE, scale_mirror
-from tests.reliability.support import EVIDENCE, REPO_ROOT, Services, md_replicas, mirror_replicas, seed_scaling_cluster
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 QUICK_LEASE = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "lease_retry_seconds": 0.5}

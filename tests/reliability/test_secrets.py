@@ -18,11 +18,11 @@ from typing import Any
 import yaml
 
 from kubemu import Emulator
+from testbed.audit import EVIDENCE, leaks
 from testbed.pki import Pki
+from testbed.reliability import Services, seed_injection_cluster, seed_scaling_cluster
 from testbed.reviews import scale_request, secret_request
 from testbed.world import SLIME_NAMESPACE, b64, issued_secrets, metadata_secret, seed_metal3
-from tests.reliability.support import Services, seed_injection_cluster, seed_scaling_cluster
-from tests.support.audit import EVIDENCE, leaks
 
 
 def _review(service: Any, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:

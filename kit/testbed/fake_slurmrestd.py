@@ -1,0 +1,325 @@
+"""A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, FUTURE, DELETE, HS256 JWT auth, v0.0.42-v0.0.44.
+
+Test code drives a small job model (``start_job`` / ``finish_job``); a node's state is IDLE or
+ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node here joined with
+``slurmd -Z``). ``fail_status`` makes every call answer that status; ``stop()`` takes the server
+down (connection refused).
+
+It answers as real slurmrestd 24.11 does (checked against it; the conformance test sends the same
+requests to both, tests/real_slurm/test_conformance.py): a request without a token gets 401
+text/plain, a token it cannot verify 511 with error 1007; updating or deleting an unknown node 500
+with error 2018, deleting a busy one 500 with error 2016 (node errors name ``_update_node`` for a
+POST, ``op_handler_node`` for a DELETE); an unserved version or path 404 text/plain; a POST
+without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps the drain reason until
+the node is next allocated; ``reason_set_by_user`` is the token's ``sun`` (``root`` for a node
+that just registered); bodies carry ``errors``, ``warnings`` and ``meta``. A job here takes the
+whole node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
+
+``{"state": ["FUTURE"]}`` on an idle node (drained or not) moves it to :attr:`FakeSlurmrestd.future`:
+the record stays, hidden from ``GET nodes`` but still counted in its partition's ``nodes.total``,
+DRAIN cleared, the reason kept; a busy node, or one already FUTURE, gets 500 with error 2028. A
+FUTURE record still takes DRAIN/UNDRAIN and DELETE, and :meth:`FakeSlurmrestd.add_node` of its
+name (the host's next ``slurmd -Z``) takes it again, IDLE, with the reason it had.
+
+For node demand it also lists jobs and partitions: running jobs from the node model (partition
+``PARTITION``), and pending jobs queued with ``submit`` (any partition, reason, node count), in
+v0.0.42's shapes as real slurmrestd 24.11 lists them (``node_count`` and ``eligible_time`` as
+``{set, infinite, number}``; no ``begin_time``, which only job descriptions carry; checked by the
+conformance test).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import jwt
+
+VERSIONS = ("v0.0.42", "v0.0.43", "v0.0.44")
+PARTITION = "batch"  # where running jobs of the node model run
+_PATH = re.compile(r"^/slurm/(v0\.0\.\d+)/(ping|nodes|jobs|partitions|node/([^/]+))/?$")
+
+
+@dataclass
+class Node:
+    name: str
+    address: str
+    jobs: dict[int, float] = field(default_factory=dict)  # job id -> end time
+    drain: bool = False
+    reason: str = ""
+    reason_set_by_user: str = ""
+    hostname: str = ""
+
+    def states(self, future: bool = False) -> list[str]:
+        base = ["FUTURE"] if future else ["ALLOCATED"] if self.jobs else ["IDLE"]
+        return base + (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.jobs)
+
+
+class FakeSlurmrestd:
+    def __init__(self, key: bytes, versions: tuple[str, ...] = VERSIONS) -> None:
+        self.key = key
+        self.versions = versions
+        self.nodes: dict[str, Node] = {}  # what GET nodes lists
+        self.future: dict[str, Node] = {}  # FUTURE records: kept, not listed
+        self.lock = threading.RLock()
+        self.fail_status: int | None = None
+        self.calls: list[tuple[str, str]] = []
+        self.violations: list[str] = []  # busy nodes SliMe asked to delete or return to FUTURE
+        self.deleted: list[str] = []
+        self.returned: list[str] = []  # nodes returned to FUTURE
+        self.drains: list[str] = []
+        self.undrains: list[str] = []
+        self.tokens_seen: list[dict[str, Any]] = []
+        # Called after every GET of the node list has been answered (tests use it to play a race).
+        self.after_nodes_read: Callable[[], None] | None = None
+        self._next_job = 1
+        self.started: dict[int, int] = {}  # job id -> when it became eligible (it started at once)
+        self.pending: dict[int, dict[str, Any]] = {}  # job id -> its record, as GET jobs lists it
+        self.partitions: dict[str, int | None] = {PARTITION: None}  # name -> MaxNodes (None: UNLIMITED)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict[str, Any] | str) -> None:
+                text = isinstance(body, str)
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                fake.calls.append((method, self.path))
+                if method == "POST" and (self.headers.get("Content-Type") or "").split(";")[0] != "application/json":
+                    self._answer(400, "Unable to parse query.")
+                    return
+                status, body = fake.handle(method, self.path, self.headers.get("X-SLURM-USER-TOKEN"), raw)
+                self._answer(status, body)
+                if method == "GET" and "/nodes" in self.path and fake.after_nodes_read is not None:
+                    fake.after_nodes_read()
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # --- the model ----------------------------------------------------------------------------
+
+    def add_node(self, name: str, address: str, hostname: str = "") -> None:
+        """A host's ``slurmd -Z`` registers: it takes the FUTURE record of its name, else a new dynamic node is made."""
+        with self.lock:
+            record = self.future.pop(name, None)
+            if record is not None:  # IDLE at its (new) address; the reason stays until it next runs a job
+                record.address, record.hostname, record.drain = address, hostname or name, False
+                self.nodes[name] = record
+                return
+            # slurmctld records a registering dynamic node as set by root (slurmd's user).
+            self.nodes[name] = Node(name, address, hostname=hostname or name, reason_set_by_user="root")
+
+    def admin_future(self, node: str) -> None:
+        """An administrator's ``scontrol update nodename=... state=future`` of an idle node (DRAIN cleared, the reason kept)."""
+        with self.lock:
+            found = self.nodes.pop(node)
+            found.drain = False
+            self.future[node] = found
+
+    def declare_future(self, name: str) -> None:
+        """An operator's ``scontrol create NodeName=<name> State=FUTURE``."""
+        with self.lock:
+            self.future[name] = Node(name, name, hostname=name)
+
+    def admin_drain(self, node: str, reason: str) -> None:
+        """An administrator's ``scontrol update nodename=... state=drain reason=...``."""
+        with self.lock:
+            found = self.nodes[node]
+            found.drain, found.reason, found.reason_set_by_user = True, reason, "root"
+
+    def start_job(self, node: str, end: float) -> int:
+        with self.lock:
+            job = self._next_job
+            self._next_job += 1
+            found = self.nodes[node]
+            found.jobs[job] = end
+            self.started[job] = int(time.time())
+            if not found.drain:  # slurmctld clears a reason an UNDRAIN left when the node is next allocated
+                found.reason, found.reason_set_by_user = "", ""
+            return job
+
+    def submit(self, nodes: int, partition: str = PARTITION, reason: str = "Resources", **fields: Any) -> int:
+        """Queue a pending job asking ``nodes`` nodes (``fields``: more of its record, e.g. hold, array_task_string)."""
+        with self.lock:
+            job = self._next_job
+            self._next_job += 1
+            self.pending[job] = {"job_id": job, "partition": partition, "job_state": ["PENDING"], "state_reason": reason,
+                                 "node_count": _no_val(nodes), "nodes": "", "hold": False, "eligible_time": _no_val(int(time.time())),
+                                 "array_task_string": "", "array_max_tasks": _no_val(0), **fields}
+            return job
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        running: dict[int, list[str]] = {}
+        for node in self.nodes.values():
+            for job in node.jobs:
+                running.setdefault(job, []).append(node.name)
+        return [*({"job_id": job, "partition": PARTITION, "job_state": ["RUNNING"], "state_reason": "None",
+                   "node_count": _no_val(len(names)), "nodes": ",".join(sorted(names)), "hold": False,
+                   "eligible_time": _no_val(self.started.get(job, 0)), "array_task_string": "", "array_max_tasks": _no_val(0)}
+                  for job, names in sorted(running.items())),
+                *self.pending.values()]
+
+    def finish_jobs(self, node: str) -> None:
+        with self.lock:
+            self.nodes[node].jobs.clear()
+
+    def state(self, node: str) -> list[str] | None:
+        """A node's states (a FUTURE record's too, as ``scontrol --future show node`` gives them); None: no record."""
+        with self.lock:
+            found = self.nodes.get(node)
+            if found is not None:
+                return found.states()
+            record = self.future.get(node)
+            return record.states(future=True) if record else None
+
+    # --- HTTP -------------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, token: str | None, raw: bytes) -> tuple[int, dict[str, Any] | str]:
+        if self.fail_status is not None:
+            return self.fail_status, _body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
+        match = _PATH.match(path)
+        if not match or match.group(1) not in self.versions:
+            return 404, "Unable find requested URL. Please view /openapi/v3 for API reference."  # text/plain, slurmrestd's words
+        version, what, name = match.groups()
+        if token is None:
+            return 401, "Authentication failure"
+        try:
+            claims = jwt.decode(token, self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
+        except jwt.PyJWTError:
+            if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: the controller is "DOWN"
+                return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "DOWN", "responding": False}])
+            if name is None:
+                return 511, _body(errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")])
+            return 511, _body(errors=[_error(f"Failure to update node {name}", 1007, "Protocol authentication error", _source(method))])
+        self.tokens_seen.append(claims)
+        with self.lock:
+            if what == "ping" and method == "GET":
+                return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "UP", "responding": True}])
+            if what == "jobs" and method == "GET":
+                return 200, _body(jobs=self._jobs())
+            if what == "partitions" and method == "GET":
+                total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
+                return 200, _body(partitions=[{"name": name, "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
+                                               "nodes": {"total": total}} for name, limit in self.partitions.items()])
+            if what == "nodes" and method == "GET":
+                return 200, _body(nodes=[
+                    {"name": n.name, "hostname": n.hostname, "address": n.address, "state": n.states(), "reason": n.reason,
+                     "reason_set_by_user": n.reason_set_by_user}
+                    for n in self.nodes.values()
+                ])
+            node = self.nodes.get(name or "")
+            record = self.future.get(name or "")
+            if node is None and record is None:
+                return 500, _body(errors=[_error(f"Failure to update node {name}", 2018, "Invalid node name specified", _source(method))])
+            if record is not None:
+                return self._future_record(method, record, raw, claims)
+            assert node is not None
+            if method == "POST":
+                body = json.loads(raw or b"{}")
+                states = body.get("state") or []
+                if "FUTURE" in states:
+                    if node.busy:
+                        self.violations.append(f"FUTURE of busy node {node.name}")
+                        return 500, _invalid_state(node.name)
+                    node.drain = False  # slurmctld keeps the reason
+                    self.future[node.name] = self.nodes.pop(node.name)
+                    self.returned.append(node.name)
+                    return 200, _body()
+                if "DRAIN" in states:
+                    node.drain, node.reason, node.reason_set_by_user = True, body.get("reason", ""), str(claims.get("sun"))
+                    self.drains.append(node.name)
+                elif "UNDRAIN" in states or "RESUME" in states:
+                    node.drain = False  # slurmctld keeps the reason until the node is next allocated
+                    self.undrains.append(node.name)
+                else:
+                    return 500, _body(errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")])
+                return 200, _body()
+            if method == "DELETE":
+                if node.busy:
+                    self.violations.append(f"DELETE of busy node {node.name}")
+                    return 500, _body(errors=[_error(f"Failure to update node {name}", 2016, "Requested nodes are busy", "op_handler_node")])
+                del self.nodes[node.name]
+                self.deleted.append(node.name)
+                return 200, _body()
+        return 405, "Method not allowed"
+
+    def _future_record(self, method: str, record: Node, raw: bytes, claims: dict[str, Any]) -> tuple[int, dict[str, Any] | str]:
+        """A request naming a FUTURE record: DRAIN/UNDRAIN and DELETE work on it, FUTURE again is refused (2028)."""
+        if method == "DELETE":
+            del self.future[record.name]
+            self.deleted.append(record.name)
+            return 200, _body()
+        if method == "POST":
+            states = json.loads(raw or b"{}").get("state") or []
+            if "DRAIN" in states:
+                record.drain, record.reason, record.reason_set_by_user = True, json.loads(raw).get("reason", ""), str(claims.get("sun"))
+                return 200, _body()
+            if "UNDRAIN" in states or "RESUME" in states:
+                record.drain = False
+                return 200, _body()
+            return 500, _invalid_state(record.name)
+        return 405, "Method not allowed"
+
+
+def _invalid_state(name: str) -> dict[str, Any]:
+    """What slurmctld 24.11 answers to a FUTURE it will not make (the node is busy, or FUTURE already)."""
+    return _body(errors=[_error(f"Failure to update node {name}", 2028, "Invalid node state specified", "_update_node")])
+
+
+def _source(method: str) -> str:
+    """The function slurmrestd 24.11 names in a node error: ``_update_node`` for a POST, ``op_handler_node`` for a DELETE."""
+    return "_update_node" if method == "POST" else "op_handler_node"
+
+
+def _no_val(number: int | None, infinite: bool = False) -> dict[str, Any]:
+    """slurmrestd's shape of a number that may be unset or infinite (UINT32_NO_VAL, TIMESTAMP_NO_VAL)."""
+    return {"set": number is not None and not infinite, "infinite": infinite, "number": number or 0}
+
+
+def _error(description: str, number: int, error: str, source: str) -> dict[str, Any]:
+    return {"description": description, "error_number": number, "error": error, "source": source}
+
+
+def _body(errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
+    meta = {"plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld", "data_parser": "data_parser/v0.0.42"},
+            "slurm": {"release": "24.11.5", "cluster": "fake"}}
+    return {**payload, "meta": meta, "errors": errors or [], "warnings": []}

@@ -1,0 +1,160 @@
+"""One bare-metal Slurm site for a test: real Slurm and nodes, the Kubernetes side on kubemu.
+
+- **Slurm is real**: slurmctld and slurmrestd 24.11 (:class:`testbed.real.slurm.Slurm`) on the
+  host side of a bridge, with the very ``slurm.key`` the seeded Slinky key Secret holds.
+- **Nodes are real slurmd processes** in network namespaces (:mod:`testbed.real.netns`), booted
+  from the ``metaData`` Secret *as stored after admission* by the user-data ``docs/install.md``
+  shows (:mod:`testbed.real.cloudinit`).
+- **The Kubernetes side is kubemu** (the API emulator), seeded like a management cluster:
+  Slinky's Controller, slurmctld pod (``hostIP`` = the bridge address slurmctld listens on) and
+  NodePort Service (``nodePort`` = slurmctld's port), CAPM3's Metal3DataTemplate/Metal3Data. A
+  ``metaData`` Secret is created **through the API** (the kubernetes client over HTTP); kubemu's
+  admission hook sends it to the running injection webhook as kube-apiserver would
+  (:class:`Admission`), applies its JSONPatch and stores the result. Against a real API server
+  with the webhook registered, :meth:`Site.create_metadata_secret` would do the same with no
+  change: only :class:`Admission` and the direct seeding are kubemu's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import yaml
+from kubernetes import client
+
+from kubemu import AdmissionAttributes, AdmissionDenied, Emulator
+from testbed.real.cloudinit import USER_DATA, Node, boot
+from testbed.real.netns import Network
+from testbed.real.slurm import Slurm, SlurmRoot
+from testbed.serve import RunningService
+from testbed.services import ScaleWebhookRoute
+from testbed.world import SlurmCluster, metadata_secret, seed_metal3
+
+OPT_IN = {"slurm-controller-namespace": "slurm"}
+METAL3_NS = "metal3"
+METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
+
+
+class Admission:
+    """kubemu's admission hook: metaData Secrets to the injection webhook, ``/scale`` of mirrors to the scaling webhooks.
+
+    The Secret part does what the chart's MutatingWebhookConfiguration makes kube-apiserver do
+    (its matchConditions: a Secret with a ``metaData`` key owned by a Metal3Data): call
+    ``POST /mutate`` with an AdmissionReview v1, apply the JSONPatch, refuse the write on a denial.
+    """
+
+    def __init__(self) -> None:
+        self.injection: RunningService | None = None
+        self.scale: ScaleWebhookRoute | None = None
+        self.admitted: list[str] = []
+
+    def __call__(self, attrs: AdmissionAttributes) -> dict[str, Any] | None:
+        if attrs.resource == "secrets" and attrs.operation in ("CREATE", "UPDATE") and self._is_metadata(attrs.object):
+            return self._inject(attrs)
+        if self.scale is not None:
+            return self.scale(attrs)
+        return None
+
+    @staticmethod
+    def _is_metadata(secret: dict[str, Any] | None) -> bool:
+        if not secret or "metaData" not in (secret.get("data") or {}):
+            return False
+        owners = (secret.get("metadata") or {}).get("ownerReferences") or []
+        return any(o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/") for o in owners)
+
+    def _inject(self, attrs: AdmissionAttributes) -> dict[str, Any]:
+        assert self.injection is not None, "no injection webhook is running"
+        secret = attrs.object or {}
+        request = {
+            "kind": attrs.kind, "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "requestKind": attrs.kind, "requestResource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "name": attrs.name or secret["metadata"]["name"], "namespace": attrs.namespace, "operation": attrs.operation,
+            "userInfo": {"username": "system:serviceaccount:capm3-system:capm3-manager"},
+            "object": secret, "oldObject": attrs.old_object, "dryRun": attrs.dry_run,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if attrs.operation == "CREATE" else "UpdateOptions"},
+        }
+        response = self.injection.review("/mutate", request)
+        if not response["allowed"]:
+            raise AdmissionDenied(f'admission webhook "injection.slime.dev" denied the request: {response["status"]["message"]}',
+                                  response["status"]["code"])
+        self.admitted.append(f"{attrs.namespace}/{request['name']}")
+        if "patch" not in response:
+            return secret
+        patch = json.loads(base64.b64decode(response["patch"]))
+        patched: dict[str, Any] = jsonpatch.apply_patch(secret, patch)
+        return patched
+
+
+@dataclass
+class Site:
+    emulator: Emulator
+    root: SlurmRoot
+    network: Network
+    slurm: Slurm
+    cluster: SlurmCluster
+    workdir: Path
+    nodes: list[Node] = field(default_factory=list)
+    user_data: Path = USER_DATA  # the documented user-data every host boots with
+
+    def api(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.emulator.api_client())
+
+    def create_metadata_secret(self, index: int, hostname: str, machine: str | None = None) -> dict[str, Any]:
+        """CAPM3's part for one host: its Metal3Data, then its ``metaData`` Secret created through the API; the Secret as stored.
+
+        The Secret is named after ``machine`` (the Metal3Machine; default: the host name), its
+        ``local-hostname`` is ``hostname``: a host named after its BareMetalHost keeps its name
+        from one Machine to the next, each Machine has its own Secret.
+        """
+        _, data = seed_metal3(self.emulator, namespace=METAL3_NS, template_labels=OPT_IN, index=index)
+        secret = metadata_secret(data, machine=machine or hostname, host=f"bmh-{index}", extra={"local-hostname": hostname})
+        api = self.api()
+        try:
+            api.create_namespaced_secret(METAL3_NS, secret)  # type: ignore[arg-type]  # the client accepts a plain dict body
+            stored: dict[str, Any] = api.api_client.sanitize_for_serialization(
+                api.read_namespaced_secret(secret["metadata"]["name"], METAL3_NS))
+        finally:
+            api.api_client.close()
+        return stored
+
+    @staticmethod
+    def meta_data(secret: dict[str, Any]) -> dict[str, Any]:
+        """The flat map in a stored ``metaData`` Secret (what cloud-init reads as ``ds.meta_data``)."""
+        meta: dict[str, Any] = yaml.safe_load(base64.b64decode(secret["data"]["metaData"]))
+        return meta
+
+    def boot(self, secret: dict[str, Any], address: str | None = None) -> Node:
+        """The host of ``secret`` boots: cloud-init runs the documented user-data with the Secret's metadata."""
+        node = boot(self.root, self.network, self.meta_data(secret), self.workdir / "nodes", shared=self.slurm.shared,
+                    user_data=self.user_data, address=address)
+        self.nodes.append(node)
+        return node
+
+    def node_logs(self) -> dict[str, str]:
+        logs = {}
+        for node in self.nodes:
+            for path in (node.dir / "cloud-init-output.log", node.dir / "log" / "slurmd.log"):
+                if path.is_file():
+                    logs[f"{node.hostname}/{path.name}"] = path.read_text(errors="replace")
+        return logs
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if node.net.netns in self.network.nodes:
+                node.power_off(self.network)
+
+
+JOIN_SECONDS = 20.0
+
+
+def join(site: Site, count: int, first: int = 1, timeout: float = JOIN_SECONDS) -> list[Node]:
+    """Hosts ``first``..: their metaData Secrets admitted through the API, each booted from the stored Secret, each joined."""
+    nodes = [site.boot(site.create_metadata_secret(index, f"bm-{index:03d}")) for index in range(first, first + count)]
+    for node in nodes:
+        node.wait_joined(site.slurm, timeout=timeout)
+    return nodes

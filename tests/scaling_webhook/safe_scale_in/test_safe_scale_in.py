@@ -1,0 +1,481 @@
+"""Safe scale-in against kubemu and a fake slurmrestd (it answers as real slurmrestd 24.11), through the real service.
+
+The scale-in cannot fail open: a hook is released only when Slurm, read for that Machine at that
+moment, lets it go; no timeout and no outage releases a busy node; drains SliMe leaves behind are
+undone; an administrator's drain is never undone. Nothing is lost either: a released node goes
+back to FUTURE, so its record stays for the pool (``releasedNodes: delete`` deletes it).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import httpx
+import jwt
+import pytest
+
+from scaling_webhook.mappings import MappingError, parse_mappings
+from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
+from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, DRAIN_REASON, SLURM_NODE_ANNOTATION, order_candidates
+from testbed.capi_sim import MD, MD_NS, Env
+from testbed.fake_slurmrestd import FakeSlurmrestd
+from testbed.wait import wait_for
+from testbed.world import md_events, md_replicas
+
+IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
+
+
+def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env]) -> None:
+    e = env(3)
+    scaling = e.scaling()
+    e.slurm.start_job("node-001", time.time() + 60)
+    e.slurm.start_job("node-002", time.time() + 3600)  # the long one: node X
+    e.slurm.start_job("node-003", time.time() + 120)
+    e.slurm.finish_jobs("node-001")
+    e.slurm.finish_jobs("node-003")
+    e.scale(scaling, 1)
+    assert sorted(e.annotated()) == ["md-001", "md-003"]
+    assert md_replicas(e.emulator, MD_NS, MD) == 1
+    assert e.slurm.state("node-002") == ALLOCATED  # X never drained, never marked
+    assert "DRAIN" in e.slurm.state("node-001") and "DRAIN" in e.slurm.state("node-003")
+    assert e.capi.machine("md-001")["metadata"]["annotations"][SLURM_NODE_ANNOTATION] == "node-001"
+    e.capi.step()  # CAPI deletes the marked Machines; the pre-drain hook holds them
+    assert e.hooked("md-001") and e.capi.machine("md-001")["metadata"].get("deletionTimestamp")
+    scaling.service.reconcile_once()  # nodes drained: back to FUTURE in Slurm, then the hook goes
+    e.capi.step()
+    assert [m["metadata"]["name"] for m in e.capi.machines()] == ["md-002"]
+    assert sorted(e.slurm.returned) == ["node-001", "node-003"] and e.slurm.deleted == []
+    assert e.slurm.state("node-001") == ["FUTURE", "DYNAMIC_NORM"]  # the record stays, DRAIN cleared
+    assert e.capi.violations == [] and e.slurm.violations == []
+    assert scaling.metric("slime_scaling_scale_in_victims_total") == 2
+    assert all(claims["sun"] == "slurm" and claims["exp"] - claims["iat"] == 60 for claims in e.slurm.tokens_seen)
+
+
+def test_too_few_idle_nodes_defers_and_reconciler_finishes(env: Callable[[int], Env]) -> None:
+    e = env(3)
+    scaling = e.scaling()
+    for node in ("node-001", "node-002"):
+        e.slurm.start_job(node, time.time() + 600)
+    e.scale(scaling, 0)
+    assert e.annotated() == ["md-003"] and md_replicas(e.emulator, MD_NS, MD) == 2
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ScaleInDeferred")[:1], what="the deferral event")
+    assert event["type"] == "Warning" and "2 replica(s) deferred" in event["message"] and "md-001 (ALLOCATED)" in event["message"]
+    assert (scaling.metric("slime_scaling_scale_in_deferred_total") or 0) >= 2
+    e.slurm.finish_jobs("node-001")
+    scaling.service.reconcile_once()
+    assert md_replicas(e.emulator, MD_NS, MD) == 1 and sorted(e.annotated()) == ["md-001", "md-003"]
+    e.slurm.finish_jobs("node-002")
+    scaling.service.reconcile_once()
+    assert md_replicas(e.emulator, MD_NS, MD) == 0
+
+
+def test_slurmrestd_down_no_scale_in_but_scale_up_works(env: Callable[[int], Env]) -> None:
+    e = env(3)
+    scaling = e.scaling()
+    e.slurm.stop()
+    e.scale(scaling, 1)
+    assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 3
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the SlurmUnavailable event")
+    assert event["type"] == "Warning" and "cannot reach slurmrestd" in event["message"]
+    assert "eyJ" not in event["message"]  # never a token
+    scaling.service.reconcile_once()
+    assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 3
+    e.scale(scaling, 5)
+    assert md_replicas(e.emulator, MD_NS, MD) == 5
+    assert (scaling.metric("slime_scaling_slurm_errors_total") or 0) >= 2
+
+
+def test_slurmrestd_errors_mean_no_scale_in(env: Callable[[int], Env]) -> None:
+    e = env(2)
+    scaling = e.scaling(apiVersion="v0.0.42")
+    e.slurm.fail_status = 500
+    e.scale(scaling, 0)
+    assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 2
+    e.slurm.fail_status = None
+    scaling.service.reconcile_once()
+    assert md_replicas(e.emulator, MD_NS, MD) == 0 and sorted(e.annotated()) == ["md-001", "md-002"]
+    assert all(path.startswith("/slurm/v0.0.42/") for _, path in e.slurm.calls)
+
+
+def test_version_probe_uses_the_newest_served(env: Callable[[int], Env]) -> None:
+    e = env(1)
+    e.slurm.versions = ("v0.0.42", "v0.0.43")
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    assert md_replicas(e.emulator, MD_NS, MD) == 0
+    assert ("GET", "/slurm/v0.0.44/ping") in e.slurm.calls and ("GET", "/slurm/v0.0.43/nodes/") in e.slurm.calls
+
+
+def test_a_token_slurmrestd_cannot_verify_rereads_the_key_once(env: Callable[[int], Env]) -> None:
+    """Real slurmrestd answers 511 (error 1007) to a bad token, not 401: the key is read again."""
+    e = env(1)
+    scaling = e.scaling(apiVersion="v0.0.42")
+    good = e.slurm.key
+    e.slurm.key = b"another key"  # the signing key was rotated in Slurm, not yet in the Secret
+    e.scale(scaling, 0)
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the refusal")
+    assert "refused the JWT (511) twice" in event["message"]
+    e.slurm.key = good
+    scaling.service.reconcile_once()
+    assert md_replicas(e.emulator, MD_NS, MD) == 0
+
+
+def test_scale_up_reclaims_pending_victims(env: Callable[[int], Env]) -> None:
+    e = env(3)
+    scaling = e.scaling()
+    e.scale(scaling, 1)
+    assert sorted(e.annotated()) == ["md-001", "md-002"]  # not deleted yet (CAPI has not acted)
+    e.scale(scaling, 2)
+    assert e.annotated() == ["md-002"]
+    assert e.slurm.state("node-001") == IDLE  # undrained: the drain was ours
+    assert md_replicas(e.emulator, MD_NS, MD) == 2
+    e.capi.step()
+    assert e.capi.counter == 3  # nothing new provisioned
+    assert scaling.metric("slime_scaling_reclaimed_total") == 1
+    wait_for(lambda: md_events(e.emulator, MD_NS, MD, "Reclaimed"), what="the Reclaimed event")
+
+
+def test_an_admins_drain_is_never_undone(env: Callable[[int], Env]) -> None:
+    """An admin drains an idle node for maintenance; scale-downs leave it for last, and a reclaim keeps its drain."""
+    e = env(3)
+    scaling = e.scaling()
+    e.slurm.admin_drain("node-001", "maintenance: disk swap")
+    e.scale(scaling, 2)
+    assert e.annotated() == ["md-002"]  # an idle node goes before the admin's
+    e.slurm.start_job("node-002", time.time() + 600)  # (reclaim below gives node-002 back; jobs land on it)
+    e.scale(scaling, 3)
+    e.slurm.start_job("node-003", time.time() + 600)
+    e.scale(scaling, 2)  # the only idle node now is the admin's
+    assert e.annotated() == ["md-001"]
+    e.scale(scaling, 3)  # reclaimed: the mark goes, the admin's drain stays
+    assert e.annotated() == []
+    node = e.slurm.nodes["node-001"]
+    assert node.drain and node.reason == "maintenance: disk swap" and node.reason_set_by_user == "root"
+    assert "node-001" not in e.slurm.undrains
+
+
+def test_a_drain_left_behind_is_undone_when_no_scale_in_needs_it(env: Callable[[int], Env]) -> None:
+    """A scale-in drained a node and stopped before marking its Machine: the node must not stay drained for good."""
+    e = env(2)
+    scaling = e.scaling()
+    e.emulator.add_fault(_patch_fault("md-001", times=2))  # marking the victim fails (the API hiccups)
+    e.scale(scaling, 1)
+    assert e.slurm.nodes["node-001"].drain and e.annotated() == []
+    e.scale(scaling, 2)  # the scale-in is no longer needed
+    scaling.service.reconcile_once()
+    assert not e.slurm.nodes["node-001"].drain and "node-001" in e.slurm.undrains
+    assert scaling.metric("slime_scaling_orphan_drains_undone_total") == 1
+    wait_for(lambda: md_events(e.emulator, MD_NS, MD, "OrphanDrainUndone"), what="the event")
+
+
+def _patch_fault(machine: str, times: int):  # type: ignore[no-untyped-def]
+    from kubemu import Fault
+
+    return Fault(method="PATCH", path_regex=rf"/machines/{machine}$", status=500, times=times)
+
+
+def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
+    e = env(2)
+    scaling = e.scaling()
+    # The leader's first pass adds the hooks; the service answers /readyz before that pass ends
+    # (under load this showed: once in about 20 runs the hooks were not there yet at readiness).
+    wait_for(lambda: e.hooked("md-001") and e.hooked("md-002"), 10, "the pre-drain hooks of the first reconcile")
+    e.slurm.start_job("node-001", time.time() + 60)
+    e.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")  # someone deletes it directly
+    scaling.service.reconcile_once()
+    assert e.slurm.state("node-001") == ["ALLOCATED", "DRAIN", "DYNAMIC_NORM"] and e.hooked("md-001")
+    e.capi.step()
+    assert e.capi.machine("md-001") is not None  # held
+    e.slurm.finish_jobs("node-001")
+    scaling.service.reconcile_once()
+    assert "node-001" in e.slurm.returned and not e.hooked("md-001")
+    e.capi.step()
+    assert e.capi.machine("md-001") is None and e.capi.violations == []
+
+
+def test_a_machine_cluster_api_creates_gets_the_hook_on_its_watch_event(env: Callable[[int], Env]) -> None:
+    """No resync (it is an hour here) and no scale: the new Machine's own watch event wakes the reconciler.
+
+    Without it, a Machine deleted before the next pass (30 s by default) would not be held, even
+    if its node had joined Slurm and taken a job meanwhile.
+    """
+    e = env(1)
+    e.scaling()
+    created = e.capi.add_machine()  # Cluster API creates a Machine (a scale-up by someone, or a replacement)
+    wait_for(lambda: e.hooked(created), 5, f"the pre-drain hook on {created}")
+
+
+def test_a_drain_timeout_warns_and_never_releases_a_busy_node(env: Callable[[int], Env]) -> None:
+    e = env(2)
+    scaling = e.scaling(drainTimeoutSeconds=2)
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")
+    scaling.service.reconcile_once()
+    assert e.hooked("md-001")
+    time.sleep(3.1)  # deletionTimestamp has a one-second resolution
+    scaling.service.reconcile_once()
+    scaling.service.reconcile_once()
+    assert e.hooked("md-001") and "node-001" not in e.slurm.returned  # still held: it runs a job
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "DrainOverdue"), what="the DrainOverdue Warning")
+    assert event["type"] == "Warning" and "md-001" in event["message"] and "never released" in event["message"]
+    assert scaling.metric("slime_scaling_drain_overdue_total") == 1  # warned once, not every pass
+    e.slurm.finish_jobs("node-001")
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001") and "node-001" in e.slurm.returned
+
+
+def test_nothing_is_released_while_slurmrestd_is_unreachable(env: Callable[[int], Env]) -> None:
+    e = env(2)
+    scaling = e.scaling(drainTimeoutSeconds=1)
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")
+    scaling.service.reconcile_once()
+    e.slurm.stop()
+    time.sleep(2.1)
+    for _ in range(3):
+        scaling.service.reconcile_once()
+    assert e.hooked("md-001")
+    e.capi.step()
+    assert e.capi.machine("md-001") is not None and e.capi.violations == []
+
+
+def test_a_victim_that_joins_after_it_was_chosen_is_drained_and_waited_for(env: Callable[[int], Env]) -> None:
+    """The release race: a node that joins between a read of Slurm and its Machine's release must not be lost."""
+    e = env(1)
+    scaling = e.scaling()
+    e.capi.add_machine(join=False, provisioned=True)  # md-002: provisioned, slurmd not joined yet
+    e.emulator.patch("cluster.x-k8s.io/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 2}})
+    e.scale(scaling, 1)  # md-002 (no Slurm node) is a victim, after the idle node? no: md-001 is idle, so md-001
+    victims = e.annotated()
+    assert victims == ["md-001"]
+    # Now the other way round: md-002 is the only candidate, and joins while it is held.
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.scale(scaling, 2)
+    e.scale(scaling, 1)
+    assert e.annotated() == ["md-002"]
+    e.capi.step()
+    joined = {"done": False}
+
+    def join_after_the_first_read() -> None:
+        if not joined["done"]:
+            joined["done"] = True
+            e.capi.provision("md-002")  # slurmd joins right after SliMe read the node list
+
+    e.slurm.after_nodes_read = join_after_the_first_read
+    scaling.service.reconcile_once()
+    # The background reconciler may run a pass too (the deletion's watch event): it sees the node
+    # that joined, drains it and, drained and idle, may release it. Never released undrained.
+    if not e.hooked("md-002"):
+        assert "node-002" in e.slurm.drains, "a provisioned Machine was released before its node was drained"
+        return
+    e.slurm.start_job("node-002", time.time() + 3600)  # a job lands on the node that just joined (not drained yet)
+    scaling.service.reconcile_once()
+    assert e.hooked("md-002") and e.slurm.nodes["node-002"].drain
+    e.capi.step()
+    assert e.capi.violations == []
+
+
+def test_a_never_provisioned_victim_is_released_with_its_evidence(env: Callable[[int], Env]) -> None:
+    e = env(1)
+    scaling = e.scaling()
+    e.slurm.start_job("node-001", time.time() + 3600)
+    e.capi.add_machine(join=False, provisioned=False)  # md-002: its host never provisioned
+    e.emulator.patch("cluster.x-k8s.io/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 2}})
+    e.scale(scaling, 2)
+    e.scale(scaling, 1)
+    assert e.annotated() == ["md-002"]
+    e.capi.step()
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-002")
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ReleasedNeverJoined"), what="the release event")
+    assert "never joined Slurm and its infrastructure was never provisioned" in event["message"]
+
+
+def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], Env]) -> None:
+    rng = random.Random(20240611)
+    e = env(4)
+    scaling = e.scaling()
+    annotated_busy: list[str] = []
+    for _ in range(100):
+        for name, node in list(e.slurm.nodes.items()):  # jobs start on usable nodes, others end
+            if node.jobs and rng.random() < 0.4:
+                e.slurm.finish_jobs(name)
+            elif not node.jobs and not node.drain and rng.random() < 0.4:
+                e.slurm.start_job(name, time.time() + rng.randint(10, 1000))
+        e.scale(scaling, rng.randint(0, 6))
+        for machine in e.capi.machines():
+            if (machine["metadata"].get("annotations") or {}).get(DELETE_MACHINE):
+                node = e.slurm.nodes.get(e.capi.node_of(machine))
+                if node is not None and node.busy and not node.drain:
+                    annotated_busy.append(machine["metadata"]["name"])
+        if rng.random() < 0.3:
+            scaling.service.reconcile_once()
+        e.capi.step()
+    assert annotated_busy == []
+    assert scaling.metric("slime_scaling_scale_in_victims_total") > 0  # the scenario did exercise scale-in
+    assert e.slurm.violations == [] and e.capi.violations == []
+    for name in list(e.slurm.nodes):
+        e.slurm.finish_jobs(name)
+    for _ in range(4):
+        scaling.service.reconcile_once()
+        e.capi.step()
+    mirror = e.emulator.get("apps/v1", "Deployment", "slime", "mirror-deployment")["spec"]["replicas"]
+    assert md_replicas(e.emulator, MD_NS, MD) == mirror
+    live = [m for m in e.capi.machines() if not m["metadata"].get("deletionTimestamp")]
+    assert len(live) == mirror
+
+
+# --- what a released node becomes in Slurm (releasedNodes) ----------------------------------------
+
+
+def _partition_nodes(slurm: FakeSlurmrestd) -> int:
+    """The partition's node count, as slurmrestd lists it (what Slurm checks a job's node count against at submission)."""
+    now = int(time.time())
+    token = jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60}, slurm.key, algorithm="HS256")
+    answer = httpx.get(f"{slurm.url}/slurm/v0.0.42/partitions/", headers={"X-SLURM-USER-TOKEN": token}, timeout=5)
+    (partition,) = answer.json()["partitions"]
+    return int(partition["nodes"]["total"])
+
+
+def test_scale_in_to_zero_keeps_the_pools_records_and_its_hosts_take_them_again(slurm: FakeSlurmrestd, env: Callable[..., Env]) -> None:
+    """The pool's hosts were declared FUTURE; after a scale-in to 0 Slurm still has their records, and they come back."""
+    for host in ("bm-1", "bm-2"):
+        slurm.declare_future(host)  # scontrol create NodeName=bm-[1-2] State=FUTURE
+    e = env(2, hosts=("bm-1", "bm-2"))
+    assert sorted(slurm.nodes) == ["bm-1", "bm-2"] and slurm.future == {}  # each slurmd -Z took its record
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+    scaling.service.reconcile_once()
+    e.capi.step()
+    assert e.capi.machines() == [] and md_replicas(e.emulator, MD_NS, MD) == 0
+    assert slurm.nodes == {} and sorted(slurm.returned) == ["bm-1", "bm-2"] and slurm.deleted == []
+    assert slurm.state("bm-1") == slurm.state("bm-2") == ["FUTURE", "DYNAMIC_NORM"]
+    assert _partition_nodes(slurm) == 2  # a 2-node job is still accepted and queues
+    events = wait_for(lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeReturnedToFuture")) and len(found) == 2 and found,
+                      what="two SlurmNodeReturnedToFuture events")
+    assert all("drained and idle, returned to FUTURE: Slurm keeps its record" in event["message"] for event in events)
+    assert md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted") == []
+    e.scale(scaling, 2)  # the pool grows again: the hosts boot, their slurmd -Z take the records
+    e.capi.step()
+    assert sorted(slurm.nodes) == ["bm-1", "bm-2"] and slurm.future == {}
+    assert slurm.state("bm-1") == IDLE and slurm.nodes["bm-1"].reason == DRAIN_REASON  # no DRAIN; the reason waits for a job
+    scaling.service.reconcile_once()
+    assert all(e.hooked(m["metadata"]["name"]) for m in e.capi.machines())
+    e.scale(scaling, 1)  # an old reason without DRAIN is not a drain of ours: an idle node like any other
+    assert e.annotated() == ["md-003"] and slurm.violations == [] and e.capi.violations == []
+
+
+def test_released_nodes_delete_deletes_the_record(env: Callable[..., Env]) -> None:
+    e = env(2)
+    scaling = e.scaling(releasedNodes="delete")
+    e.scale(scaling, 0)
+    e.capi.step()
+    scaling.service.reconcile_once()
+    e.capi.step()
+    assert e.capi.machines() == [] and sorted(e.slurm.deleted) == ["node-001", "node-002"] and e.slurm.returned == []
+    assert e.slurm.state("node-001") is None and _partition_nodes(e.slurm) == 0  # a job for the pool would now be refused
+    events = wait_for(lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted")) and len(found) == 2 and found,
+                      what="two SlurmNodeDeleted events")
+    assert all("drained and idle, deleted from Slurm (releasedNodes: delete)" in event["message"] for event in events)
+
+
+def test_a_node_someone_deletes_during_the_release_is_released_as_gone(env: Callable[..., Env]) -> None:
+    e = env(1)
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+
+    def an_admin_deletes_it() -> None:  # scontrol delete nodename=node-001, right after SliMe read the node list
+        e.slurm.after_nodes_read = None
+        with e.slurm.lock:
+            e.slurm.nodes.pop("node-001", None)
+
+    e.slurm.after_nodes_read = an_admin_deletes_it
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001") and e.slurm.returned == []
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ReleasedNeverJoined")[:1], what="the release event")
+    assert "already gone from Slurm (removed by someone else): no record left to keep" in event["message"]
+
+
+def test_a_future_slurm_refuses_holds_the_machine_until_slurm_shows_the_node_gone(env: Callable[..., Env]) -> None:
+    """Someone returns the node to FUTURE between SliMe's read and its own request: Slurm answers 2028, nothing is released that pass."""
+    e = env(1)
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+
+    def an_admin_returns_it_to_future() -> None:  # scontrol update nodename=node-001 state=future
+        e.slurm.after_nodes_read = None
+        e.slurm.admin_future("node-001")
+
+    e.slurm.after_nodes_read = an_admin_returns_it_to_future
+    scaling.service.reconcile_once()
+    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the refusal")
+    assert "not releasing Machine md-001" in event["message"] and "answered 500 to POST" in event["message"]
+    assert (scaling.metric("slime_scaling_slurm_errors_total") or 0) >= 1
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001")  # the next read shows the node gone (FUTURE is not listed): its recorded node joined and left
+    assert e.slurm.state("node-001") == ["FUTURE", "DYNAMIC_NORM"] and e.capi.violations == []
+
+
+# --- pure parts -------------------------------------------------------------------------------
+
+
+def _machine(name: str, host: str, deleting: bool = False, provisioned: bool = True) -> dict:
+    meta = {"name": name, **({"deletionTimestamp": "2024-01-01T00:00:00Z"} if deleting else {})}
+    return {"metadata": meta, "status": {"infrastructureReady": provisioned, "addresses": [{"type": "InternalIP", "address": host}]}}
+
+
+def test_order_candidates() -> None:
+    nodes = [
+        SlurmNode("n1", address="10.0.0.1", states=frozenset({"IDLE"})),
+        SlurmNode("n2", address="10.0.0.2", states=frozenset({"MIXED"})),
+        SlurmNode("n3", address="10.0.0.3", states=frozenset({"IDLE", "DRAIN"}), reason=DRAIN_REASON),
+        SlurmNode("n4", address="10.0.0.4", states=frozenset({"ALLOCATED", "DRAIN"})),
+        SlurmNode("n5", address="10.0.0.5", states=frozenset({"IDLE", "COMPLETING"})),
+        SlurmNode("n6", address="10.0.0.6", states=frozenset({"IDLE", "DRAIN"}), reason="maintenance"),
+        SlurmNode("n7", address="10.0.0.7", states=frozenset({"DOWN", "NOT_RESPONDING"})),
+        SlurmNode("n8", address="10.0.0.8", states=frozenset({"DOWN", "ALLOCATED", "NOT_RESPONDING"})),
+    ]
+    machines = [_machine(f"m{i}", f"10.0.0.{i}") for i in range(1, 9)]
+    machines += [_machine("m9", "10.0.0.9", provisioned=False), _machine("ma", "10.0.0.10"), _machine("m0", "10.0.0.1", deleting=True)]
+    eligible, ineligible = order_candidates(machines, nodes)
+    # not provisioned < DOWN < drained by us < idle < provisioned but not joined < an admin's drain
+    assert [c.machine for c in eligible] == ["m9", "m7", "m3", "m1", "ma", "m6"]
+    assert {c.machine: c.why for c in ineligible} == {
+        "m0": "already deleting", "m2": "MIXED", "m4": "ALLOCATED", "m5": "COMPLETING", "m8": "ALLOCATED"}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ("{slurmrestd: 'ftp://x', jwtSecret: a/b}", "safeScaleIn.slurmrestd: 'ftp://x' is not an http:// or https:// URL"),
+    ("{slurmrestd: 'http://x:6820', jwtSecret: b}", "safeScaleIn.jwtSecret: 'b' is not of the form <namespace>/<name>"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, apiVersion: v0.0.41}", "apiVersion: 'v0.0.41' is not supported"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, drainTimeoutSeconds: 0}", "drainTimeoutSeconds: must be a positive number"),
+    ("{slurmrestd: 'http://x'}", "safeScaleIn: missing key jwtSecret"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, foo: 1}", "safeScaleIn: unknown key(s) foo"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: keep}", "safeScaleIn.releasedNodes: 'keep' is not one of future, delete"),
+    ("{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: true}", "safeScaleIn.releasedNodes: True is not one of future, delete"),
+])
+def test_config_validation(options: str, message: str) -> None:
+    with pytest.raises(MappingError) as error:
+        parse_mappings({"mappings": f"- {{mirror: a/m, machineDeployment: b/md, safeScaleIn: {options}}}"}, "slime")
+    assert message in str(error.value)
+
+
+def test_config_defaults() -> None:
+    table = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+                                        "{slurmrestd: 'http://slurm-restapi.slurm:6820/', jwtSecret: slurm/k}}"}, "slime")
+    (mapping,) = table
+    config = mapping.safe_scale_in
+    assert config is not None and config.slurmrestd == "http://slurm-restapi.slurm:6820"
+    # No drain timeout unless an operator sets one (and then it only warns).
+    assert (config.jwt_key, config.api_version, config.drain_timeout_seconds, config.token_user) == ("jwt_hs256.key", None, None, "slurm")
+    # A released node's record is kept (FUTURE) unless the mapping says delete.
+    assert config.released_nodes == "future"
+    (deleting,) = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+                                              "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: delete}}"}, "slime")
+    assert deleting.safe_scale_in is not None and deleting.safe_scale_in.released_nodes == "delete"
+    assert parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in is None
