@@ -66,16 +66,15 @@ def create_ca(out_dir: Path, common_name: str = "slime-dev-ca", days: int = 365)
         .not_valid_before(_now() - dt.timedelta(minutes=5))
         .not_valid_after(_now() + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_file = out_dir / "ca.crt"
     _write_public(cert_file, cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(out_dir / "ca.key", key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ))
+    _write_private(
+        out_dir / "ca.key",
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     return CertificateAuthority(cert, key, cert_file)
 
 
@@ -92,12 +91,20 @@ def issue_serving_cert(
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     if not sans:
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
-    return _issue_leaf(ca, cert_file, key_file, _name(dns_names[0] if dns_names else ip_addresses[0]),
-                       ExtendedKeyUsageOID.SERVER_AUTH, days, x509.SubjectAlternativeName(sans))
+    return _issue_leaf(
+        ca,
+        cert_file,
+        key_file,
+        _name(dns_names[0] if dns_names else ip_addresses[0]),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        days,
+        x509.SubjectAlternativeName(sans),
+    )
 
 
-def issue_client_cert(ca: CertificateAuthority, cert_file: Path, key_file: Path, common_name: str,
-                      organization: str = "", days: int = 30) -> x509.Certificate:
+def issue_client_cert(
+    ca: CertificateAuthority, cert_file: Path, key_file: Path, common_name: str, organization: str = "", days: int = 30
+) -> x509.Certificate:
     """Sign a clientAuth certificate (what kube-apiserver presents to a webhook) and write the pair."""
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     if organization:
@@ -105,8 +112,15 @@ def issue_client_cert(ca: CertificateAuthority, cert_file: Path, key_file: Path,
     return _issue_leaf(ca, cert_file, key_file, x509.Name(attributes), ExtendedKeyUsageOID.CLIENT_AUTH, days)
 
 
-def _issue_leaf(ca: CertificateAuthority, cert_file: Path, key_file: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
-                days: int, sans: x509.SubjectAlternativeName | None = None) -> x509.Certificate:
+def _issue_leaf(
+    ca: CertificateAuthority,
+    cert_file: Path,
+    key_file: Path,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    days: int,
+    sans: x509.SubjectAlternativeName | None = None,
+) -> x509.Certificate:
     """Sign a leaf certificate for one extended key usage with a fresh P-256 key; write key, then certificate."""
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
@@ -126,9 +140,10 @@ def _issue_leaf(ca: CertificateAuthority, cert_file: Path, key_file: Path, subje
         .sign(ca.key, hashes.SHA256())
     )
     cert_file.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(key_file, key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ))
+    _write_private(
+        key_file,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     _write_public(cert_file, cert.public_bytes(serialization.Encoding.PEM))
     return cert
 

@@ -96,8 +96,7 @@ def decode_review(body: bytes) -> dict[str, Any]:
     if api_version != REVIEW_API_VERSION or kind != REVIEW_KIND:
         raise AdmissionError(
             400,
-            f"unsupported review apiVersion={api_version!r} kind={kind!r}, "
-            f"expected {REVIEW_API_VERSION} {REVIEW_KIND}",
+            f"unsupported review apiVersion={api_version!r} kind={kind!r}, expected {REVIEW_API_VERSION} {REVIEW_KIND}",
             uid,
         )
     if not isinstance(request, dict):

@@ -173,7 +173,9 @@ class Informer:
             return self.client.stream(self.path, query, timeout=(5.0, WATCH_TIMEOUT_SECONDS + 15.0))
 
         while not self._stopped.is_set():
-            for event in watch.stream(open_stream, resource_version=resource_version, timeout_seconds=WATCH_TIMEOUT_SECONDS):
+            for event in watch.stream(
+                open_stream, resource_version=resource_version, timeout_seconds=WATCH_TIMEOUT_SECONDS
+            ):
                 if self._stopped.is_set():
                     watch.stop()
                     return
@@ -228,8 +230,12 @@ class InformerSet:
             informer = self._informers.get(key)
             if informer is None:
                 informer = Informer(
-                    self.client, path, label_selector=label_selector, field_selector=field_selector,
-                    transform=transform, description=description,
+                    self.client,
+                    path,
+                    label_selector=label_selector,
+                    field_selector=field_selector,
+                    transform=transform,
+                    description=description,
                 )
                 if self.on_change is not None:
                     informer.add_listener(self.on_change)
@@ -243,4 +249,3 @@ class InformerSet:
     def stop(self) -> None:
         for informer in self.all():
             informer.stop()
-

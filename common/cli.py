@@ -35,8 +35,16 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-_METAVARS = {"host": "ADDRESS", "log_level": "LEVEL", "namespace": "NAME", "config_map": "NAME", "controller_selector": "SELECTOR",
-             "conf_server_policy": "POLICY", "conf_server_node_addresses": "ADDRESSES", "extra_join_data": "ITEMS"}
+_METAVARS = {
+    "host": "ADDRESS",
+    "log_level": "LEVEL",
+    "namespace": "NAME",
+    "config_map": "NAME",
+    "controller_selector": "SELECTOR",
+    "conf_server_policy": "POLICY",
+    "conf_server_node_addresses": "ADDRESSES",
+    "extra_join_data": "ITEMS",
+}
 
 
 def _metavar(name: str, info: FieldInfo) -> str:
@@ -69,12 +77,19 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(settings_type: type[ServiceSettings], prog: str, description: str = "") -> argparse.ArgumentParser:
     """One flag per setting, typed as text: the settings model does all conversion and checks."""
-    parser = _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="A flag wins over its environment variable, which wins over the default.")
+    parser = _Parser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="A flag wins over its environment variable, which wins over the default.",
+    )
     for name, info in settings_type.fields().items():
         default = "none" if info.default in (None, "") else info.default
         parser.add_argument(
-            flag(name), dest=name, metavar=_metavar(name, info), default=None,
+            flag(name),
+            dest=name,
+            metavar=_metavar(name, info),
+            default=None,
             help=f"{info.description} [env {settings_type.env_name(name)}; default {default}]",
         )
     return parser
@@ -110,8 +125,10 @@ def listen(settings: ServiceSettings) -> Listeners:
             try:
                 bound.append(Listeners.bind(settings.host, port))
             except OSError as exc:
-                raise ConfigError(f"{flag(name)} (env {settings.env_name(name)}): cannot listen on "
-                                  f"{settings.host}:{port}: {exc.strerror or exc}") from None
+                raise ConfigError(
+                    f"{flag(name)} (env {settings.env_name(name)}): cannot listen on "
+                    f"{settings.host}:{port}: {exc.strerror or exc}"
+                ) from None
     except ConfigError:
         for sock in bound:
             sock.close()
@@ -119,8 +136,13 @@ def listen(settings: ServiceSettings) -> Listeners:
     return Listeners(*bound)
 
 
-def run_service(settings_type: type[S], prog: str, build: Callable[[S], ServiceRunner], argv: Sequence[str] | None,
-                description: str = "") -> None:
+def run_service(
+    settings_type: type[S],
+    prog: str,
+    build: Callable[[S], ServiceRunner],
+    argv: Sequence[str] | None,
+    description: str = "",
+) -> None:
     try:
         settings = parse_settings(settings_type, argv, prog, description)
         configure_logging(settings.log_level)

@@ -94,8 +94,15 @@ class KubeClient:
         self._discovery: dict[str, tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
 
-    def _send(self, method: str, path: str, query: list[tuple[str, str]] | None, body: Any,
-              content_type: str | None, timeout: float | tuple[float, float] | None) -> Any:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: float | tuple[float, float] | None,
+    ) -> Any:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
@@ -105,7 +112,9 @@ class KubeClient:
         try:
             return self.api_client.call_api(method, url, headers, body, _request_timeout=timeout)
         except urllib3.exceptions.HTTPError as exc:
-            raise KubeError(0, "Unreachable", f"cannot reach the API server of cluster {self.name}: {_root_cause(exc)}") from None
+            raise KubeError(
+                0, "Unreachable", f"cannot reach the API server of cluster {self.name}: {_root_cause(exc)}"
+            ) from None
 
     def request(
         self,
@@ -164,7 +173,8 @@ class KubeClient:
             if version in supported:
                 return ResourcePath(group, version, plural)
         raise KubeError(
-            404, "NotFound",
+            404,
+            "NotFound",
             f"cluster {self.name} serves no supported version of {plural}.{group} "
             f"(served: {', '.join(served) or 'none'}; supported: {', '.join(supported)})",
         )
@@ -206,7 +216,15 @@ def local_client(kubeconfig: str | None = None, user_agent: str = "slime") -> Ku
             return KubeClient(_named(k8s.ApiClient(configuration), user_agent), "local")
         source = "~/.kube/config (no --kubeconfig and not in a cluster)"
         return KubeClient(_named(k8s_config.new_client_from_config(), user_agent), "local")
-    except (k8s_config.ConfigException, yaml.YAMLError, OSError, TypeError, AttributeError, KeyError, ValueError) as exc:
+    except (
+        k8s_config.ConfigException,
+        yaml.YAMLError,
+        OSError,
+        TypeError,
+        AttributeError,
+        KeyError,
+        ValueError,
+    ) as exc:
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise KubeConfigError(f"{source} is not usable: {reason}") from None
 
@@ -220,4 +238,6 @@ def client_from_kubeconfig(data: bytes, name: str, user_agent: str = "slime") ->
         api_client = k8s_config.new_client_from_config_dict(document, persist_config=False)
         return KubeClient(_named(api_client, user_agent), name)
     except (yaml.YAMLError, ValueError, KeyError, TypeError, k8s_config.ConfigException) as exc:
-        raise KubeError(0, "InvalidKubeconfig", f"kubeconfig for cluster {name} is not usable: {type(exc).__name__}") from None
+        raise KubeError(
+            0, "InvalidKubeconfig", f"kubeconfig for cluster {name} is not usable: {type(exc).__name__}"
+        ) from None

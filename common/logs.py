@@ -16,7 +16,11 @@ from typing import Any
 
 # Record attributes that are not ``extra`` fields. uvicorn's ``color_message`` repeats the
 # message with ANSI escape codes for terminals; JSON lines do not want it.
-_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
+_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 REDACTED = "[REDACTED]"
 
 

@@ -25,7 +25,9 @@ def is_dns1123_subdomain(value: Any) -> bool:
 
 # One requirement of a label selector, as kube-apiserver parses them: key, !key, key=value,
 # key==value, key!=value, key in (v1,v2), key notin (v1,v2). Keys may carry a DNS prefix.
-_LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LABEL_KEY = (
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
 _LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
 _REQUIREMENT = re.compile(
     rf"\s*(!?\s*{_LABEL_KEY}|{_LABEL_KEY}\s*(=|==|!=)\s*{_LABEL_VALUE}"

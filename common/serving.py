@@ -54,8 +54,14 @@ def _file_stamp(path: str) -> tuple[str, int, int, int]:
 class ServingCertificate:
     """The server-side SSLContext given to the server, the live one behind it, and their files."""
 
-    def __init__(self, cert_file: str, key_file: str, metrics: WebhookMetrics, poll_seconds: float = 10.0,
-                 client_ca_file: str | None = None) -> None:
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        metrics: WebhookMetrics,
+        poll_seconds: float = 10.0,
+        client_ca_file: str | None = None,
+    ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.client_ca_file = client_ca_file
@@ -77,7 +83,9 @@ class ServingCertificate:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
-    def _to_live(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, current: ssl.SSLContext) -> None:
+    def _to_live(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, current: ssl.SSLContext
+    ) -> None:
         live = self._live
         if live is not current:
             connection.context = live
@@ -120,7 +128,10 @@ class ServingCertificate:
         self.last_error = ""
         self._metrics.cert_reloads.labels("success").inc()
         self._metrics.cert_not_after.set(leaf.not_valid_after_utc.timestamp())
-        log.info("serving certificate loaded", extra={"fingerprint": self.fingerprint[:16], "not_after": str(leaf.not_valid_after_utc)})
+        log.info(
+            "serving certificate loaded",
+            extra={"fingerprint": self.fingerprint[:16], "not_after": str(leaf.not_valid_after_utc)},
+        )
         return True
 
     def _fail(self, message: str) -> None:
@@ -251,7 +262,9 @@ class ServiceRunner:
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[uvicorn.Server] = []
-        self.readiness.add("certificate", lambda: None if self.certificate.loaded else (self.certificate.last_error or "not loaded"))
+        self.readiness.add(
+            "certificate", lambda: None if self.certificate.loaded else (self.certificate.last_error or "not loaded")
+        )
 
     def _config(self, app: Any, port: int) -> uvicorn.Config:
         config = uvicorn.Config(
@@ -288,7 +301,9 @@ class ServiceRunner:
         tls_config.ssl = self.certificate.context
         self._servers = [
             _EmbeddedServer(tls_config),
-            _EmbeddedServer(self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)),
+            _EmbeddedServer(
+                self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)
+            ),
         ]
         sockets = (listeners.admission, listeners.health)
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(self._servers, sockets, strict=True)]
@@ -302,8 +317,14 @@ class ServiceRunner:
         else:
             self.started.set()
             tls_port, health_port = self.bound_ports
-            log.info("serving", extra={"admission": f"https://{self.host}:{tls_port}", "health": f"http://{self.host}:{health_port}",
-                                       "client_certificates": "required" if self.certificate.client_ca_file else "not required"})
+            log.info(
+                "serving",
+                extra={
+                    "admission": f"https://{self.host}:{tls_port}",
+                    "health": f"http://{self.host}:{health_port}",
+                    "client_certificates": "required" if self.certificate.client_ca_file else "not required",
+                },
+            )
         await self._stop.wait()
         self.readiness.stopping = True
         if self.shutdown_delay_seconds:
@@ -353,8 +374,9 @@ def runner_for(
     """A runner configured from the settings every service shares (ports, certificate, shutdown)."""
     return ServiceRunner(
         webhook_app=webhook_app,
-        certificate=ServingCertificate(settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds,
-                                       settings.client_ca_file),
+        certificate=ServingCertificate(
+            settings.cert_file, settings.key_file, metrics, settings.cert_poll_seconds, settings.client_ca_file
+        ),
         metrics=metrics,
         readiness=readiness,
         host=settings.host,

@@ -27,17 +27,26 @@ class ServiceSettings(BaseSettings):
     host: str = Field("0.0.0.0", description="IP address both ports listen on (0.0.0.0 or :: for all).")
     port: int = Field(8443, ge=1, le=65535, description="TLS port of the admission endpoint.")
     metrics_port: int = Field(8080, ge=1, le=65535, description="Plain-HTTP port for /healthz, /readyz and /metrics.")
-    cert_file: str = Field("/tls/tls.crt", min_length=1, description="PEM serving certificate (chain); reloaded when it changes.")
+    cert_file: str = Field(
+        "/tls/tls.crt", min_length=1, description="PEM serving certificate (chain); reloaded when it changes."
+    )
     key_file: str = Field("/tls/tls.key", min_length=1, description="PEM private key of the serving certificate.")
     client_ca_file: str | None = Field(
-        None, min_length=1,
+        None,
+        min_length=1,
         description="PEM CA bundle: when set, every client of the admission port must present a certificate it signed "
-                    "(kube-apiserver's, see docs/install.md); reloaded when it changes.",
+        "(kube-apiserver's, see docs/install.md); reloaded when it changes.",
     )
-    cert_poll_seconds: float = Field(10.0, gt=0, le=10, description="Backstop poll for certificate changes (at most 10 s).")
+    cert_poll_seconds: float = Field(
+        10.0, gt=0, le=10, description="Backstop poll for certificate changes (at most 10 s)."
+    )
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024, description="Largest accepted AdmissionReview body.")
-    shutdown_delay_seconds: float = Field(0.0, ge=0, description="Stay up, not ready, this long after SIGTERM so endpoints drain.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level: debug, info, warning or error.")
+    shutdown_delay_seconds: float = Field(
+        0.0, ge=0, description="Stay up, not ready, this long after SIGTERM so endpoints drain."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level: debug, info, warning or error."
+    )
     kubeconfig: str | None = Field(
         None,
         min_length=1,

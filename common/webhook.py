@@ -78,7 +78,9 @@ class AdmissionEndpoint:
                 "handler failed",
                 extra={"webhook": self.webhook, "uid": summary.uid, "error_type": type(exc).__name__},
             )
-            message = f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {summary.uid}"
+            message = (
+                f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {summary.uid}"
+            )
             return summary.uid, errored(500, message), summary
 
     async def _read_body(self, http_request: Request) -> bytes:

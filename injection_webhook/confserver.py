@@ -89,8 +89,10 @@ def check_host(text: str) -> str:
         raise PolicyError(f"the host name has {len(text)} characters, more than 253")
     labels = text.split(".")
     if not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise PolicyError("the host is neither an IP address nor an RFC 1123 host name "
-                          "(dot-separated labels of letters, digits and inner hyphens, at most 63 characters each)")
+        raise PolicyError(
+            "the host is neither an IP address nor an RFC 1123 host name "
+            "(dot-separated labels of letters, digits and inner hyphens, at most 63 characters each)"
+        )
     if all(label.isdigit() for label in labels):
         raise PolicyError("the host looks like an IPv4 address but is not one")
     return text
@@ -150,7 +152,9 @@ def parse_policy(text: str) -> Policy:
     keyword = next((k for k in (HOST_IP, SERVICE) if text.split(":")[0].lower() == k.lower()), None)
     if keyword:
         # A mistyped keyword would otherwise be a host name no node can resolve.
-        raise PolicyError(f"it looks like the policy {keyword} but is spelled differently (policies are case-sensitive)")
+        raise PolicyError(
+            f"it looks like the policy {keyword} but is spelled differently (policies are case-sensitive)"
+        )
     host, port = parse_address(text)
     return Policy("explicit", host=host, port=port)
 
@@ -234,8 +238,14 @@ def _type(service: dict[str, Any]) -> str:
     return str((service.get("spec") or {}).get("type") or "ClusterIP")
 
 
-def service_endpoint(policy: Policy, services: list[dict[str, Any]], pod_labels: dict[str, str], pod_ref: str,
-                     namespace: str, node_addresses: tuple[str, ...]) -> Endpoint:
+def service_endpoint(
+    policy: Policy,
+    services: list[dict[str, Any]],
+    pod_labels: dict[str, str],
+    pod_ref: str,
+    namespace: str,
+    node_addresses: tuple[str, ...],
+) -> Endpoint:
     """The endpoint policy ``service`` gives, or :class:`Unsatisfied` with the reason.
 
     Without a name, a LoadBalancer Service wins over a NodePort one (its address depends on no
@@ -247,27 +257,44 @@ def service_endpoint(policy: Policy, services: list[dict[str, Any]], pod_labels:
         if service is None:
             raise Unsatisfied(f"Service {namespace}/{policy.service} (policy {policy}) does not exist")
         if _type(service) not in ("LoadBalancer", "NodePort"):
-            raise Unsatisfied(f"Service {namespace}/{policy.service} is of type {_type(service)}; policy {policy} "
-                              "needs a LoadBalancer or NodePort Service")
+            raise Unsatisfied(
+                f"Service {namespace}/{policy.service} is of type {_type(service)}; policy {policy} "
+                "needs a LoadBalancer or NodePort Service"
+            )
         if not selects(service, pod_labels) or slurmctld_port(service) is None:
-            raise Unsatisfied(f"Service {namespace}/{policy.service} does not select slurmctld pod {pod_ref} "
-                              f"or exposes no slurmctld port ({SLURMCTLD_PORT} or named slurmctld)")
+            raise Unsatisfied(
+                f"Service {namespace}/{policy.service} does not select slurmctld pod {pod_ref} "
+                f"or exposes no slurmctld port ({SLURMCTLD_PORT} or named slurmctld)"
+            )
     else:
-        usable = sorted((s for s in services if _type(s) in ("LoadBalancer", "NodePort")
-                         and selects(s, pod_labels) and slurmctld_port(s) is not None),
-                        key=lambda s: (_type(s) != "LoadBalancer", _name(s)))
+        usable = sorted(
+            (
+                s
+                for s in services
+                if _type(s) in ("LoadBalancer", "NodePort") and selects(s, pod_labels) and slurmctld_port(s) is not None
+            ),
+            key=lambda s: (_type(s) != "LoadBalancer", _name(s)),
+        )
         if not usable:
-            raise Unsatisfied(f"no LoadBalancer or NodePort Service in namespace {namespace} selects slurmctld pod "
-                              f"{pod_ref} and exposes its port {SLURMCTLD_PORT} (policy {policy})")
+            raise Unsatisfied(
+                f"no LoadBalancer or NodePort Service in namespace {namespace} selects slurmctld pod "
+                f"{pod_ref} and exposes its port {SLURMCTLD_PORT} (policy {policy})"
+            )
         service = usable[0]
     ref = f"{namespace}/{_name(service)}"
     port = slurmctld_port(service) or {}
     if _type(service) == "LoadBalancer":
-        ingress = [i for i in ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or () if isinstance(i, dict)]
+        ingress = [
+            i
+            for i in ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or ()
+            if isinstance(i, dict)
+        ]
         address = next((str(i.get("ip") or i.get("hostname")) for i in ingress if i.get("ip") or i.get("hostname")), "")
         if not address:
-            raise Unsatisfied(f"LoadBalancer Service {ref} has no ingress address yet (pending); a node keeps the "
-                              "address it boots with, so it must not boot before the stable one exists")
+            raise Unsatisfied(
+                f"LoadBalancer Service {ref} has no ingress address yet (pending); a node keeps the "
+                "address it boots with, so it must not boot before the stable one exists"
+            )
         try:
             check_host(address)
         except PolicyError as exc:
@@ -280,8 +307,10 @@ def service_endpoint(policy: Policy, services: list[dict[str, Any]], pod_labels:
     if not isinstance(node_port, int):
         raise Unsatisfied(f"NodePort Service {ref} has no nodePort assigned for slurmctld yet")
     if not node_addresses:
-        raise Unsatisfied(f"NodePort Service {ref} needs stable node addresses to point nodes at, and none are "
-                          "configured (--conf-server-node-addresses, chart injection.confServer.nodeAddresses)")
+        raise Unsatisfied(
+            f"NodePort Service {ref} needs stable node addresses to point nodes at, and none are "
+            "configured (--conf-server-node-addresses, chart injection.confServer.nodeAddresses)"
+        )
     return Endpoint(node_addresses, node_port)
 
 

@@ -54,8 +54,10 @@ class JoinInfo:
         return self.conf_server or f"{self.host}:{self.port}"
 
     def __repr__(self) -> str:  # keep the keys out of any accidental repr in a log or traceback
-        return (f"JoinInfo(conf_server={self.where!r}, controller_name={self.controller_name!r}, "
-                f"jwt_key={'yes' if self.jwt_key_base64 else 'no'}, source={self.source!r})")
+        return (
+            f"JoinInfo(conf_server={self.where!r}, controller_name={self.controller_name!r}, "
+            f"jwt_key={'yes' if self.jwt_key_base64 else 'no'}, source={self.source!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +128,19 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         # Join data only for a review consistent with the cluster: CAPM3 creates this Secret with
         # the uid of its Metal3Data, which only readers of Metal3Data know. The answer says which
         # owner, never which uid was expected.
-        return deny(f"cannot inject Slurm join data into Secret {secret.ref}: its owner reference names Metal3Data "
-                    f"{secret.namespace}/{secret.metal3data} with a uid that Metal3Data does not have; CAPM3 creates this "
-                    "Secret with the uid of its Metal3Data")
-    entries = join_entries(resolution.host, resolution.port, resolution.key_base64, conf_server=resolution.conf_server,
-                           controller_name=resolution.controller_name, jwt_key_base64=resolution.jwt_key_base64)
+        return deny(
+            f"cannot inject Slurm join data into Secret {secret.ref}: its owner reference names Metal3Data "
+            f"{secret.namespace}/{secret.metal3data} with a uid that Metal3Data does not have; CAPM3 creates this "
+            "Secret with the uid of its Metal3Data"
+        )
+    entries = join_entries(
+        resolution.host,
+        resolution.port,
+        resolution.key_base64,
+        conf_server=resolution.conf_server,
+        controller_name=resolution.controller_name,
+        jwt_key_base64=resolution.jwt_key_base64,
+    )
     try:
         encoded = merged_metadata(secret.encoded_metadata, entries)
     except MetaDataError as exc:
@@ -138,5 +148,7 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
     where = f"slurmctld {resolution.where}"
     if encoded is None:
         return allow(f"Secret {secret.ref} already carries the Slurm join data for {where}")
-    return patch_response([{"op": "replace", "path": f"/data/{METADATA_KEY}", "value": encoded}],
-                          f"added the Slurm join data for {where} to Secret {secret.ref}")
+    return patch_response(
+        [{"op": "replace", "path": f"/data/{METADATA_KEY}", "value": encoded}],
+        f"added the Slurm join data for {where} to Secret {secret.ref}",
+    )

@@ -42,7 +42,9 @@ class LargeEdits:
                     self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
                 except (OSError, ImportError) as exc:  # e.g. no /dev/shm for the pool's semaphores
                     self._unavailable = f"{type(exc).__name__}: {exc}"
-                    log.warning("no helper process for large metaData; editing in a thread", extra={"error": self._unavailable})
+                    log.warning(
+                        "no helper process for large metaData; editing in a thread", extra={"error": self._unavailable}
+                    )
             return self._pool
 
     async def respond(self, secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse:
@@ -53,7 +55,9 @@ class LargeEdits:
             try:
                 return await asyncio.wrap_future(pool.submit(respond, secret, resolution))
             except BrokenProcessPool as exc:
-                log.warning("the helper process for large metaData died; editing in a thread", extra={"error": str(exc)})
+                log.warning(
+                    "the helper process for large metaData died; editing in a thread", extra={"error": str(exc)}
+                )
                 with self._lock:
                     if self._pool is pool:
                         self._pool = None  # a fresh one next time

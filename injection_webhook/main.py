@@ -31,13 +31,22 @@ def build(settings: InjectionSettings) -> ServiceRunner:
     readiness.add("caches", resolver.not_ready_reason)
     edits = LargeEdits()
     return runner_for(
-        settings, create_app(resolver, edits, metrics, settings.max_body_bytes), metrics, readiness, on_stop=[resolver.stop, edits.close]
+        settings,
+        create_app(resolver, edits, metrics, settings.max_body_bytes),
+        metrics,
+        readiness,
+        on_stop=[resolver.stop, edits.close],
     )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_service(InjectionSettings, "injection-webhook", build, argv,
-                description="Serve the mutating admission webhook that adds Slurm join data to Metal3 metaData Secrets.")
+    run_service(
+        InjectionSettings,
+        "injection-webhook",
+        build,
+        argv,
+        description="Serve the mutating admission webhook that adds Slurm join data to Metal3 metaData Secrets.",
+    )
 
 
 if __name__ == "__main__":

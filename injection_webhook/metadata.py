@@ -35,8 +35,9 @@ class MetaDataError(ValueError):
     """The metaData value cannot be edited safely; the message says why (never the content)."""
 
 
-def join_entries(host: str, port: int, key_base64: str, *, conf_server: str = "", controller_name: str = "",
-                 jwt_key_base64: str = "") -> dict[str, str]:
+def join_entries(
+    host: str, port: int, key_base64: str, *, conf_server: str = "", controller_name: str = "", jwt_key_base64: str = ""
+) -> dict[str, str]:
     """The keys cloud-init reads as ``ds.meta_data.<key>``; all strings, like CAPM3's.
 
     ``conf_server`` defaults to ``host:port``; it may list several ``host:port`` (slurmd tries
@@ -67,12 +68,7 @@ def _lines(entries: Mapping[str, str]) -> str:
 
 def _appendable(text: str) -> bool:
     """True when lines added at column 0 are likely to extend the top-level block map (checked after)."""
-    return (
-        bool(text)
-        and text[0] not in " \t\r\n{[-%#&!*|>'\"?~"
-        and "\n---" not in text
-        and "\n..." not in text
-    )
+    return bool(text) and text[0] not in " \t\r\n{[-%#&!*|>'\"?~" and "\n---" not in text and "\n..." not in text
 
 
 def _parse(text: str) -> Any:
@@ -97,8 +93,10 @@ def _parses_to(rendered: str, expected: dict[Any, Any]) -> bool:
 def merged_metadata(encoded: str, entries: Mapping[str, str]) -> str | None:
     """The new base64 ``metaData`` with ``entries`` set, or None when they are already there."""
     if len(encoded) // 4 * 3 > MAX_METADATA_BYTES:
-        raise MetaDataError(f"data.metaData holds about {len(encoded) // 4 * 3} bytes, more than a Secret may hold "
-                            f"({MAX_METADATA_BYTES} bytes)")
+        raise MetaDataError(
+            f"data.metaData holds about {len(encoded) // 4 * 3} bytes, more than a Secret may hold "
+            f"({MAX_METADATA_BYTES} bytes)"
+        )
     try:
         text = base64.b64decode(encoded, validate=True).decode("utf-8")
     except (binascii.Error, ValueError):

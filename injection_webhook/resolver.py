@@ -89,7 +89,9 @@ def _metal3data_record(obj: dict[str, Any]) -> dict[str, Any]:
     Clusters hold thousands of these, so the cache keeps two interned strings, not the object.
     The template comes from the owner reference (CAPM3 <= 1.13), else ``spec.template.name``.
     """
-    template = _owner(obj, "Metal3DataTemplate", METAL3_GROUP) or ((obj.get("spec") or {}).get("template") or {}).get("name")
+    template = _owner(obj, "Metal3DataTemplate", METAL3_GROUP) or ((obj.get("spec") or {}).get("template") or {}).get(
+        "name"
+    )
     cluster = _labels(obj).get(CLUSTER_NAME_LABEL)
     uid = (obj.get("metadata") or {}).get("uid")
     return {
@@ -200,26 +202,33 @@ class ClusterView:
 
     def pods(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/pods", label_selector=self.controller_selector,
-            transform=_slim_pod, description=f"slurmctld pods in {namespace} ({self.name})",
+            f"/api/v1/namespaces/{namespace}/pods",
+            label_selector=self.controller_selector,
+            transform=_slim_pod,
+            description=f"slurmctld pods in {namespace} ({self.name})",
         )
 
     def statefulsets(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets", label_selector=self.controller_selector,
-            transform=_slim_statefulset, description=f"slurmctld statefulsets in {namespace} ({self.name})",
+            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            label_selector=self.controller_selector,
+            transform=_slim_statefulset,
+            description=f"slurmctld statefulsets in {namespace} ({self.name})",
         )
 
     def services(self, namespace: str) -> Informer:
         return self.informers.informer(
             f"/api/v1/namespaces/{namespace}/services",
-            transform=_slim_service, description=f"services in {namespace} ({self.name})",
+            transform=_slim_service,
+            description=f"services in {namespace} ({self.name})",
         )
 
     def secret(self, namespace: str, name: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/secrets", field_selector=f"metadata.name={name}",
-            transform=_key_secret, description=f"secret {namespace}/{name} ({self.name})",
+            f"/api/v1/namespaces/{namespace}/secrets",
+            field_selector=f"metadata.name={name}",
+            transform=_key_secret,
+            description=f"secret {namespace}/{name} ({self.name})",
         )
 
     def controllers(self, namespace: str, wait: bool) -> Informer:
@@ -229,7 +238,8 @@ class ClusterView:
                 raise NeedsWait
             self._slinky = self.client.resource(SLINKY_GROUP, "controllers", SLINKY_VERSIONS)
         return self.informers.informer(
-            self._slinky.collection(namespace), description=f"controllers in {namespace} ({self.name})",
+            self._slinky.collection(namespace),
+            description=f"controllers in {namespace} ({self.name})",
         )
 
     def stop(self) -> None:
@@ -283,10 +293,14 @@ class InjectionResolver:
                 delay = min(delay * 2, 5.0)
         templates = ResourcePath(METAL3_GROUP, self._metal3.version, "metal3datatemplates")
         self._templates = self.local.informers.informer(
-            templates.collection(), transform=_template_record, description="metal3datatemplates",
+            templates.collection(),
+            transform=_template_record,
+            description="metal3datatemplates",
         )
         self._metal3data = self.local.informers.informer(
-            self._metal3.collection(), transform=_metal3data_record, description="metal3datas",
+            self._metal3.collection(),
+            transform=_metal3data_record,
+            description="metal3datas",
         )
         self.startup_error = ""
 
@@ -321,12 +335,16 @@ class InjectionResolver:
             raise _Missing(f"cannot read {informer.description} from cluster {cluster}: {why}")
         return informer
 
-    def _metal3_object(self, informer: Informer | None, plural: str, namespace: str, name: str, wait: bool) -> dict[str, Any] | None:
+    def _metal3_object(
+        self, informer: Informer | None, plural: str, namespace: str, name: str, wait: bool
+    ) -> dict[str, Any] | None:
         """A Metal3 record from the cache; on a miss, one live read (it may be seconds old)."""
         if informer is None or self._metal3 is None:
             if not wait:
                 raise NeedsWait
-            raise _Missing(f"the Metal3 API is not available in the management cluster: {self.startup_error or 'starting'}")
+            raise _Missing(
+                f"the Metal3 API is not available in the management cluster: {self.startup_error or 'starting'}"
+            )
         obj = self._ready(informer, LOCAL_CLUSTER, wait).get(namespace, name)
         if obj is not None:
             return obj
@@ -370,10 +388,14 @@ class InjectionResolver:
             raise _Missing(f"its owner Metal3Data {ns}/{secret.metal3data} does not exist")
         template_name = metal3data["template"]
         if not template_name:
-            raise _Missing(f"Metal3Data {ns}/{secret.metal3data} names no Metal3DataTemplate (no owner reference, no spec.template.name)")
+            raise _Missing(
+                f"Metal3Data {ns}/{secret.metal3data} names no Metal3DataTemplate (no owner reference, no spec.template.name)"
+            )
         template = self._metal3_object(self._templates, "metal3datatemplates", ns, template_name, wait)
         if template is None:
-            raise _Missing(f"Metal3DataTemplate {ns}/{template_name} (template of Metal3Data {ns}/{secret.metal3data}) does not exist")
+            raise _Missing(
+                f"Metal3DataTemplate {ns}/{template_name} (template of Metal3Data {ns}/{secret.metal3data}) does not exist"
+            )
         labels = template
         slurm_namespace = labels.get(OPT_IN_LABEL)
         if not slurm_namespace:
@@ -397,17 +419,23 @@ class InjectionResolver:
                 else:
                     extras = parse_extras(value)
             except PolicyError as exc:
-                raise _Missing(f"Metal3DataTemplate {ref} has an invalid annotation {annotation}={shown(value)}: {exc}") from None
+                raise _Missing(
+                    f"Metal3DataTemplate {ref} has an invalid annotation {annotation}={shown(value)}: {exc}"
+                ) from None
         return _TemplateOptions(policy, extras)
 
-    def _target_cluster(self, namespace: str, cluster_name: str, override: str, template: str, wait: bool) -> ClusterView:
+    def _target_cluster(
+        self, namespace: str, cluster_name: str, override: str, template: str, wait: bool
+    ) -> ClusterView:
         if override == LOCAL_CLUSTER:
             return self.local
         wanted = override or cluster_name
         if not wanted:
             return self.local
         secret_name = f"{wanted}-kubeconfig"
-        kubeconfig = self._ready(self.local.secret(namespace, secret_name), LOCAL_CLUSTER, wait).get(namespace, secret_name)
+        kubeconfig = self._ready(self.local.secret(namespace, secret_name), LOCAL_CLUSTER, wait).get(
+            namespace, secret_name
+        )
         if kubeconfig is None:
             if override:
                 raise _Missing(
@@ -443,8 +471,9 @@ class InjectionResolver:
             replaced[1].stop()
         return view
 
-    def _join_info(self, view: ClusterView, namespace: str, controller_name: str, options: _TemplateOptions,
-                   wait: bool) -> Resolution:
+    def _join_info(
+        self, view: ClusterView, namespace: str, controller_name: str, options: _TemplateOptions, wait: bool
+    ) -> Resolution:
         where = f"namespace {namespace} of cluster {view.name}"
         try:
             pods = self._ready(view.pods(namespace), view.name, wait).items()
@@ -493,8 +522,15 @@ class InjectionResolver:
         secret_name = key_ref.get("name") or f"{controller_ref}-auth-slurm"
         key_secret = self._ready(view.secret(namespace, secret_name), view.name, wait).get(namespace, secret_name)
         if key_secret is None:
-            raise _Missing(f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not exist in cluster {view.name}")
-        key_base64 = _b64_value(key_secret, key_ref.get("key") or "slurm.key", f"slurm key of Controller {namespace}/{controller_ref}", view.name)
+            raise _Missing(
+                f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not exist in cluster {view.name}"
+            )
+        key_base64 = _b64_value(
+            key_secret,
+            key_ref.get("key") or "slurm.key",
+            f"slurm key of Controller {namespace}/{controller_ref}",
+            view.name,
+        )
 
         jwt_key_base64 = ""
         if JWT_KEY in options.extras:
@@ -505,25 +541,47 @@ class InjectionResolver:
             jwt_name = jwt_ref.get("name") or f"{controller_ref}-auth-jwths256"
             jwt_secret = self._ready(view.secret(namespace, jwt_name), view.name, wait).get(namespace, jwt_name)
             if jwt_secret is None:
-                raise _Missing(f"Secret {namespace}/{jwt_name} (JWT key of Controller {namespace}/{controller_ref}; "
-                               f"the template asks for {JWT_KEY}) does not exist in cluster {view.name}")
-            jwt_key_base64 = _b64_value(jwt_secret, jwt_ref.get("key") or "jwt_hs256.key",
-                                        f"JWT key of Controller {namespace}/{controller_ref}", view.name)
+                raise _Missing(
+                    f"Secret {namespace}/{jwt_name} (JWT key of Controller {namespace}/{controller_ref}; "
+                    f"the template asks for {JWT_KEY}) does not exist in cluster {view.name}"
+                )
+            jwt_key_base64 = _b64_value(
+                jwt_secret,
+                jwt_ref.get("key") or "jwt_hs256.key",
+                f"JWT key of Controller {namespace}/{controller_ref}",
+                view.name,
+            )
 
         # The SlurmctldHost name Slinky writes into slurm.conf is the StatefulSet's pod 0
         # (<controller>-controller-0): fixed by the StatefulSet, whichever node runs it.
         statefulset_name = _owner(pod, "StatefulSet", "apps")
         controller_host_name = f"{statefulset_name}-0" if CONTROLLER_NAME in options.extras else ""
-        return JoinInfo(host=endpoint.host, port=endpoint.port, key_base64=key_base64, source=source,
-                        conf_server=endpoint.conf_server, controller_name=controller_host_name, jwt_key_base64=jwt_key_base64)
+        return JoinInfo(
+            host=endpoint.host,
+            port=endpoint.port,
+            key_base64=key_base64,
+            source=source,
+            conf_server=endpoint.conf_server,
+            controller_name=controller_host_name,
+            jwt_key_base64=jwt_key_base64,
+        )
 
-    def _endpoint(self, policy: Policy, pod: dict[str, Any], pod_ref: str, services: list[dict[str, Any]],
-                  namespace: str, cluster: str) -> Endpoint:
+    def _endpoint(
+        self,
+        policy: Policy,
+        pod: dict[str, Any],
+        pod_ref: str,
+        services: list[dict[str, Any]],
+        namespace: str,
+        cluster: str,
+    ) -> Endpoint:
         """Where nodes reach slurmctld under ``policy``; _Missing when it cannot be satisfied yet."""
         if policy.kind == HOST_IP:
             status = pod.get("status") or {}
             if status.get("phase") != "Running":
-                raise _Missing(f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster {cluster})")
+                raise _Missing(
+                    f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster {cluster})"
+                )
             host = status.get("hostIP")
             if not host:
                 raise _Missing(f"slurmctld pod {pod_ref} has no status.hostIP yet (cluster {cluster})")

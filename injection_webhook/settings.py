@@ -18,23 +18,25 @@ class InjectionSettings(ServiceSettings):
         description="Label selector of the slurmctld pod and StatefulSet (older Slinky and the thesis: app.kubernetes.io/name=slurm-ctld).",
     )
     cache_sync_timeout_seconds: float = Field(
-        3.0, gt=0, le=25,
+        3.0,
+        gt=0,
+        le=25,
         description="How long a first admission for a new cluster or namespace waits for its caches; keep below the webhook timeout.",
     )
     conf_server_policy: str = Field(
         "hostIP",
         description="Default conf-server address policy (a Metal3DataTemplate's slurm-conf-server annotation wins): "
-                    "hostIP, service, service/<name>, or an explicit host[:port].",
+        "hostIP, service, service/<name>, or an explicit host[:port].",
     )
     conf_server_node_addresses: str = Field(
         "",
         description="Comma-separated stable node addresses (IPs or DNS names) that reach a NodePort Service under "
-                    "policy service; nodes get them all, tried in order.",
+        "policy service; nodes get them all, tried in order.",
     )
     extra_join_data: str = Field(
         "",
         description="Default extra join data (a template's slurm-extra-join-data annotation wins): a comma list of "
-                    "controller-name, jwt-key.",
+        "controller-name, jwt-key.",
     )
 
     @field_validator("controller_selector")
@@ -74,5 +76,8 @@ class InjectionSettings(ServiceSettings):
 
     def join_options(self) -> JoinOptions:
         """The validated defaults, parsed (every field was checked above)."""
-        return JoinOptions(parse_policy(self.conf_server_policy), parse_node_addresses(self.conf_server_node_addresses),
-                           parse_extras(self.extra_join_data))
+        return JoinOptions(
+            parse_policy(self.conf_server_policy),
+            parse_node_addresses(self.conf_server_node_addresses),
+            parse_extras(self.extra_join_data),
+        )

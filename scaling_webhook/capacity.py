@@ -51,11 +51,15 @@ class Capacity:
 
 def template_name(machine_deployment: Obj) -> str:
     """The Metal3MachineTemplate the pool's Machines are made from; raise :class:`CapacityUnknown`."""
-    ref = ((((machine_deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("infrastructureRef")) or {}
+    ref = (
+        (((machine_deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("infrastructureRef")
+    ) or {}
     kind, name = ref.get("kind"), ref.get("name")
     if kind != METAL3_MACHINE_TEMPLATE or not isinstance(name, str) or not name:
         found = f"{kind} {name}" if kind else "none"
-        raise CapacityUnknown(f"capacityAware needs a MachineDeployment whose infrastructureRef is a {METAL3_MACHINE_TEMPLATE} (found: {found})")
+        raise CapacityUnknown(
+            f"capacityAware needs a MachineDeployment whose infrastructureRef is a {METAL3_MACHINE_TEMPLATE} (found: {found})"
+        )
     return name
 
 
@@ -71,25 +75,37 @@ def _requirement(expression: Any) -> tuple[str, str, list[str]]:
         raise CapacityUnknown(f"hostSelector.matchExpressions: {expression!r} has no key")
     values = expression.get("values") or []
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise CapacityUnknown(f"hostSelector.matchExpressions: values of {expression['key']!r} must be a list of strings")
+        raise CapacityUnknown(
+            f"hostSelector.matchExpressions: values of {expression['key']!r} must be a list of strings"
+        )
     # CAPM3 lowercases the operator and hands it to labels.NewRequirement, so the accepted
     # spellings are Kubernetes' selection operators: In, NotIn, Exists, Gt, Lt, =, ==, !=, !.
     # (Notably "DoesNotExist" becomes "doesnotexist", which CAPM3 rejects: no host is chosen.)
     operator = str(expression.get("operator") or "").lower()
     if operator not in {"in", "notin", "exists", "gt", "lt", "=", "==", "!=", "!"}:
-        raise CapacityUnknown(f"hostSelector.matchExpressions: operator {expression.get('operator')!r} of {expression['key']!r} "
-                              "is not one CAPM3 accepts (In, NotIn, Exists, Gt, Lt); CAPM3 would choose no host")
+        raise CapacityUnknown(
+            f"hostSelector.matchExpressions: operator {expression.get('operator')!r} of {expression['key']!r} "
+            "is not one CAPM3 accepts (In, NotIn, Exists, Gt, Lt); CAPM3 would choose no host"
+        )
     if operator in {"in", "notin"} and not values:
-        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs values")
+        raise CapacityUnknown(
+            f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs values"
+        )
     if operator in {"=", "==", "!=", "gt", "lt"} and len(values) != 1:
-        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs exactly one value")
+        raise CapacityUnknown(
+            f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs exactly one value"
+        )
     if operator in {"exists", "!"} and values:
-        raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} takes no values")
+        raise CapacityUnknown(
+            f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} takes no values"
+        )
     if operator in {"gt", "lt"}:
         try:
             int(values[0])
         except ValueError:
-            raise CapacityUnknown(f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs an integer") from None
+            raise CapacityUnknown(
+                f"hostSelector.matchExpressions: {expression['key']!r} {expression.get('operator')} needs an integer"
+            ) from None
     return expression["key"], operator, values
 
 
@@ -167,7 +183,8 @@ def count(namespace: str, pool: str, template: Obj, hosts: Iterable[Obj], machin
     selector = HostSelector.of(host_selector(template))
     infrastructure = {
         (namespace, ((m.get("spec") or {}).get("infrastructureRef") or {}).get("name"))
-        for m in machines if not (m.get("metadata") or {}).get("deletionTimestamp")
+        for m in machines
+        if not (m.get("metadata") or {}).get("deletionTimestamp")
     }
     bound = free = 0
     for host in hosts:

@@ -40,7 +40,9 @@ from types import MappingProxyType
 from typing import Any
 
 RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING"})
-WAITING_FOR_NODES = frozenset({"None", "Resources", "Priority", "ReqNodeNotAvail", "NodeDown", "PartitionNodeLimit", "PartitionConfig"})
+WAITING_FOR_NODES = frozenset(
+    {"None", "Resources", "Priority", "ReqNodeNotAvail", "NodeDown", "PartitionNodeLimit", "PartitionConfig"}
+)
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "JobHoldMaxRequeue"})
 DEPENDENCY_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied"})
 IGNORED = ("held", "dependency", "begin_time", "never_fits", "blocked")
@@ -58,7 +60,12 @@ def number(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, dict) and value.get("set") and not value.get("infinite") and isinstance(value.get("number"), int):
+    if (
+        isinstance(value, dict)
+        and value.get("set")
+        and not value.get("infinite")
+        and isinstance(value.get("number"), int)
+    ):
         return int(value["number"])
     return None
 
@@ -118,7 +125,9 @@ def array_tasks(raw: dict[str, Any]) -> int:
             raise DemandError(f"job {raw.get('job_id')}: array_task_string {text!r} is not a task range")
         low, high, step = int(match.group(1)), int(match.group(2) or match.group(1)), int(match.group(3) or 1)
         if high < low or step < 1:
-            raise DemandError(f"job {raw.get('job_id')}: array_task_string {text!r} has a reversed range or a zero step")
+            raise DemandError(
+                f"job {raw.get('job_id')}: array_task_string {text!r} has a reversed range or a zero step"
+            )
         tasks += (high - low) // step + 1
     limits = [n for n in (number(raw.get("array_max_tasks")), int(limit_text) if limit_text.isdigit() else None) if n]
     return min([tasks, *limits])
@@ -180,9 +189,14 @@ class Demand:
         return self.running_nodes + self.pending_nodes
 
     def as_json(self) -> dict[str, Any]:
-        return {"partition": self.partition, "nodes": self.nodes, "runningNodes": self.running_nodes,
-                "pendingNodes": self.pending_nodes, "pendingJobs": self.pending_jobs,
-                "ignoredJobs": {why: self.ignored.get(why, 0) for why in IGNORED}}
+        return {
+            "partition": self.partition,
+            "nodes": self.nodes,
+            "runningNodes": self.running_nodes,
+            "pendingNodes": self.pending_nodes,
+            "pendingJobs": self.pending_jobs,
+            "ignoredJobs": {why: self.ignored.get(why, 0) for why in IGNORED},
+        }
 
 
 def partition_max_nodes(partitions: Iterable[dict[str, Any]], name: str) -> int | None:

@@ -51,14 +51,31 @@ class Reading:
 class DemandGauges:
     def __init__(self, metrics: ScalingMetrics) -> None:
         registry = metrics.webhook.registry
-        self.nodes = Gauge("slime_demand_nodes", "Nodes the partition's work needs: nodes of running jobs + nodes "
-                           "requested by pending jobs that nodes would start (docs/scaling.md, node demand).", ["partition"], registry=registry)
-        self.running = Gauge("slime_demand_running_nodes", "Distinct nodes allocated to the partition's running jobs.",
-                             ["partition"], registry=registry)
-        self.pending = Gauge("slime_demand_pending_nodes", "Nodes requested by the partition's pending jobs that nodes would start.",
-                             ["partition"], registry=registry)
-        self.ignored = Gauge("slime_demand_ignored_jobs", "Pending jobs (array tasks) not counted: held, dependent, "
-                             "begin time, never fit, or blocked by a limit.", ["partition"], registry=registry)
+        self.nodes = Gauge(
+            "slime_demand_nodes",
+            "Nodes the partition's work needs: nodes of running jobs + nodes "
+            "requested by pending jobs that nodes would start (docs/scaling.md, node demand).",
+            ["partition"],
+            registry=registry,
+        )
+        self.running = Gauge(
+            "slime_demand_running_nodes",
+            "Distinct nodes allocated to the partition's running jobs.",
+            ["partition"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "slime_demand_pending_nodes",
+            "Nodes requested by the partition's pending jobs that nodes would start.",
+            ["partition"],
+            registry=registry,
+        )
+        self.ignored = Gauge(
+            "slime_demand_ignored_jobs",
+            "Pending jobs (array tasks) not counted: held, dependent, begin time, never fit, or blocked by a limit.",
+            ["partition"],
+            registry=registry,
+        )
         self.all = (self.nodes, self.running, self.pending, self.ignored)
 
     def show(self, demand: Demand) -> None:
@@ -75,8 +92,14 @@ class DemandGauges:
 
 
 class DemandPoller:
-    def __init__(self, kube: KubeClient, source: MappingSource, metrics: ScalingMetrics, interval_seconds: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        source: MappingSource,
+        metrics: ScalingMetrics,
+        interval_seconds: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.kube = kube
         self.source = source
         self.metrics = metrics
@@ -111,12 +134,18 @@ class DemandPoller:
         except (SlurmUnavailable, DemandError) as exc:
             cause = exc.cause if isinstance(exc, SlurmUnavailable) else str(exc)
             self.metrics.slurm_errors.inc()
-            return {m.node_demand.partition: Reading(m.node_demand.partition, now, error=cause) for m in mappings if m.node_demand}
+            return {
+                m.node_demand.partition: Reading(m.node_demand.partition, now, error=cause)
+                for m in mappings
+                if m.node_demand
+            }
         readings = {}
         for mapping in mappings:
             partition = mapping.node_demand.partition if mapping.node_demand else ""
             try:
-                demand = node_demand(partition, jobs, partition_max_nodes(partitions, partition), mapping.max_replicas, now)
+                demand = node_demand(
+                    partition, jobs, partition_max_nodes(partitions, partition), mapping.max_replicas, now
+                )
             except DemandError as exc:
                 readings[partition] = Reading(partition, now, error=str(exc))
                 continue
@@ -155,7 +184,9 @@ class DemandPoller:
             return reading
         age = self.clock() - reading.at
         if age > STALE_AFTER_INTERVALS * self.interval:
-            return Reading(partition, reading.at, error=f"the last reading is {age:.0f}s old (slurmrestd polls are not completing)")
+            return Reading(
+                partition, reading.at, error=f"the last reading is {age:.0f}s old (slurmrestd polls are not completing)"
+            )
         return reading
 
     # --- the loop and the endpoint --------------------------------------------------------------
@@ -190,7 +221,10 @@ class DemandPoller:
 
         def answer(reading: Reading | None, partition: str) -> tuple[int, dict[str, object]]:
             if reading is None:
-                return 404, {"partition": partition, "error": f"no mapping publishes the node demand of partition {partition!r}"}
+                return 404, {
+                    "partition": partition,
+                    "error": f"no mapping publishes the node demand of partition {partition!r}",
+                }
             if reading.demand is None:
                 return 503, {"partition": partition, "error": reading.error}
             return 200, {**reading.demand.as_json(), "observedAt": reading.at}

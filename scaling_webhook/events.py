@@ -39,8 +39,9 @@ class ScaleEvent:
     type: str = "Normal"  # or "Warning"
 
     @classmethod
-    def on(cls, machine_deployment: tuple[str, str], api_version: str, reason: str, message: str,
-           warning: bool = False) -> ScaleEvent:
+    def on(
+        cls, machine_deployment: tuple[str, str], api_version: str, reason: str, message: str, warning: bool = False
+    ) -> ScaleEvent:
         """An Event about the MachineDeployment ``(namespace, name)``."""
         namespace, name = machine_deployment
         return cls(namespace, name, api_version, reason, message, "Warning" if warning else "Normal")
@@ -101,7 +102,10 @@ class EventRecorder:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            log.warning("event queue full; event dropped", extra={"machinedeployment": f"{event.namespace}/{event.name}", "reason": event.reason})
+            log.warning(
+                "event queue full; event dropped",
+                extra={"machinedeployment": f"{event.namespace}/{event.name}", "reason": event.reason},
+            )
             self._result(False)
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -124,11 +128,17 @@ class EventRecorder:
     def _send(self, event: ScaleEvent) -> None:
         body = event_body(event, self.instance, datetime.now(UTC))
         try:
-            self.client.request("POST", EVENTS.collection(event.namespace), body=body, content_type="application/json", timeout=5.0)
+            self.client.request(
+                "POST", EVENTS.collection(event.namespace), body=body, content_type="application/json", timeout=5.0
+            )
         except KubeError as exc:
             log.warning(
                 "cannot record event",
-                extra={"machinedeployment": f"{event.namespace}/{event.name}", "reason": event.reason, "error": str(exc)},
+                extra={
+                    "machinedeployment": f"{event.namespace}/{event.name}",
+                    "reason": event.reason,
+                    "error": str(exc),
+                },
             )
             self._result(False)
             return

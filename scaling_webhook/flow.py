@@ -42,7 +42,9 @@ class ScaleAdmission:
     def _observed(self, mapping: Mapping) -> Observed | None:
         if not self.objects.synced(mapping):
             return None
-        return Observed(self.objects.mirror(mapping), self.objects.machine_deployment(mapping), self.objects.cluster(mapping))
+        return Observed(
+            self.objects.mirror(mapping), self.objects.machine_deployment(mapping), self.objects.cluster(mapping)
+        )
 
     def _fresh(self, mapping: Mapping, cached: Observed | None) -> Observed | None:
         try:

@@ -30,7 +30,14 @@ AUTOSCALER_ANNOTATIONS = (
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size",
 )
 
-_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid", 503: "ServiceUnavailable"}
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    422: "Invalid",
+    503: "ServiceUnavailable",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +186,10 @@ def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None)
     if replicas < 0:
         return Invalid(mapping, f"Scale object has a negative spec.replicas ({replicas})")
     if replicas > MAX_INT32:
-        return Invalid(mapping, f"Scale object has spec.replicas {replicas}, more than a Kubernetes replica count may be ({MAX_INT32})")
+        return Invalid(
+            mapping,
+            f"Scale object has spec.replicas {replicas}, more than a Kubernetes replica count may be ({MAX_INT32})",
+        )
     if request.get("dryRun") is True:
         return DryRun(mapping, replicas)
     if observed is None:
@@ -192,14 +202,24 @@ def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None)
     if old != stored:
         if not observed.fresh:
             return Recheck(mapping)
-        return Refused(mapping, replicas, f"the review's oldObject.spec.replicas ({old}) is not the stored mirror's ({stored}); "
-                                          "kube-apiserver sends the stored object, so this review is stale or forged", 409)
+        return Refused(
+            mapping,
+            replicas,
+            f"the review's oldObject.spec.replicas ({old}) is not the stored mirror's ({stored}); "
+            "kube-apiserver sends the stored object, so this review is stale or forged",
+            409,
+        )
     if observed.machine_deployment is None:
         return Refused(mapping, replicas, f"MachineDeployment {mapping.machine_deployment_ref} not found", 404)
     managed = autoscaler_annotations(observed.machine_deployment)
     if managed:
-        return Refused(mapping, replicas, f"MachineDeployment {mapping.machine_deployment_ref} is a cluster-autoscaler node group "
-                                          f"({', '.join(managed)}); it must have one writer, so SliMe does not scale it", 409)
+        return Refused(
+            mapping,
+            replicas,
+            f"MachineDeployment {mapping.machine_deployment_ref} is a cluster-autoscaler node group "
+            f"({', '.join(managed)}); it must have one writer, so SliMe does not scale it",
+            409,
+        )
     paused = pause_reason(mapping, observed.machine_deployment, observed.cluster)
     return Accepted(mapping, replicas, target_replicas(mapping, replicas), paused)
 
@@ -209,7 +229,11 @@ def respond(decision: Decision) -> AdmissionResponse:
     mapping = decision.mapping
     md, mirror = mapping.machine_deployment_ref, mapping.mirror_ref
     if isinstance(decision, Invalid):
-        return deny(f"cannot scale MachineDeployment {md} from mirror {mirror}: {decision.reason}", code=400, reason="BadRequest")
+        return deny(
+            f"cannot scale MachineDeployment {md} from mirror {mirror}: {decision.reason}",
+            code=400,
+            reason="BadRequest",
+        )
     if isinstance(decision, DryRun):
         return allow(f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)")
     if isinstance(decision, Refused):

@@ -136,7 +136,9 @@ class LeaderElector:
             "leaseTransitions": transitions,
         }
         try:
-            self.client.request("PUT", path, body=lease, content_type="application/json", timeout=self.renew_deadline_seconds / 2)
+            self.client.request(
+                "PUT", path, body=lease, content_type="application/json", timeout=self.renew_deadline_seconds / 2
+            )
         except KubeError as exc:
             if exc.status == 409:  # someone else wrote first: they win this round
                 return False
@@ -146,14 +148,25 @@ class LeaderElector:
 
     def _create(self, now: datetime) -> bool:
         body: dict[str, Any] = {
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
             "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_seconds),
-                     "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.lease_seconds),
+                "acquireTime": _micro_time(now),
+                "renewTime": _micro_time(now),
+                "leaseTransitions": 0,
+            },
         }
         try:
-            self.client.request("POST", LEASES.collection(self.namespace), body=body, content_type="application/json",
-                                timeout=self.renew_deadline_seconds / 2)
+            self.client.request(
+                "POST",
+                LEASES.collection(self.namespace),
+                body=body,
+                content_type="application/json",
+                timeout=self.renew_deadline_seconds / 2,
+            )
         except KubeError as exc:
             if exc.status == 409:  # created by another candidate meanwhile
                 return False
@@ -165,8 +178,10 @@ class LeaderElector:
         leader = self.is_leader
         if leader != self._was_leader:
             self._was_leader = leader
-            log.info("leadership changed", extra={"lease": self.ref, "identity": self.identity, "leader": leader,
-                                                  "holder": self.holder})
+            log.info(
+                "leadership changed",
+                extra={"lease": self.ref, "identity": self.identity, "leader": leader, "holder": self.holder},
+            )
             if self._on_change is not None:
                 self._on_change(leader)
 
@@ -181,11 +196,18 @@ class LeaderElector:
                 lease = self.client.request("GET", path, timeout=2.0)
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") == self.identity:
-                    lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
-                                     "renewTime": _micro_time(datetime.now(UTC))}
+                    lease["spec"] = {
+                        **spec,
+                        "holderIdentity": "",
+                        "leaseDurationSeconds": 1,
+                        "renewTime": _micro_time(datetime.now(UTC)),
+                    }
                     self.client.request("PUT", path, body=lease, content_type="application/json", timeout=2.0)
             except KubeError as exc:
-                log.warning("cannot give the leader Lease up; it expires by itself", extra={"lease": self.ref, "error": str(exc)})
+                log.warning(
+                    "cannot give the leader Lease up; it expires by itself",
+                    extra={"lease": self.ref, "error": str(exc)},
+                )
             self._report()
 
     # --- the loop ------------------------------------------------------------------------------

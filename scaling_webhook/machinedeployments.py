@@ -107,8 +107,13 @@ class MachineDeploymentScaler:
         """Remove ``annotation`` from the mirror (a mirror that no longer exists is fine); raise :class:`ScaleError`."""
         namespace, name = mirror
         try:
-            self.client.request("PATCH", DEPLOYMENTS.item(namespace, name), body={"metadata": {"annotations": {annotation: None}}},
-                                content_type=MERGE_PATCH, timeout=self.timeout * 5)
+            self.client.request(
+                "PATCH",
+                DEPLOYMENTS.item(namespace, name),
+                body={"metadata": {"annotations": {annotation: None}}},
+                content_type=MERGE_PATCH,
+                timeout=self.timeout * 5,
+            )
         except KubeError as exc:
             if exc.status != 404:
                 raise self._error(exc, namespace, name, self.timeout * 5, kind="Deployment") from None
@@ -118,7 +123,13 @@ class MachineDeploymentScaler:
         namespace, name = mirror
         body = {"metadata": {"annotations": {annotation: value}}, "spec": {"replicas": replicas}}
         try:
-            self.client.request("PATCH", DEPLOYMENTS.item(namespace, name), body=body, content_type=MERGE_PATCH, timeout=self.timeout * 5)
+            self.client.request(
+                "PATCH",
+                DEPLOYMENTS.item(namespace, name),
+                body=body,
+                content_type=MERGE_PATCH,
+                timeout=self.timeout * 5,
+            )
         except KubeError as exc:
             raise self._error(exc, namespace, name, self.timeout * 5, kind="Deployment") from None
 
@@ -136,7 +147,9 @@ class MachineDeploymentScaler:
 
     # --- errors ------------------------------------------------------------------------------
 
-    def _error(self, exc: KubeError, namespace: str, name: str, budget: float, kind: str = "MachineDeployment") -> ScaleError:
+    def _error(
+        self, exc: KubeError, namespace: str, name: str, budget: float, kind: str = "MachineDeployment"
+    ) -> ScaleError:
         status = exc.status
         if status == 0:
             if "timed out" in exc.message.lower() or "timeout" in exc.message.lower():

@@ -54,7 +54,9 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     events = EventRecorder(client, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
     safe = SafeScaleIn(client, scaler, events, metrics)  # used only by mappings with safeScaleIn
-    demand = DemandPoller(client, source, metrics, settings.demand_interval_seconds)  # polls only for mappings with nodeDemand
+    demand = DemandPoller(
+        client, source, metrics, settings.demand_interval_seconds
+    )  # polls only for mappings with nodeDemand
     leader: LeaderElector | None = None
     wake: list[Reconciler] = []
 
@@ -63,13 +65,20 @@ def build_service(settings: ScalingSettings) -> ScalingService:
             reconciler.trigger()
 
     if settings.leader_election:
+
         def on_leadership(leading: bool) -> None:
             metrics.leader.set(1 if leading else 0)
             poke()
 
-        leader = LeaderElector(client, settings.namespace, settings.lease_name, lease_seconds=settings.lease_duration_seconds,
-                               renew_deadline_seconds=settings.lease_renew_deadline_seconds,
-                               retry_seconds=settings.lease_retry_seconds, on_change=on_leadership)
+        leader = LeaderElector(
+            client,
+            settings.namespace,
+            settings.lease_name,
+            lease_seconds=settings.lease_duration_seconds,
+            renew_deadline_seconds=settings.lease_renew_deadline_seconds,
+            retry_seconds=settings.lease_retry_seconds,
+            on_change=on_leadership,
+        )
     else:
         metrics.leader.set(1)
     objects = MappedObjects(client, scaler, on_change=poke)
@@ -92,9 +101,13 @@ def build_service(settings: ScalingSettings) -> ScalingService:
         safe.close()
         demand.close()
 
-    app = create_app(ScaleAdmission(lambda: source.table, objects, scaler, metrics), webhook_metrics, settings.max_body_bytes)
+    app = create_app(
+        ScaleAdmission(lambda: source.table, objects, scaler, metrics), webhook_metrics, settings.max_body_bytes
+    )
     background = [reconciler.run, demand.run] + ([leader.run] if leader is not None else [])
-    runner = runner_for(settings, app, webhook_metrics, readiness, background=background, on_stop=[stop], health_routes=demand.routes())
+    runner = runner_for(
+        settings, app, webhook_metrics, readiness, background=background, on_stop=[stop], health_routes=demand.routes()
+    )
     events.start()
     source.start()
     return ScalingService(runner, client, source, objects, scaler, events, reconciler, metrics, demand, leader, safe)
@@ -106,8 +119,13 @@ def build(settings: ScalingSettings) -> ServiceRunner:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_service(ScalingSettings, "scaling-webhook", build, argv,
-                description="Serve the validating admission webhook that scales Cluster API MachineDeployments from mirror Deployments.")
+    run_service(
+        ScalingSettings,
+        "scaling-webhook",
+        build,
+        argv,
+        description="Serve the validating admission webhook that scales Cluster API MachineDeployments from mirror Deployments.",
+    )
 
 
 if __name__ == "__main__":

@@ -34,14 +34,25 @@ import yaml
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
 from common.meta import is_dns1123_label, is_dns1123_subdomain
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, NodeDemandConfig, SafeScaleInConfig, SlurmEndpoint, parse_released_nodes
+from scaling_webhook.safe_scale_in.config import (
+    SLURM_API_VERSIONS,
+    NodeDemandConfig,
+    SafeScaleInConfig,
+    SlurmEndpoint,
+    parse_released_nodes,
+)
 
 log = logging.getLogger("slime.scaling.mappings")
 
 Ref = tuple[str, str]  # (namespace, name)
 
 DEFAULT_MIRROR_NAME = "mirror-deployment"
-THESIS_KEYS = ("machineDeploymentName", "machineDeploymentNamespace", "mirrorDeploymentName", "mirrorDeploymentNamespace")
+THESIS_KEYS = (
+    "machineDeploymentName",
+    "machineDeploymentNamespace",
+    "mirrorDeploymentName",
+    "mirrorDeploymentNamespace",
+)
 MAPPINGS_KEY = "mappings"
 ITEM_KEYS = ("mirror", "machineDeployment")
 # Per-mapping options: ``maxReplicas`` and ``safeScaleIn`` (docs/scaling.md).
@@ -182,10 +193,16 @@ def _endpoint(value: dict[str, Any], where: str, shared: SlurmEndpoint | None = 
         raise MappingError(f"{where}.jwtKey: {jwt_key!r} is not a valid Secret key")
     version = value.get("apiVersion")
     if version is not None and version.strip() not in SLURM_API_VERSIONS:
-        raise MappingError(f"{where}.apiVersion: {version!r} is not supported; use one of {', '.join(sorted(SLURM_API_VERSIONS))}")
-    return SlurmEndpoint(slurmrestd=url, jwt_secret=secret, jwt_key=jwt_key,
-                         api_version=version.strip() if version is not None else None,
-                         token_user=value.get("tokenUser", "slurm").strip())
+        raise MappingError(
+            f"{where}.apiVersion: {version!r} is not supported; use one of {', '.join(sorted(SLURM_API_VERSIONS))}"
+        )
+    return SlurmEndpoint(
+        slurmrestd=url,
+        jwt_secret=secret,
+        jwt_key=jwt_key,
+        api_version=version.strip() if version is not None else None,
+        token_user=value.get("tokenUser", "slurm").strip(),
+    )
 
 
 def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
@@ -198,8 +215,11 @@ def _safe_scale_in(value: Any, where: str) -> SafeScaleInConfig:
         released = parse_released_nodes(block.get("releasedNodes"), f"{where}.releasedNodes")
     except ValueError as exc:
         raise MappingError(str(exc)) from None
-    return SafeScaleInConfig(**_fields(endpoint), drain_timeout_seconds=float(timeout) if timeout is not None else None,
-                             released_nodes=released)
+    return SafeScaleInConfig(
+        **_fields(endpoint),
+        drain_timeout_seconds=float(timeout) if timeout is not None else None,
+        released_nodes=released,
+    )
 
 
 def _node_demand(value: Any, where: str, shared: SlurmEndpoint | None) -> NodeDemandConfig:
@@ -208,15 +228,22 @@ def _node_demand(value: Any, where: str, shared: SlurmEndpoint | None) -> NodeDe
         raise MappingError(f"{where}: missing key partition")
     partition = block["partition"].strip()
     if not PARTITION_NAME.match(partition):
-        raise MappingError(f"{where}.partition: {partition!r} is not a Slurm partition name (letters, digits, '.', '_', '-')")
+        raise MappingError(
+            f"{where}.partition: {partition!r} is not a Slurm partition name (letters, digits, '.', '_', '-')"
+        )
     if shared is None and not all(key in block for key in ("slurmrestd", "jwtSecret")):
         raise MappingError(f"{where}: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn block)")
     return NodeDemandConfig(**_fields(_endpoint(block, where, shared)), partition=partition)
 
 
 def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
-    return {"slurmrestd": endpoint.slurmrestd, "jwt_secret": endpoint.jwt_secret, "jwt_key": endpoint.jwt_key,
-            "api_version": endpoint.api_version, "token_user": endpoint.token_user}
+    return {
+        "slurmrestd": endpoint.slurmrestd,
+        "jwt_secret": endpoint.jwt_secret,
+        "jwt_key": endpoint.jwt_key,
+        "api_version": endpoint.api_version,
+        "token_user": endpoint.token_user,
+    }
 
 
 def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
@@ -266,7 +293,11 @@ def _list_mappings(text: Any) -> list[Mapping]:
         if unknown:
             raise MappingError(
                 f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(ITEM_KEYS)}"
-                + (f" (optional: {', '.join(OPTION_KEYS)})" if any(k.lower() in OPTION_KEYS_LOWER for k in unknown) else "")
+                + (
+                    f" (optional: {', '.join(OPTION_KEYS)})"
+                    if any(k.lower() in OPTION_KEYS_LOWER for k in unknown)
+                    else ""
+                )
             )
         for key in ITEM_KEYS:
             if key not in item:
@@ -275,7 +306,9 @@ def _list_mappings(text: Any) -> list[Mapping]:
         if SAFE_SCALE_IN_KEY in item:
             parsed[SAFE_SCALE_IN_KEY] = _safe_scale_in(item[SAFE_SCALE_IN_KEY], f"{where}.{SAFE_SCALE_IN_KEY}")
         if NODE_DEMAND_KEY in item:
-            parsed[NODE_DEMAND_KEY] = _node_demand(item[NODE_DEMAND_KEY], f"{where}.{NODE_DEMAND_KEY}", parsed.get(SAFE_SCALE_IN_KEY))
+            parsed[NODE_DEMAND_KEY] = _node_demand(
+                item[NODE_DEMAND_KEY], f"{where}.{NODE_DEMAND_KEY}", parsed.get(SAFE_SCALE_IN_KEY)
+            )
         options = MappingProxyType(parsed)
         mappings.append(
             Mapping(
@@ -283,8 +316,12 @@ def _list_mappings(text: Any) -> list[Mapping]:
                 machine_deployment=_ref(item["machineDeployment"], f"{where}.machineDeployment"),
                 options=options,
                 source=where,
-                max_replicas=_max_replicas(item[MAX_REPLICAS_KEY], f"{where}.{MAX_REPLICAS_KEY}") if MAX_REPLICAS_KEY in item else None,
-                capacity_aware=_flag(item[CAPACITY_AWARE_KEY], f"{where}.{CAPACITY_AWARE_KEY}") if CAPACITY_AWARE_KEY in item else False,
+                max_replicas=_max_replicas(item[MAX_REPLICAS_KEY], f"{where}.{MAX_REPLICAS_KEY}")
+                if MAX_REPLICAS_KEY in item
+                else None,
+                capacity_aware=_flag(item[CAPACITY_AWARE_KEY], f"{where}.{CAPACITY_AWARE_KEY}")
+                if CAPACITY_AWARE_KEY in item
+                else False,
             )
         )
     return mappings
@@ -396,7 +433,9 @@ class MappingSource:
         """Readiness: the ConfigMap was listed once (a missing ConfigMap counts: the list succeeded)."""
         if self.loaded:
             return None
-        return f"ConfigMap {self.ref} not listed yet" + (f": {self.informer.last_error}" if self.informer.last_error else "")
+        return f"ConfigMap {self.ref} not listed yet" + (
+            f": {self.informer.last_error}" if self.informer.last_error else ""
+        )
 
     @property
     def loaded(self) -> bool:

@@ -154,7 +154,11 @@ class Reconciler:
         mirror, md = self.objects.mirror(mapping), self.objects.machine_deployment(mapping)
         if mirror is None or md is None:
             waiting["missing"] += 1
-            absent = f"mirror Deployment {mapping.mirror_ref}" if mirror is None else f"MachineDeployment {mapping.machine_deployment_ref}"
+            absent = (
+                f"mirror Deployment {mapping.mirror_ref}"
+                if mirror is None
+                else f"MachineDeployment {mapping.machine_deployment_ref}"
+            )
             self._tell(mapping, "missing", f"{absent} not found; the MachineDeployment is left as it is")
             return None
         current = replicas_of(md)
@@ -163,8 +167,13 @@ class Reconciler:
         managed = autoscaler_annotations(md)
         if managed:
             waiting["autoscaler"] += 1
-            self._tell(mapping, REASON_AUTOSCALER, f"MachineDeployment {mapping.machine_deployment_ref} is a cluster-autoscaler node "
-                       f"group ({', '.join(managed)}); SliMe does not scale it (one writer per MachineDeployment)", warning=True)
+            self._tell(
+                mapping,
+                REASON_AUTOSCALER,
+                f"MachineDeployment {mapping.machine_deployment_ref} is a cluster-autoscaler node "
+                f"group ({', '.join(managed)}); SliMe does not scale it (one writer per MachineDeployment)",
+                warning=True,
+            )
             return None
         mirror_replicas = replicas_of(mirror)
         if mirror_replicas is None:
@@ -172,15 +181,22 @@ class Reconciler:
         target = target_replicas(mapping, mirror_replicas)
         if target != mirror_replicas:
             waiting["capped"] += 1
-            self._tell(mapping, REASON_CAPPED, f"mirror {mapping.mirror_ref} asks {mirror_replicas}; MachineDeployment "
-                       f"{mapping.machine_deployment_ref} is capped at maxReplicas {mapping.max_replicas}", warning=True)
+            self._tell(
+                mapping,
+                REASON_CAPPED,
+                f"mirror {mapping.mirror_ref} asks {mirror_replicas}; MachineDeployment "
+                f"{mapping.machine_deployment_ref} is capped at maxReplicas {mapping.max_replicas}",
+                warning=True,
+            )
         if mapping.capacity_aware and current is not None and target > current:
             target = self._within_capacity(mapping, current, target, waiting)
         paused = pause_reason(mapping, md, self.objects.cluster(mapping))
         if paused:
             if current != target:
                 waiting["paused"] += 1
-                self._tell(mapping, REASON_PAUSED, f"set to {target} from mirror {mapping.mirror_ref} once unpaused: {paused}")
+                self._tell(
+                    mapping, REASON_PAUSED, f"set to {target} from mirror {mapping.mirror_ref} once unpaused: {paused}"
+                )
             return None
         if self.safe is not None and mapping.safe_scale_in is not None:
             self.safe.maintain(mapping, scale_in_pending=current is not None and current > target, fence=self.fence)
@@ -212,11 +228,24 @@ class Reconciler:
         self.metrics.write[what].inc()
         was = current if current is not None else "unset"
         if moved:
-            reason, message = REASON_SCALED, f"Set replicas to {replicas} from mirror Deployment {mapping.mirror_ref}{detail}"
+            reason, message = (
+                REASON_SCALED,
+                f"Set replicas to {replicas} from mirror Deployment {mapping.mirror_ref}{detail}",
+            )
         else:
-            reason, message = REASON_DRIFT, f"Set replicas to {replicas} (was {was}) to match mirror Deployment {mapping.mirror_ref}{detail}"
-            log.warning("MachineDeployment differed from its mirror; set", extra={
-                "mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref, "was": was, "replicas": replicas})
+            reason, message = (
+                REASON_DRIFT,
+                f"Set replicas to {replicas} (was {was}) to match mirror Deployment {mapping.mirror_ref}{detail}",
+            )
+            log.warning(
+                "MachineDeployment differed from its mirror; set",
+                extra={
+                    "mirror": mapping.mirror_ref,
+                    "machinedeployment": mapping.machine_deployment_ref,
+                    "was": was,
+                    "replicas": replicas,
+                },
+            )
         self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message))
         return Change(mapping, what, replicas)
 
@@ -231,19 +260,30 @@ class Reconciler:
                 self._told.pop((mapping.machine_deployment, REASON_CAPACITY), None)  # a later shortage is told again
                 return target
             allowed = max(current, capacity.ceiling)
-            why = (f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) match "
-                   "its Metal3MachineTemplate's hostSelector")
+            why = (
+                f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) match "
+                "its Metal3MachineTemplate's hostSelector"
+            )
         waiting["capacity"] += 1
         self._shortfall += target - allowed
-        self._tell(mapping, REASON_CAPACITY, f"mirror {mapping.mirror_ref} asks {target}; MachineDeployment "
-                   f"{mapping.machine_deployment_ref} is held at {allowed} because {why}; the rest follows when hosts become available",
-                   warning=True)
+        self._tell(
+            mapping,
+            REASON_CAPACITY,
+            f"mirror {mapping.mirror_ref} asks {target}; MachineDeployment "
+            f"{mapping.machine_deployment_ref} is held at {allowed} because {why}; the rest follows when hosts become available",
+            warning=True,
+        )
         return allowed
 
     def _adopt(self, mapping: Mapping, current: int | None) -> Change | None:
         if current is None:
-            self._tell(mapping, REASON_ADOPTED, f"MachineDeployment {mapping.machine_deployment_ref} has no spec.replicas; "
-                       f"mirror {mapping.mirror_ref} is not adopted until it has", warning=True)
+            self._tell(
+                mapping,
+                REASON_ADOPTED,
+                f"MachineDeployment {mapping.machine_deployment_ref} has no spec.replicas; "
+                f"mirror {mapping.mirror_ref} is not adopted until it has",
+                warning=True,
+            )
             return None
         self.fence()
         before = _version(self.objects.mirror(mapping))
@@ -251,12 +291,23 @@ class Reconciler:
         self.objects.wait_changed("mirror", mapping.mirror, before)
         self._applied[mapping.machine_deployment] = current
         self.metrics.write["adopt"].inc()
-        log.info("mirror adopted", extra={"mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref, "replicas": current})
-        self.events.record(ScaleEvent.on(
-            mapping.machine_deployment, self.scaler.api_version, REASON_ADOPTED,
-            f"Mapped to mirror Deployment {mapping.mirror_ref}: the mirror was set to this MachineDeployment's {current} "
-            "replicas (mapping never changes the pool); from now on the MachineDeployment follows the mirror",
-        ))
+        log.info(
+            "mirror adopted",
+            extra={
+                "mirror": mapping.mirror_ref,
+                "machinedeployment": mapping.machine_deployment_ref,
+                "replicas": current,
+            },
+        )
+        self.events.record(
+            ScaleEvent.on(
+                mapping.machine_deployment,
+                self.scaler.api_version,
+                REASON_ADOPTED,
+                f"Mapped to mirror Deployment {mapping.mirror_ref}: the mirror was set to this MachineDeployment's {current} "
+                "replicas (mapping never changes the pool); from now on the MachineDeployment follows the mirror",
+            )
+        )
         return Change(mapping, "adopt", current)
 
     def _release_removed(self, table: MappingTable) -> None:
@@ -270,7 +321,10 @@ class Reconciler:
                 self.fence()
                 self.scaler.unmark(mapping.mirror, ADOPTED_ANNOTATION)
             except ScaleError as exc:
-                log.warning("cannot take the adoption mark off an unmapped mirror", extra={"mirror": mapping.mirror_ref, "error": exc.cause})
+                log.warning(
+                    "cannot take the adoption mark off an unmapped mirror",
+                    extra={"mirror": mapping.mirror_ref, "error": exc.cause},
+                )
 
     def _tell(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
         """Log and record an Event once per (MachineDeployment, reason, message): a waiting state is said once."""
@@ -280,14 +334,20 @@ class Reconciler:
         self._told[key] = message
         log.warning(message, extra={"machinedeployment": mapping.machine_deployment_ref, "reason": reason})
         if reason != "missing":
-            self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning))
+            self.events.record(
+                ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning)
+            )
 
     def _failed(self, mapping: Mapping, exc: ScaleError) -> None:
         self._errors += 1
         self.metrics.reconcile_errors.inc()
         log.warning(
             "cannot reconcile MachineDeployment with its mirror",
-            extra={"mirror": mapping.mirror_ref, "machinedeployment": mapping.machine_deployment_ref, "error": exc.cause},
+            extra={
+                "mirror": mapping.mirror_ref,
+                "machinedeployment": mapping.machine_deployment_ref,
+                "error": exc.cause,
+            },
         )
 
     # --- the loop ---------------------------------------------------------------------------------

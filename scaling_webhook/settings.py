@@ -27,9 +27,13 @@ class ScalingSettings(ServiceSettings):
         validation_alias=AliasChoices("POD_NAMESPACE"),
         description="The webhook's own namespace: where the ConfigMap lives, and the default mirror namespace.",
     )
-    resync_seconds: float = Field(30.0, gt=0, description="Period of the reconciler that heals MachineDeployment drift.")
+    resync_seconds: float = Field(
+        30.0, gt=0, description="Period of the reconciler that heals MachineDeployment drift."
+    )
     patch_timeout_seconds: float = Field(
-        2.0, gt=0, le=25,
+        2.0,
+        gt=0,
+        le=25,
         description="Timeout of one MachineDeployment /scale patch and of the admission's mirror read.",
     )
     leader_election: bool = Field(
@@ -41,36 +45,47 @@ class ScalingSettings(ServiceSettings):
         description="Name of the coordination.k8s.io Lease, in --namespace, that elects the one writer.",
     )
     lease_duration_seconds: float = Field(
-        15.0, gt=0, le=300,
+        15.0,
+        gt=0,
+        le=300,
         description="How long a Lease nobody renews stays held before another replica takes it (client-go's default).",
     )
     lease_renew_deadline_seconds: float = Field(
-        10.0, gt=0,
+        10.0,
+        gt=0,
         description="The leader stops writing this long after its last renewal; must be shorter than the lease duration.",
     )
     lease_retry_seconds: float = Field(2.0, gt=0, description="How often replicas try to take or renew the Lease.")
     demand_interval_seconds: float = Field(
-        10.0, gt=0, le=300,
+        10.0,
+        gt=0,
+        le=300,
         description="How often node demand is read from slurmrestd, for mappings with nodeDemand (an older reading is served for 3 periods).",
     )
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ScalingSettings:
         if not self.lease_retry_seconds < self.lease_renew_deadline_seconds < self.lease_duration_seconds:
-            raise ValueError("need --lease-retry-seconds < --lease-renew-deadline-seconds < --lease-duration-seconds, got "
-                             f"{self.lease_retry_seconds:g}, {self.lease_renew_deadline_seconds:g}, {self.lease_duration_seconds:g}")
+            raise ValueError(
+                "need --lease-retry-seconds < --lease-renew-deadline-seconds < --lease-duration-seconds, got "
+                f"{self.lease_retry_seconds:g}, {self.lease_renew_deadline_seconds:g}, {self.lease_duration_seconds:g}"
+            )
         return self
 
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
         if not is_dns1123_label(value):
-            raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label: lower case letters, digits and '-', at most 63)")
+            raise ValueError(
+                f"{value!r} is not a valid namespace name (DNS-1123 label: lower case letters, digits and '-', at most 63)"
+            )
         return value
 
     @field_validator("config_map", "lease_name")
     @classmethod
     def _config_map(cls, value: str) -> str:
         if not is_dns1123_subdomain(value):
-            raise ValueError(f"{value!r} is not a valid object name (DNS-1123 subdomain: lower case letters, digits, '-' and '.', at most 253)")
+            raise ValueError(
+                f"{value!r} is not a valid object name (DNS-1123 subdomain: lower case letters, digits, '-' and '.', at most 253)"
+            )
         return value

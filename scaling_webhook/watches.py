@@ -40,9 +40,16 @@ def _slim_host(obj: Obj) -> Obj:
     """What capacity reads of a BareMetalHost (a namespace may hold hundreds)."""
     metadata, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     return {
-        "metadata": {k: metadata[k] for k in ("name", "namespace", "labels", "annotations", "deletionTimestamp", "resourceVersion") if k in metadata},
+        "metadata": {
+            k: metadata[k]
+            for k in ("name", "namespace", "labels", "annotations", "deletionTimestamp", "resourceVersion")
+            if k in metadata
+        },
         "spec": {"consumerRef": spec["consumerRef"]} if spec.get("consumerRef") else {},
-        "status": {"provisioning": {"state": (status.get("provisioning") or {}).get("state")}, "errorMessage": status.get("errorMessage") or ""},
+        "status": {
+            "provisioning": {"state": (status.get("provisioning") or {}).get("state")},
+            "errorMessage": status.get("errorMessage") or "",
+        },
     }
 
 
@@ -56,7 +63,9 @@ class MappedObjects:
         self._templates: ResourcePath | None = None  # Metal3MachineTemplates at their served version, once discovered
         self.last_error = ""
 
-    def _informer(self, kind: str, path: ResourcePath, ref: Ref, label_selector: str | None = None, **options: Any) -> Informer:
+    def _informer(
+        self, kind: str, path: ResourcePath, ref: Ref, label_selector: str | None = None, **options: Any
+    ) -> Informer:
         """The cache of ``kind`` ``ref``: that object, or with ``label_selector`` (or no name) a set in its namespace."""
         key = (kind, ref)
         with self._lock:
@@ -64,8 +73,14 @@ class MappedObjects:
             if informer is None:
                 namespace, name = ref
                 by_name = f"metadata.name={name}" if name and label_selector is None else None
-                informer = Informer(self.client, path.collection(namespace), field_selector=by_name, label_selector=label_selector,
-                                    description=f"{kind} {namespace}/{name or '*'}", **options)
+                informer = Informer(
+                    self.client,
+                    path.collection(namespace),
+                    field_selector=by_name,
+                    label_selector=label_selector,
+                    description=f"{kind} {namespace}/{name or '*'}",
+                    **options,
+                )
                 informer.add_listener(self.on_change)
                 self._informers[key] = informer.start()
             return informer
@@ -103,7 +118,9 @@ class MappedObjects:
             for key in gone:
                 self._informers.pop(key).stop()
 
-    def _follow_pools(self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]) -> None:
+    def _follow_pools(
+        self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]
+    ) -> None:
         """Watch the pools' Machines (safe scale-in, capacity) and what capacity counts (errors surface in :meth:`capacity`).
 
         A Machine's watch event wakes the reconciler, so a Machine Cluster API just created gets
@@ -116,7 +133,9 @@ class MappedObjects:
             if md is None or not (mapping.capacity_aware or mapping.safe_scale_in is not None):
                 continue
             namespace, name = mapping.machine_deployment
-            self._informer("machines", machines, mapping.machine_deployment, label_selector=f"{DEPLOYMENT_NAME_LABEL}={name}")
+            self._informer(
+                "machines", machines, mapping.machine_deployment, label_selector=f"{DEPLOYMENT_NAME_LABEL}={name}"
+            )
             wanted.add(("machines", mapping.machine_deployment))
             if not mapping.capacity_aware:
                 continue
@@ -192,7 +211,10 @@ class MappedObjects:
     def synced(self, mapping: Mapping) -> bool:
         """The mirror and MachineDeployment caches have listed at least once (an object may be absent)."""
         with self._lock:
-            informers = [self._informers.get(("mirror", mapping.mirror)), self._informers.get(("machinedeployment", mapping.machine_deployment))]
+            informers = [
+                self._informers.get(("mirror", mapping.mirror)),
+                self._informers.get(("machinedeployment", mapping.machine_deployment)),
+            ]
         return all(i is not None and i.synced for i in informers)
 
     def mirror(self, mapping: Mapping) -> Obj | None:

@@ -52,7 +52,8 @@ def session_audits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     assert not found, "secrets leaked:\n" + "\n".join(found[:10])
     assert EVIDENCE.log_lines, f"services ran ({', '.join(sorted(started))}) but no log line was captured"
     AUDIT_SUMMARY.append(
-        "RBAC audit: " + ", ".join(f"{service} {count} distinct call(s)" for service, count in sorted(checked.items()))
+        "RBAC audit: "
+        + ", ".join(f"{service} {count} distinct call(s)" for service, count in sorted(checked.items()))
         + f" allowed by the chart; secret scan: {len(secrets)} secret(s) over {len(EVIDENCE.log_lines)} log lines "
         f"and {len(EVIDENCE.texts)} texts, 0 leaks"
     )
@@ -111,16 +112,27 @@ def kubeconfig(emulator: Emulator, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def scaling_factory(pki: Pki, tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]) -> Iterator[Callable[..., Scaling]]:
+def scaling_factory(
+    pki: Pki, tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]
+) -> Iterator[Callable[..., Scaling]]:
     """Start scaling webhooks against an emulator (each joins its admission route); all stop after the test."""
     started: list[Scaling] = []
 
     def start(emulator: Emulator, wait_reconciled: bool = True, **options: Any) -> Scaling:
-        values: dict[str, Any] = {"namespace": SLIME_NAMESPACE, "resync_seconds": 3600, "patch_timeout_seconds": 1.0, "log_level": "DEBUG"}
+        values: dict[str, Any] = {
+            "namespace": SLIME_NAMESPACE,
+            "resync_seconds": 3600,
+            "patch_timeout_seconds": 1.0,
+            "log_level": "DEBUG",
+        }
         values.update(options)
         scaling = start_scaling(
-            emulator.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}"), pki, emulator=emulator,
-            wait_reconciled=wait_reconciled, ready_timeout=5.0, **values,
+            emulator.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}"),
+            pki,
+            emulator=emulator,
+            wait_reconciled=wait_reconciled,
+            ready_timeout=5.0,
+            **values,
         )
         started.append(scaling)
         route = scale_routes.get(id(emulator))

@@ -60,12 +60,15 @@ def test_imports_keep_the_layering() -> None:
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize(("package", "source", "expected"), [
-    ("injection_webhook", "from scaling_webhook.mappings import Mapping\n", "imports scaling_webhook"),
-    ("scaling_webhook", "import injection_webhook.handler\n", "imports injection_webhook"),
-    ("common", "from kubemu import Emulator\n", "imports kubemu"),
-    ("demo", "from tests.support import audit\n", "imports tests"),
-])
+@pytest.mark.parametrize(
+    ("package", "source", "expected"),
+    [
+        ("injection_webhook", "from scaling_webhook.mappings import Mapping\n", "imports scaling_webhook"),
+        ("scaling_webhook", "import injection_webhook.handler\n", "imports injection_webhook"),
+        ("common", "from kubemu import Emulator\n", "imports kubemu"),
+        ("demo", "from tests.support import audit\n", "imports tests"),
+    ],
+)
 def test_the_layering_check_catches_a_forbidden_import(package: str, source: str, expected: str) -> None:
     assert [v for v in violations(package, "x.py", source) if expected in v]
 
@@ -77,6 +80,11 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_ruff() -> None:
     result = _run("ruff", "check", "--no-cache", "--output-format", "concise", ".")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format() -> None:
+    result = _run("ruff", "format", "--check", "--no-cache", ".")
+    assert result.returncode == 0, "run `ruff format .`:\n" + result.stdout + result.stderr
 
 
 def test_mypy_strict() -> None:

@@ -17,7 +17,15 @@ from testbed.audit import audit_rbac
 from testbed.pki import Pki
 from testbed.reviews import scale_request, secret_request
 from testbed.services import Scaling, start_injection
-from testbed.world import SLIME_NAMESPACE, config_map, machine_deployment, metadata_secret, mirror, seed_metal3, seed_slinky
+from testbed.world import (
+    SLIME_NAMESPACE,
+    config_map,
+    machine_deployment,
+    metadata_secret,
+    mirror,
+    seed_metal3,
+    seed_slinky,
+)
 
 
 def test_rbac_audit_covers_a_story_of_both_services(
@@ -40,13 +48,25 @@ def test_rbac_audit_covers_a_story_of_both_services(
 
 
 def test_rbac_audit_fails_on_a_call_the_chart_does_not_allow(tmp_path: Path) -> None:
-    forbidden = RecordedRequest(verb="delete", api_group="cluster.x-k8s.io", version="v1beta1", resource="machinedeployments",
-                                subresource="", namespace="metal3", name="md-a", path="/apis/cluster.x-k8s.io/v1beta1/namespaces/metal3/machinedeployments/md-a",
-                                method="DELETE", status_code=200, user_agent="slime-scaling-webhook/0.1")
+    forbidden = RecordedRequest(
+        verb="delete",
+        api_group="cluster.x-k8s.io",
+        version="v1beta1",
+        resource="machinedeployments",
+        subresource="",
+        namespace="metal3",
+        name="md-a",
+        path="/apis/cluster.x-k8s.io/v1beta1/namespaces/metal3/machinedeployments/md-a",
+        method="DELETE",
+        status_code=200,
+        user_agent="slime-scaling-webhook/0.1",
+    )
     with pytest.raises(AssertionError, match="delete"):
         audit_rbac([forbidden], {"scaling-webhook"}, tmp_path)
 
 
 def test_rbac_audit_fails_when_a_started_service_made_no_call(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError, match="injection-webhook was started in this session but no API call of it was recorded"):
+    with pytest.raises(
+        AssertionError, match="injection-webhook was started in this session but no API call of it was recorded"
+    ):
         audit_rbac([], {"injection-webhook"}, tmp_path)

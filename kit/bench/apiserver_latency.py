@@ -39,7 +39,15 @@ from testbed.real.image import build_image
 from testbed.real.objects import RealApi
 from testbed.real.pods import run_pod, run_process
 from testbed.real.release import Release, tier_values
-from testbed.world import SLIME_NAMESPACE, ensure_namespace, machine_deployment, metadata_secret, seed_metal3, seed_nodeport, seed_slinky
+from testbed.world import (
+    SLIME_NAMESPACE,
+    ensure_namespace,
+    machine_deployment,
+    metadata_secret,
+    seed_metal3,
+    seed_nodeport,
+    seed_slinky,
+)
 
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 WEBHOOKS = {"injection": ("injection.webhook.slime", "admit"), "scaling": ("scaling.webhook.slime", "validating")}
@@ -91,29 +99,61 @@ def run(admissions: int, runner: str, workdir: Path) -> dict[str, object]:
         slurm = seed_slinky(api)
         seed_nodeport(api, slurm.namespace, slurm.controller)
         api.create(machine_deployment("md-a", "metal3", replicas=1, version="v1beta2", cluster="bm-cluster", full=True))
-        release = Release(cp, SLIME_NAMESPACE, tier_values(image, [{"mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE},
-                                                                     "machineDeployment": {"name": "md-a", "namespace": "metal3"}}]), workdir)
+        release = Release(
+            cp,
+            SLIME_NAMESPACE,
+            tier_values(
+                image,
+                [
+                    {
+                        "mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE},
+                        "machineDeployment": {"name": "md-a", "namespace": "metal3"},
+                    }
+                ],
+            ),
+            workdir,
+        )
         release.install()
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
         for component in ("injection", "scaling"):
             deployment = release.deployment(component)
-            pods.append(run_pod(cp, deployment, image, workdir / "pods") if runner == "pod" else run_process(cp, deployment, workdir / "pods"))
+            pods.append(
+                run_pod(cp, deployment, image, workdir / "pods")
+                if runner == "pod"
+                else run_process(cp, deployment, workdir / "pods")
+            )
         _, data = seed_metal3(api, template_labels={"slurm-controller-namespace": "slurm"})
-        cp.wait_for(lambda: (api.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-a") or {}).get("metadata", {})
-                    .get("annotations", {}).get("slime/machine-deployment") == "metal3/md-a", 30, "the mirror's adoption")
+        cp.wait_for(
+            lambda: (
+                (api.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-a") or {})
+                .get("metadata", {})
+                .get("annotations", {})
+                .get("slime/machine-deployment")
+                == "metal3/md-a"
+            ),
+            30,
+            "the mirror's adoption",
+        )
         before = cp.metrics()
         client_ms: dict[str, list[float]] = {"injection": [], "scaling": []}
         with cp.http() as http:
             for i in range(admissions):
                 secret = metadata_secret(data, machine=f"bench-{i}")
                 started = time.perf_counter()
-                answer = http.post("/api/v1/namespaces/metal3/secrets", content=json.dumps(secret), headers={"Content-Type": "application/json"})
+                answer = http.post(
+                    "/api/v1/namespaces/metal3/secrets",
+                    content=json.dumps(secret),
+                    headers={"Content-Type": "application/json"},
+                )
                 client_ms["injection"].append((time.perf_counter() - started) * 1000)
                 assert answer.status_code == 201, answer.text
                 assert "slurm_conf_server" in yaml.safe_load(base64.b64decode(answer.json()["data"]["metaData"]))
                 started = time.perf_counter()
-                answer = http.patch(f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-a/scale",
-                                    content=json.dumps({"spec": {"replicas": 2 + i % 2}}), headers={"Content-Type": "application/merge-patch+json"})
+                answer = http.patch(
+                    f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-a/scale",
+                    content=json.dumps({"spec": {"replicas": 2 + i % 2}}),
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
                 client_ms["scaling"].append((time.perf_counter() - started) * 1000)
                 assert answer.status_code == 200, answer.text
         after = cp.metrics()
@@ -121,9 +161,15 @@ def run(admissions: int, runner: str, workdir: Path) -> dict[str, object]:
         for component, (name, kind) in WEBHOOKS.items():
             first, last = histogram(before, name, kind), histogram(after, name, kind)
             delta = {b: last.get(b, 0.0) - first.get(b, 0.0) for b in last}
-            results[component] = {"count": delta[math.inf], "buckets": delta, "quantiles": {q: quantile(q, delta) for q in QUANTILES},
-                                  "client_ms": client_ms[component]}
-        results["kube"] = subprocess.run([str(binaries.kube_apiserver), "--version"], capture_output=True, text=True).stdout.strip()
+            results[component] = {
+                "count": delta[math.inf],
+                "buckets": delta,
+                "quantiles": {q: quantile(q, delta) for q in QUANTILES},
+                "client_ms": client_ms[component],
+            }
+        results["kube"] = subprocess.run(
+            [str(binaries.kube_apiserver), "--version"], capture_output=True, text=True
+        ).stdout.strip()
         results["runner"] = runner
         return results
     finally:
@@ -133,7 +179,9 @@ def run(admissions: int, runner: str, workdir: Path) -> dict[str, object]:
 
 
 def report(results: dict[str, object], admissions: int) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
     lines = [
         "## Admission latency measured by kube-apiserver (issue 12)",
         "",
@@ -156,7 +204,9 @@ def report(results: dict[str, object], admissions: int) -> str:
             low, high, estimate = r["quantiles"][q]
             cells.append(f"{ms(low)}–{ms(high)} ms (est. {estimate * 1000:.2f})")
         share = r["buckets"].get(0.005, 0.0) / r["count"] if r["count"] else 0.0
-        lines.append(f"| {component} | {r['count']:.0f} | {' | '.join(cells)} | {share:.1%} | median {THESIS[component]}: not a latency |")
+        lines.append(
+            f"| {component} | {r['count']:.0f} | {' | '.join(cells)} | {share:.1%} | median {THESIS[component]}: not a latency |"
+        )
     lines += [
         "",
         "Each quantile is given as the histogram bucket it falls in (kube-apiserver's buckets are 5, 25, 100, 500 ms, …, "
@@ -189,7 +239,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admissions", type=int, default=300)
     parser.add_argument("--runner", choices=("pod", "process"), default="pod")
-    parser.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/performance.md")
+    parser.add_argument(
+        "--no-write", action="store_true", help="print the section instead of writing docs/performance.md"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="slime-bench-apiserver-") as tmp:
         results = run(args.admissions, args.runner, Path(tmp))

@@ -71,8 +71,9 @@ def main() -> None:
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args()
     app = raw_app if args.app == "raw" else fastapi_app()
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_config=None, access_log=False,
-                            lifespan="off", timeout_keep_alive=30)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=args.port, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=30
+    )
     config.load()
     config.ssl = tls_context(args.cert_file, args.key_file)
     server = uvicorn.Server(config)

@@ -15,8 +15,10 @@ import kopf
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: object) -> None:
     settings.admission.server = kopf.WebhookServer(
-        addr="127.0.0.1", port=int(os.environ["BENCH_PORT"]),
-        certfile=os.environ["BENCH_CERT"], pkeyfile=os.environ["BENCH_KEY"],
+        addr="127.0.0.1",
+        port=int(os.environ["BENCH_PORT"]),
+        certfile=os.environ["BENCH_CERT"],
+        pkeyfile=os.environ["BENCH_KEY"],
     )
     settings.admission.managed = None  # no webhook configuration objects: the bench calls it directly
     settings.posting.enabled = False

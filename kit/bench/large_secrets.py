@@ -31,7 +31,17 @@ from typing import Any
 
 import httpx
 
-from bench.run import REPO, free_port, injection_request, review, say, seed_cluster, start_server, tcp_nodelay, wait_until
+from bench.run import (
+    REPO,
+    free_port,
+    injection_request,
+    review,
+    say,
+    seed_cluster,
+    start_server,
+    tcp_nodelay,
+    wait_until,
+)
 from bench.sections import replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
@@ -84,8 +94,12 @@ def round_with(url: str, context: ssl.SSLContext, big: bytes, small: bytes) -> d
         big_seconds, answer = timed_post(client, url, big)
     done.set()
     thread.join(10)
-    return {"big_ms": big_seconds * 1000, "allowed": float(bool(answer.get("allowed"))),
-            "small_max_ms": max(small_latencies, default=0.0) * 1000, "small_count": float(len(small_latencies))}
+    return {
+        "big_ms": big_seconds * 1000,
+        "allowed": float(bool(answer.get("allowed"))),
+        "small_max_ms": max(small_latencies, default=0.0) * 1000,
+        "small_count": float(len(small_latencies)),
+    }
 
 
 def measure(repeats: int) -> dict[str, Any]:
@@ -100,18 +114,47 @@ def measure(repeats: int) -> dict[str, Any]:
     try:
         secret = seed_cluster(emu)
         kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
-        server = start_server("injection (large Secrets)", [
-            sys.executable, "-m", "injection_webhook.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics),
-            "--cert-file", str(cert), "--key-file", str(key), "--kubeconfig", kubeconfig, "--log-level", "WARNING"],
-            f"https://127.0.0.1:{port}/mutate", workdir)
+        server = start_server(
+            "injection (large Secrets)",
+            [
+                sys.executable,
+                "-m",
+                "injection_webhook.main",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics),
+                "--cert-file",
+                str(cert),
+                "--key-file",
+                str(key),
+                "--kubeconfig",
+                kubeconfig,
+                "--log-level",
+                "WARNING",
+            ],
+            f"https://127.0.0.1:{port}/mutate",
+            workdir,
+        )
         try:
-            wait_until(lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200, 60, "readiness", server)
+            wait_until(
+                lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200,
+                60,
+                "readiness",
+                server,
+            )
             small = review({"uid": "small", **injection_request(secret)})
             with httpx.Client(verify=context, timeout=30) as client:
                 for _ in range(50):
                     timed_post(client, server.url, small)  # warm
                 alone = [timed_post(client, server.url, small)[0] * 1000 for _ in range(300)]
-            results: dict[str, Any] = {"small_alone_p50_ms": statistics.median(alone), "small_alone_max_ms": max(alone), "sizes": {}}
+            results: dict[str, Any] = {
+                "small_alone_p50_ms": statistics.median(alone),
+                "small_alone_max_ms": max(alone),
+                "sizes": {},
+            }
             for label, size in SIZES.items():
                 body = big_body(secret, size)
                 rounds = [round_with(server.url, context, body, small) for _ in range(repeats)]
@@ -144,8 +187,10 @@ def render(results: dict[str, Any], command: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for label, row in results["sizes"].items():
-        rows.append(f"| {label} | {row['answer']} | {row['big_ms']:.1f} ms | {row['small_max_ms']:.1f} ms | "
-                    f"{row['small_max_ms'] / base:.1f}× | {row['small_during']:.0f} |")
+        rows.append(
+            f"| {label} | {row['answer']} | {row['big_ms']:.1f} ms | {row['small_max_ms']:.1f} ms | "
+            f"{row['small_max_ms'] / base:.1f}× | {row['small_during']:.0f} |"
+        )
     rows += [
         "",
         "The large admission's own time is mostly JSON decoding and the YAML parse and check of the",
@@ -157,10 +202,15 @@ def render(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python3 -m bench.large_secrets", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python3 -m bench.large_secrets", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5, help="rounds per size; medians are reported (default 5)")
-    parser.add_argument("--output", default=str(REPO / "docs" / "performance.md"), help="Markdown file whose section to rewrite ('-': print only)")
+    parser.add_argument(
+        "--output",
+        default=str(REPO / "docs" / "performance.md"),
+        help="Markdown file whose section to rewrite ('-': print only)",
+    )
     args = parser.parse_args(argv)
     command = "python3 -m bench.large_secrets " + " ".join(argv if argv is not None else sys.argv[1:])
     results = measure(args.repeats)

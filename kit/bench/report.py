@@ -74,23 +74,38 @@ def render(results: dict[str, Any]) -> str:
     out += ["## Environment", "", "| | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in env.items()]
     if results.get("kubemu_nodelay"):
-        out += ["", "**The API emulator and Nagle.** The kubemu of this run bound its listening socket with `proto=0`, so asyncio "
-                "did not turn on TCP_NODELAY for its connections. Each response went out as two writes (headers, then body), met "
-                "Nagle's algorithm and the client's delayed ACK, and every API call took about 40 ms. kube-apiserver is written in "
-                "Go, which sets TCP_NODELAY on every connection, so the bench set it on the emulator's listening socket (accepted "
-                "sockets inherit it). The row \"scaling (mapped) vs kubemu as shipped\" shows the same target without it. kubemu "
-                "sets TCP_NODELAY itself since commit 48c5a41; with that kubemu the bench has nothing to set and skips that row."]
+        out += [
+            "",
+            "**The API emulator and Nagle.** The kubemu of this run bound its listening socket with `proto=0`, so asyncio "
+            "did not turn on TCP_NODELAY for its connections. Each response went out as two writes (headers, then body), met "
+            "Nagle's algorithm and the client's delayed ACK, and every API call took about 40 ms. kube-apiserver is written in "
+            "Go, which sets TCP_NODELAY on every connection, so the bench set it on the emulator's listening socket (accepted "
+            'sockets inherit it). The row "scaling (mapped) vs kubemu as shipped" shows the same target without it. kubemu '
+            "sets TCP_NODELAY itself since commit 48c5a41; with that kubemu the bench has nothing to set and skips that row.",
+        ]
     settings = results["settings"]
-    out += ["", "## Command", "", "```bash", results["command"].strip(), "```", "",
-            f"Settings: {settings['repeats']} × {settings['duration']:g} s throughput runs with {settings['connections']} connections, "
-            f"{settings['repeats']} × {settings['latency_duration']:g} s runs with 1 connection, and {settings['warmup']:g} s of warm-up "
-            f"per target. Handler-only figures use {settings['handler_calls']:,} timed calls each.", ""]
+    out += [
+        "",
+        "## Command",
+        "",
+        "```bash",
+        results["command"].strip(),
+        "```",
+        "",
+        f"Settings: {settings['repeats']} × {settings['duration']:g} s throughput runs with {settings['connections']} connections, "
+        f"{settings['repeats']} × {settings['latency_duration']:g} s runs with 1 connection, and {settings['warmup']:g} s of warm-up "
+        f"per target. Handler-only figures use {settings['handler_calls']:,} timed calls each.",
+        "",
+    ]
 
     # --- end to end -------------------------------------------------------------------------
     base = {k: rps.get(k) for k in ("raw ASGI", "bare FastAPI", "kopf")}
-    out += ["## End to end over TLS", "",
-            "| target | req/s | p50 / p99 ms (8 conns) | p50 / p99 ms (1 conn) | CPU µs/req | API calls per admission | ÷ raw ASGI | ÷ bare FastAPI | ÷ kopf |",
-            "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    out += [
+        "## End to end over TLS",
+        "",
+        "| target | req/s | p50 / p99 ms (8 conns) | p50 / p99 ms (1 conn) | CPU µs/req | API calls per admission | ÷ raw ASGI | ÷ bare FastAPI | ÷ kopf |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
     for name, target in targets.items():
         if target["skipped"]:
             out.append(f"| {name} | skipped: {target['skipped'][:200]} | | | | | | | |")
@@ -106,12 +121,19 @@ def render(results: dict[str, Any]) -> str:
         )
     out += ["", "What each target does:", ""]
     out += [f"- **{name}**: {t['description']}." for name, t in targets.items()]
-    out += ["", "<details><summary>Every run</summary>", "", "| target | conns | s | requests | errors | req/s | p50 ms | p99 ms | CPU µs/req |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [
+        "",
+        "<details><summary>Every run</summary>",
+        "",
+        "| target | conns | s | requests | errors | req/s | p50 ms | p99 ms | CPU µs/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, target in measured.items():
         for r in target["throughput"] + target["latency"]:
-            out.append(f"| {name} | {r['connections']} | {r['seconds']:g} | {r['requests']:,} | {r['errors']} | {r['rps']:,.0f} | "
-                       f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_request']:.0f} |")
+            out.append(
+                f"| {name} | {r['connections']} | {r['seconds']:g} | {r['requests']:,} | {r['errors']} | {r['rps']:,.0f} | "
+                f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_request']:.0f} |"
+            )
     out += ["", "</details>", ""]
 
     # --- handlers ---------------------------------------------------------------------------
@@ -127,32 +149,47 @@ def render(results: dict[str, Any]) -> str:
     for key, label in labels.items():
         if key in h:
             out.append(f"| {label} | {h[key]['median_us']:.1f} | {h[key]['p99_us']:.1f} |")
-    out += ["", f"API calls made by {h['injection']['calls']:,} warm injection resolutions: **{h['injection_api_calls']}**.", ""]
+    out += [
+        "",
+        f"API calls made by {h['injection']['calls']:,} warm injection resolutions: **{h['injection_api_calls']}**.",
+        "",
+    ]
 
     # --- memory -----------------------------------------------------------------------------
     rss = results["rss"]
-    out += ["## Memory of the injection service", "",
-            "RSS and peak RSS (`VmRSS`, `VmHWM`) are read from the service process once it is ready. \"Held by the resolver\" is "
-            "measured separately with `tracemalloc` on a resolver in the bench process, after `gc.collect()`: what the caches "
-            "(and the client) keep, without the allocator's slack.", "",
-            "| Metal3Data | Metal3DataTemplates | RSS MiB | peak RSS MiB | held by the resolver MiB (peak) | ready after s |",
-            "|---:|---:|---:|---:|---:|---:|"]
-    out += [f"| {r['metal3data']:,} | {r['templates']:,} | {r['rss_mib']:.1f} | {r['peak_rss_mib']:.1f} | "
-            f"{r.get('traced_mib', float('nan')):.1f} ({r.get('traced_peak_mib', float('nan')):.1f}) | {r['ready_s']:.2f} |" for r in rss]
+    out += [
+        "## Memory of the injection service",
+        "",
+        'RSS and peak RSS (`VmRSS`, `VmHWM`) are read from the service process once it is ready. "Held by the resolver" is '
+        "measured separately with `tracemalloc` on a resolver in the bench process, after `gc.collect()`: what the caches "
+        "(and the client) keep, without the allocator's slack.",
+        "",
+        "| Metal3Data | Metal3DataTemplates | RSS MiB | peak RSS MiB | held by the resolver MiB (peak) | ready after s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    out += [
+        f"| {r['metal3data']:,} | {r['templates']:,} | {r['rss_mib']:.1f} | {r['peak_rss_mib']:.1f} | "
+        f"{r.get('traced_mib', float('nan')):.1f} ({r.get('traced_peak_mib', float('nan')):.1f}) | {r['ready_s']:.2f} |"
+        for r in rss
+    ]
     out.append("")
     same = [r for r in rss if r["templates"] == r["metal3data"]]
     if len(same) >= 2:
         growth = same[-1]["rss_mib"] - same[0]["rss_mib"]
         objects = 2 * (same[-1]["metal3data"] - same[0]["metal3data"])
-        out += [f"Growth from {same[0]['metal3data']:,} to {same[-1]['metal3data']:,} (as many templates): {growth:.1f} MiB, "
-                f"about {growth * 1024 * 1024 / max(objects, 1):,.0f} bytes per cached object.", ""]
-
+        out += [
+            f"Growth from {same[0]['metal3data']:,} to {same[-1]['metal3data']:,} (as many templates): {growth:.1f} MiB, "
+            f"about {growth * 1024 * 1024 / max(objects, 1):,.0f} bytes per cached object.",
+            "",
+        ]
 
     # --- targets ----------------------------------------------------------------------------
     out += ["## Targets (issues #2, #3, #5)", "", "| target | goal | measured | |", "|---|---|---|---|"]
     checks = _targets(results, measured, rps)
     for goal, target, measured_text, met, _name in checks:
-        out.append(f"| {goal} | {target} | {measured_text} | {'met' if met else '**missed**' if met is False else '–'} |")
+        out.append(
+            f"| {goal} | {target} | {measured_text} | {'met' if met else '**missed**' if met is False else '–'} |"
+        )
     missed = [c for c in checks if c[3] is False]
     out += ["", "### Missed targets: what was measured and why", ""]
     if not missed:
@@ -163,11 +200,25 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _targets(results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> list[tuple[str, str, str, bool | None, str]]:
+def _targets(
+    results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]
+) -> list[tuple[str, str, str, bool | None, str]]:
     h = results["handlers"]
     checks: list[tuple[str, str, str, bool | None, str]] = [
-        ("injection handler median", "< 50 µs", f"{h['injection']['median_us']:.1f} µs", h["injection"]["median_us"] < 50, ""),
-        ("scaling handler median", "< 25 µs", f"{h['scaling']['median_us']:.1f} µs", h["scaling"]["median_us"] < 25, ""),
+        (
+            "injection handler median",
+            "< 50 µs",
+            f"{h['injection']['median_us']:.1f} µs",
+            h["injection"]["median_us"] < 50,
+            "",
+        ),
+        (
+            "scaling handler median",
+            "< 25 µs",
+            f"{h['scaling']['median_us']:.1f} µs",
+            h["scaling"]["median_us"] < 25,
+            "",
+        ),
     ]
     fastapi, kopf = rps.get("bare FastAPI"), rps.get("kopf")
     for name in ("injection (warm, patched)", "scaling (unmapped)", "scaling (mapped: 1 PATCH)"):
@@ -179,30 +230,74 @@ def _targets(results: dict[str, Any], measured: dict[str, Any], rps: dict[str, f
         label = "" if judged else " (informative: #3 sets no throughput target)"
         if fastapi:
             ratio = rps[name] / fastapi
-            checks.append((f"{name}: throughput vs bare FastAPI{label}", "≥ 0.5×", f"{ratio:.2f}× ({rps[name]:,.0f} vs {fastapi:,.0f} req/s)",
-                           (ratio >= 0.5) if judged else None, name))
+            checks.append(
+                (
+                    f"{name}: throughput vs bare FastAPI{label}",
+                    "≥ 0.5×",
+                    f"{ratio:.2f}× ({rps[name]:,.0f} vs {fastapi:,.0f} req/s)",
+                    (ratio >= 0.5) if judged else None,
+                    name,
+                )
+            )
         if kopf:
             ratio = rps[name] / kopf
-            checks.append((f"{name}: throughput vs kopf{label}", "≥ 2×", f"{ratio:.2f}× ({rps[name]:,.0f} vs {kopf:,.0f} req/s)",
-                           (ratio >= 2) if judged else None, name))
+            checks.append(
+                (
+                    f"{name}: throughput vs kopf{label}",
+                    "≥ 2×",
+                    f"{ratio:.2f}× ({rps[name]:,.0f} vs {kopf:,.0f} req/s)",
+                    (ratio >= 2) if judged else None,
+                    name,
+                )
+            )
     if "kopf" not in rps:
         checks.append(("throughput vs kopf", "≥ 2×", "kopf not measured (see its row)", None, ""))
     injection = measured.get("injection (warm, patched)")
     if injection:
         calls = _calls(injection)
         total = sum(calls.values())
-        checks.append(("API calls per warm injection admission", "0", f"{total:.4f} (HTTP runs) and {h['injection_api_calls']} (handler loop)",
-                       total == 0 and h["injection_api_calls"] == 0, "injection (warm, patched)"))
+        checks.append(
+            (
+                "API calls per warm injection admission",
+                "0",
+                f"{total:.4f} (HTTP runs) and {h['injection_api_calls']} (handler loop)",
+                total == 0 and h["injection_api_calls"] == 0,
+                "injection (warm, patched)",
+            )
+        )
     scaling = measured.get("scaling (mapped: 1 PATCH)")
     if scaling:
         p99 = _median(scaling["latency"], "p99_ms")
-        checks.append(("scaling admission p99 incl. the MachineDeployment PATCH (1 conn)", "≤ 20 ms", f"{p99:.2f} ms", p99 <= 20, "scaling (mapped: 1 PATCH)"))
+        checks.append(
+            (
+                "scaling admission p99 incl. the MachineDeployment PATCH (1 conn)",
+                "≤ 20 ms",
+                f"{p99:.2f} ms",
+                p99 <= 20,
+                "scaling (mapped: 1 PATCH)",
+            )
+        )
         hot = sum(v for k, v in _calls(scaling).items() if not k.startswith("create events"))
-        checks.append(("API calls per mapped scaling admission (hot path)", "1", f"{hot:.3f}", abs(hot - 1) < 0.01, "scaling (mapped: 1 PATCH)"))
+        checks.append(
+            (
+                "API calls per mapped scaling admission (hot path)",
+                "1",
+                f"{hot:.3f}",
+                abs(hot - 1) < 0.01,
+                "scaling (mapped: 1 PATCH)",
+            )
+        )
     rss = {r["metal3data"]: r for r in results["rss"] if r["templates"] == r["metal3data"]}
     if 10_000 in rss:
-        checks.append(("injection RSS with 10,000 Metal3Data (+ 10,000 templates)", "≤ 100 MB", f"{rss[10_000]['rss_mib']:.1f} MiB",
-                       rss[10_000]["rss_mib"] * 1.048576 <= 100, ""))
+        checks.append(
+            (
+                "injection RSS with 10,000 Metal3Data (+ 10,000 templates)",
+                "≤ 100 MB",
+                f"{rss[10_000]['rss_mib']:.1f} MiB",
+                rss[10_000]["rss_mib"] * 1.048576 <= 100,
+                "",
+            )
+        )
     return checks
 
 
@@ -216,38 +311,65 @@ def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any]
             return "the reference was not measured."
         cpu_ours = _median(ours["throughput"], "cpu_us_per_request")
         cpu_ref = _median(measured[ref]["throughput"], "cpu_us_per_request")
-        text = (f"the server is CPU-bound on its one core, so throughput follows CPU per request: {cpu_ours:,.0f} µs for {name} "
-                f"against {cpu_ref:,.0f} µs for {ref}. ")
+        text = (
+            f"the server is CPU-bound on its one core, so throughput follows CPU per request: {cpu_ours:,.0f} µs for {name} "
+            f"against {cpu_ref:,.0f} µs for {ref}. "
+        )
         if name.startswith("injection"):
-            parts = [("the decision (select + resolve + respond: YAML edit, base64, JSONPatch)", h["injection"]["median_us"]),
-                     ("the JSON decode of the review and encode of the answer",
-                      h["injection + envelope"]["median_us"] - h["injection"]["median_us"])]
+            parts = [
+                (
+                    "the decision (select + resolve + respond: YAML edit, base64, JSONPatch)",
+                    h["injection"]["median_us"],
+                ),
+                (
+                    "the JSON decode of the review and encode of the answer",
+                    h["injection + envelope"]["median_us"] - h["injection"]["median_us"],
+                ),
+            ]
             if "log line" in h:
-                parts.append(("the INFO log line every patched admission writes (JsonFormatter + stream write)", h["log line"]["median_us"]))
+                parts.append(
+                    (
+                        "the INFO log line every patched admission writes (JsonFormatter + stream write)",
+                        h["log line"]["median_us"],
+                    )
+                )
             known = sum(v for _, v in parts)
-            text += ("Measured separately in this run: " + "; ".join(f"{label} {v:,.0f} µs" for label, v in parts)
-                     + f". Together about {known:,.0f} µs")
+            text += (
+                "Measured separately in this run: "
+                + "; ".join(f"{label} {v:,.0f} µs" for label, v in parts)
+                + f". Together about {known:,.0f} µs"
+            )
             if ref == "bare FastAPI":
                 rest = cpu_ours - cpu_ref - known
-                text += (f", and about {max(rest, 0):,.0f} µs remain for the rest of the shared transport (body read loop, "
-                         "Prometheus histogram, counters and in-flight gauge, the larger response). ")
+                text += (
+                    f", and about {max(rest, 0):,.0f} µs remain for the rest of the shared transport (body read loop, "
+                    "Prometheus histogram, counters and in-flight gauge, the larger response). "
+                )
             else:
                 text += ". "
             if ref == "bare FastAPI":
-                text += ("Bare FastAPI does none of this: it returns a fixed answer without parsing the body. The handler is well "
-                         "inside its own target; the gap is the work around it.")
+                text += (
+                    "Bare FastAPI does none of this: it returns a fixed answer without parsing the body. The handler is well "
+                    "inside its own target; the gap is the work around it."
+                )
             else:
                 need = cpu_ref / 2
-                text += (f"kopf parses the review and runs its handler machinery ({cpu_ref:,.0f} µs per request) for a handler that "
-                         f"allows without reading the object; ours does the full mutation in {cpu_ours:,.0f} µs. To be 2× kopf, "
-                         f"the injection path would have to fit in about {need:,.0f} µs per request, which is near the bare FastAPI "
-                         f"floor measured here ({_median(measured['bare FastAPI']['throughput'], 'cpu_us_per_request'):,.0f} µs) "
-                         f"plus the {known:,.0f} µs of work listed above." if "bare FastAPI" in measured else "")
+                text += (
+                    f"kopf parses the review and runs its handler machinery ({cpu_ref:,.0f} µs per request) for a handler that "
+                    f"allows without reading the object; ours does the full mutation in {cpu_ours:,.0f} µs. To be 2× kopf, "
+                    f"the injection path would have to fit in about {need:,.0f} µs per request, which is near the bare FastAPI "
+                    f"floor measured here ({_median(measured['bare FastAPI']['throughput'], 'cpu_us_per_request'):,.0f} µs) "
+                    f"plus the {known:,.0f} µs of work listed above."
+                    if "bare FastAPI" in measured
+                    else ""
+                )
         elif "mapped" in name:
-            text += ("Each mapped admission makes a synchronous PATCH to the API server through the `kubernetes` client in a worker "
-                     "thread (request building, urllib3, JSON), and the Event recorder posts one Event per scale in the background. "
-                     "That client work is server CPU the baselines never spend. The emulator runs on CPU 1 next to wrk, so the round trip "
-                     "also waits for that core. This row measures the API round trip more than the webhook.")
+            text += (
+                "Each mapped admission makes a synchronous PATCH to the API server through the `kubernetes` client in a worker "
+                "thread (request building, urllib3, JSON), and the Event recorder posts one Event per scale in the background. "
+                "That client work is server CPU the baselines never spend. The emulator runs on CPU 1 next to wrk, so the round trip "
+                "also waits for that core. This row measures the API round trip more than the webhook."
+            )
         else:
             text += "The unmapped path does no API call; the difference is the shared transport (JSON decode/encode, metrics, logging at debug)."
         return text
@@ -258,26 +380,39 @@ def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any]
         base, top = rss[0], rss[-1]
         objects = 2 * (top["metal3data"] - base["metal3data"])
         per_rss = (top["rss_mib"] - base["rss_mib"]) * 2**20 / max(1, objects)
-        text = (f"the process already uses {base['rss_mib']:.0f} MiB with {base['metal3data']} objects: Python, FastAPI/Starlette, "
-                f"uvicorn, the `kubernetes` client, cryptography and prometheus_client are loaded before anything is cached. "
-                f"With {top['metal3data']:,} Metal3Data and as many templates, RSS grows by {top['rss_mib'] - base['rss_mib']:.0f} MiB "
-                f"(about {per_rss:,.0f} bytes per object).")
+        text = (
+            f"the process already uses {base['rss_mib']:.0f} MiB with {base['metal3data']} objects: Python, FastAPI/Starlette, "
+            f"uvicorn, the `kubernetes` client, cryptography and prometheus_client are loaded before anything is cached. "
+            f"With {top['metal3data']:,} Metal3Data and as many templates, RSS grows by {top['rss_mib'] - base['rss_mib']:.0f} MiB "
+            f"(about {per_rss:,.0f} bytes per object)."
+        )
         if "traced_mib" in top and "traced_mib" in base:
             held = top["traced_mib"] - base["traced_mib"]
-            text += (f" Of that, the resolver holds {held:.0f} MiB (tracemalloc: about {held * 2**20 / max(1, objects):,.0f} bytes per "
-                     f"object, slim dicts of name, namespace, labels, owner references, resourceVersion and the template name). The "
-                     f"rest is allocator memory left over from decoding the initial lists (peak RSS {top['peak_rss_mib']:.0f} MiB), "
-                     f"which CPython's allocator and glibc keep rather than return to the system.")
+            text += (
+                f" Of that, the resolver holds {held:.0f} MiB (tracemalloc: about {held * 2**20 / max(1, objects):,.0f} bytes per "
+                f"object, slim dicts of name, namespace, labels, owner references, resourceVersion and the template name). The "
+                f"rest is allocator memory left over from decoding the initial lists (peak RSS {top['peak_rss_mib']:.0f} MiB), "
+                f"which CPython's allocator and glibc keep rather than return to the system."
+            )
         realistic = [r for r in results["rss"] if r["templates"] != r["metal3data"]]
         if realistic:
             r = realistic[-1]
-            text += (f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
-                     f"{r['rss_mib']:.0f} MiB, which also misses the 100 MB budget.") if r["rss_mib"] * 1.048576 > 100 else (
-                     f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
-                     f"{r['rss_mib']:.0f} MiB, within the budget.")
+            text += (
+                (
+                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
+                    f"{r['rss_mib']:.0f} MiB, which also misses the 100 MB budget."
+                )
+                if r["rss_mib"] * 1.048576 > 100
+                else (
+                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
+                    f"{r['rss_mib']:.0f} MiB, within the budget."
+                )
+            )
         return text
     if "p99" in goal:
         scaling = measured[name]
-        return (f"with one connection the p50 is {_median(scaling['latency'], 'p50_ms'):.2f} ms and the p99 "
-                f"{_median(scaling['latency'], 'p99_ms'):.2f} ms; the tail comes from the emulator's PATCH and the noisy shared CPU.")
+        return (
+            f"with one connection the p50 is {_median(scaling['latency'], 'p50_ms'):.2f} ms and the p99 "
+            f"{_median(scaling['latency'], 'p99_ms'):.2f} ms; the tail comes from the emulator's PATCH and the noisy shared CPU."
+        )
     return "see the tables above."

@@ -70,7 +70,9 @@ def ensure_wrk() -> str:
             subprocess.run(["apt-get", "install", "-y", "wrk"], check=True, stdout=subprocess.DEVNULL)
     found = shutil.which("wrk")
     if not found:
-        raise SystemExit("bench: wrk is required and could not be installed; install it (apt-get install -y wrk, brew install wrk) and retry")
+        raise SystemExit(
+            "bench: wrk is required and could not be installed; install it (apt-get install -y wrk, brew install wrk) and retry"
+        )
     return found
 
 
@@ -144,8 +146,14 @@ class Server:
 def start_server(name: str, command: list[str], url: str, workdir: Path, env: dict[str, str] | None = None) -> Server:
     log = workdir / f"{name.replace(' ', '-').replace('/', '-')}.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, preexec_fn=pin(SERVER_CPU))
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=pin(SERVER_CPU),
+        )
     return Server(name, process, url, log)
 
 
@@ -229,7 +237,9 @@ class Run:
 def wrk_run(wrk: str, url: str, body_file: Path, connections: int, seconds: float) -> dict[str, Any]:
     taskset = ["taskset", "-c", str(LOAD_CPU)] if pin(LOAD_CPU) and shutil.which("taskset") else []
     command = [*taskset, wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(LUA), url]
-    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "BENCH_BODY": str(body_file)}, timeout=seconds + 60)
+    out = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "BENCH_BODY": str(body_file)}, timeout=seconds + 60
+    )
     for line in out.stdout.splitlines():
         if line.startswith("BENCH "):
             return json.loads(line[6:])
@@ -255,8 +265,17 @@ def measure(wrk: str, server: Server, body_file: Path, emu: Any, connections: in
     requests = max(summary["requests"], 1)
     errors = sum(summary[k] for k in ("connect", "read", "write", "status", "timeout"))
     elapsed = summary["duration_us"] / 1e6
-    return Run(connections, round(elapsed, 2), summary["requests"], errors, summary["requests"] / elapsed,
-               summary["p50_us"] / 1000, summary["p99_us"] / 1000, (cpu_after - cpu_before) * 1e6 / requests, api_calls(emu, since))
+    return Run(
+        connections,
+        round(elapsed, 2),
+        summary["requests"],
+        errors,
+        summary["requests"] / elapsed,
+        summary["p50_us"] / 1000,
+        summary["p99_us"] / 1000,
+        (cpu_after - cpu_before) * 1e6 / requests,
+        api_calls(emu, since),
+    )
 
 
 @dataclass
@@ -295,12 +314,16 @@ class Target:
 
 def post_once(server: Server, body: bytes, ca_file: Path) -> dict[str, Any]:
     context = ssl.create_default_context(cafile=str(ca_file))
-    answer = httpx.post(server.url, content=body, headers={"Content-Type": "application/json"}, verify=context, timeout=10)
+    answer = httpx.post(
+        server.url, content=body, headers={"Content-Type": "application/json"}, verify=context, timeout=10
+    )
     answer.raise_for_status()
     return answer.json()["response"]
 
 
-def run_target(target: Target, args: argparse.Namespace, wrk: str, emu: Any, workdir: Path, ca_file: Path) -> TargetResult:
+def run_target(
+    target: Target, args: argparse.Namespace, wrk: str, emu: Any, workdir: Path, ca_file: Path
+) -> TargetResult:
     emu = target.emulator or emu
     result = TargetResult(target.name, target.kind, target.description)
     port = free_port()
@@ -321,8 +344,10 @@ def run_target(target: Target, args: argparse.Namespace, wrk: str, emu: Any, wor
         for i in range(args.repeats):
             run = measure(wrk, server, body_file, emu, args.connections, args.duration)
             result.throughput.append(run)
-            say(f"{target.name}: run {i + 1}/{args.repeats}: {run.rps:,.0f} req/s, p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, "
-                f"{run.cpu_us_per_request:.0f} µs CPU/req, errors {run.errors}")
+            say(
+                f"{target.name}: run {i + 1}/{args.repeats}: {run.rps:,.0f} req/s, p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, "
+                f"{run.cpu_us_per_request:.0f} µs CPU/req, errors {run.errors}"
+            )
             latency = measure(wrk, server, body_file, emu, 1, args.latency_duration)
             result.latency.append(latency)
             say(f"{target.name}: 1 connection: p50 {latency.p50_ms:.2f} ms, p99 {latency.p99_ms:.2f} ms")
@@ -349,7 +374,11 @@ def per_call(fn: Callable[[], Any], calls: int, warm: int = 2000) -> dict[str, f
         fn()
         samples.append(clock() - started)
     samples.sort()
-    return {"median_us": samples[len(samples) // 2] / 1000, "p99_us": samples[int(len(samples) * 0.99)] / 1000, "calls": calls}
+    return {
+        "median_us": samples[len(samples) // 2] / 1000,
+        "p99_us": samples[int(len(samples) * 0.99)] / 1000,
+        "calls": calls,
+    }
 
 
 def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) -> dict[str, Any]:
@@ -363,8 +392,11 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     from scaling_webhook.handler import respond as scaling_respond
     from scaling_webhook.mappings import parse_mappings
 
-    resolver = InjectionResolver(local_client(emu.write_kubeconfig(workdir / "kubeconfig-handler")),
-                                 InjectionSettings.model_fields["controller_selector"].default, 3.0)
+    resolver = InjectionResolver(
+        local_client(emu.write_kubeconfig(workdir / "kubeconfig-handler")),
+        InjectionSettings.model_fields["controller_selector"].default,
+        3.0,
+    )
     resolver.start()
     try:
         wait_until(lambda: resolver.not_ready_reason() is None, 30, "the resolver caches")
@@ -421,8 +453,17 @@ def log_line_cost(workdir: Path, calls: int) -> dict[str, float]:
         handler = logging.StreamHandler(sink)
         handler.setFormatter(JsonFormatter())
         logger.addHandler(handler)
-        fields = {"webhook": "injection", "uid": "0b5c3f0e-bench", "decision": "patched", "duration_ms": 0.312, "kind": "Secret",
-                  "namespace": "metal3", "name": "m3m-0-metadata", "operation": "CREATE", "dry_run": False}
+        fields = {
+            "webhook": "injection",
+            "uid": "0b5c3f0e-bench",
+            "decision": "patched",
+            "duration_ms": 0.312,
+            "kind": "Secret",
+            "namespace": "metal3",
+            "name": "m3m-0-metadata",
+            "operation": "CREATE",
+            "dry_run": False,
+        }
         try:
             return per_call(lambda: logger.info("admission", extra={"fields": fields}), calls)
         finally:
@@ -442,16 +483,41 @@ def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | N
         world.seed_slinky(emu)
         templates = count if templates is None else templates
         for i in range(count):
-            world.seed_metal3(emu, template=f"tmpl-{i % templates}", index=i, template_labels={"slurm-controller-namespace": "slurm"})
+            world.seed_metal3(
+                emu, template=f"tmpl-{i % templates}", index=i, template_labels={"slurm-controller-namespace": "slurm"}
+            )
         kubeconfig = emu.write_kubeconfig(workdir / f"kubeconfig-rss-{count}")
         port, metrics = free_port(), free_port()
-        server = start_server(f"injection-rss-{count}", [
-            sys.executable, "-m", "injection_webhook.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics),
-            "--cert-file", str(cert), "--key-file", str(key), "--kubeconfig", kubeconfig], f"https://127.0.0.1:{port}/mutate", workdir)
+        server = start_server(
+            f"injection-rss-{count}",
+            [
+                sys.executable,
+                "-m",
+                "injection_webhook.main",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics),
+                "--cert-file",
+                str(cert),
+                "--key-file",
+                str(key),
+                "--kubeconfig",
+                kubeconfig,
+            ],
+            f"https://127.0.0.1:{port}/mutate",
+            workdir,
+        )
         try:
             started = time.monotonic()
-            wait_until(lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=5).status_code == 200, 120,
-                       f"the injection service with {count} Metal3Data", server)
+            wait_until(
+                lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=5).status_code == 200,
+                120,
+                f"the injection service with {count} Metal3Data",
+                server,
+            )
             ready_after = time.monotonic() - started
             time.sleep(1.0)
             values = memory(server.process.pid)
@@ -460,8 +526,15 @@ def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | N
         retained, retained_peak = retained_by_caches(kubeconfig)
     finally:
         emu.stop()
-    return {"metal3data": count, "templates": templates, "rss_mib": round(values["VmRSS"], 1), "peak_rss_mib": round(values["VmHWM"], 1),
-            "ready_s": round(ready_after, 2), "traced_mib": round(retained, 1), "traced_peak_mib": round(retained_peak, 1)}
+    return {
+        "metal3data": count,
+        "templates": templates,
+        "rss_mib": round(values["VmRSS"], 1),
+        "peak_rss_mib": round(values["VmHWM"], 1),
+        "ready_s": round(ready_after, 2),
+        "traced_mib": round(retained, 1),
+        "traced_peak_mib": round(retained_peak, 1),
+    }
 
 
 def retained_by_caches(kubeconfig: str) -> tuple[float, float]:
@@ -479,7 +552,9 @@ def retained_by_caches(kubeconfig: str) -> tuple[float, float]:
 
     gc.collect()
     tracemalloc.start()
-    resolver = InjectionResolver(local_client(kubeconfig), InjectionSettings.model_fields["controller_selector"].default, 3.0)
+    resolver = InjectionResolver(
+        local_client(kubeconfig), InjectionSettings.model_fields["controller_selector"].default, 3.0
+    )
     resolver.start()
     try:
         wait_until(lambda: resolver.not_ready_reason() is None, 300, "the in-process resolver caches")
@@ -503,13 +578,17 @@ def environment(wrk: str, kopf_version: str | None) -> dict[str, str]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    packages = {name: version(name) for name in ("uvicorn", "fastapi", "starlette", "httptools", "kubernetes", "aiohttp")}
+    packages = {
+        name: version(name) for name in ("uvicorn", "fastapi", "starlette", "httptools", "kubernetes", "aiohttp")
+    }
     if kopf_version:
         packages["kopf"] = kopf_version
     return {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
-        "affinity": f"servers on CPU {SERVER_CPU}; wrk and the API emulator on CPU {LOAD_CPU}" if pin(0) else "not pinned (1 CPU)",
+        "affinity": f"servers on CPU {SERVER_CPU}; wrk and the API emulator on CPU {LOAD_CPU}"
+        if pin(0)
+        else "not pinned (1 CPU)",
         "kernel": platform.release(),
         "python": platform.python_version(),
         "wrk": wrk_version(wrk),
@@ -522,9 +601,16 @@ def environment(wrk: str, kopf_version: str | None) -> dict[str, str]:
 def git_state() -> str:
     """The commit measured, and whether the working tree differed from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True,
-                                 check=True).stdout.split("\n")
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     files = [line[3:] for line in changed if line.strip()]
@@ -534,8 +620,15 @@ def git_state() -> str:
 # --- main -----------------------------------------------------------------------------------------
 
 
-def targets(cert: Path, key: Path, kubeconfig: str, secret: dict[str, Any], kopf_version: str | None, extras: bool,
-            shipped: tuple[Any, str] | None = None) -> list[Target]:
+def targets(
+    cert: Path,
+    key: Path,
+    kubeconfig: str,
+    secret: dict[str, Any],
+    kopf_version: str | None,
+    extras: bool,
+    shipped: tuple[Any, str] | None = None,
+) -> list[Target]:
     tls = ["--cert-file", str(cert), "--key-file", str(key)]
     baseline_body = review(injection_request(secret))  # baselines receive the same bytes as the injection webhook
 
@@ -552,64 +645,167 @@ def targets(cert: Path, key: Path, kubeconfig: str, secret: dict[str, Any], kopf
         return None if answer.get("allowed") is True and "patch" not in answer else "expected a plain allow"
 
     def patched(answer: dict[str, Any]) -> str | None:
-        return None if answer.get("allowed") is True and answer.get("patchType") == "JSONPatch" else "expected the JSONPatch"
+        return (
+            None
+            if answer.get("allowed") is True and answer.get("patchType") == "JSONPatch"
+            else "expected the JSONPatch"
+        )
 
     def scaled(answer: dict[str, Any]) -> str | None:
-        return None if answer.get("allowed") is True and "scaled to 3" in (answer.get("status") or {}).get("message", "") else "expected a scale"
+        return (
+            None
+            if answer.get("allowed") is True and "scaled to 3" in (answer.get("status") or {}).get("message", "")
+            else "expected a scale"
+        )
 
     service = [sys.executable, "-m"]
-    common = ["--host", "127.0.0.1", "--port", "{port}", "--metrics-port", "{metrics}", *tls, "--kubeconfig", kubeconfig]
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--metrics-port",
+        "{metrics}",
+        *tls,
+        "--kubeconfig",
+        kubeconfig,
+    ]
     found: list[Target] = [
-        Target("raw ASGI", "baseline", "minimal ASGI callable on uvicorn: reads the body, returns a fixed allowed review",
-               [*service, "bench.apps", "raw", "--port", "{port}", *tls], "/validate", baseline_body, tls_ready, allowed),
-        Target("bare FastAPI", "baseline", "one FastAPI POST route: reads the body, returns a fixed allowed review",
-               [*service, "bench.apps", "fastapi", "--port", "{port}", *tls], "/validate", baseline_body, tls_ready, allowed),
+        Target(
+            "raw ASGI",
+            "baseline",
+            "minimal ASGI callable on uvicorn: reads the body, returns a fixed allowed review",
+            [*service, "bench.apps", "raw", "--port", "{port}", *tls],
+            "/validate",
+            baseline_body,
+            tls_ready,
+            allowed,
+        ),
+        Target(
+            "bare FastAPI",
+            "baseline",
+            "one FastAPI POST route: reads the body, returns a fixed allowed review",
+            [*service, "bench.apps", "fastapi", "--port", "{port}", *tls],
+            "/validate",
+            baseline_body,
+            tls_ready,
+            allowed,
+        ),
     ]
     if kopf_version:
-        found.append(Target("kopf", "baseline", f"kopf {kopf_version} WebhookServer (aiohttp), @kopf.on.validate handler that allows",
-                            [*service, "bench.kopf_app"], "/trivial", baseline_body, tls_ready, allowed,
-                            env={"BENCH_PORT": "{port}", "BENCH_CERT": str(cert), "BENCH_KEY": str(key), "KUBECONFIG": kubeconfig}))
+        found.append(
+            Target(
+                "kopf",
+                "baseline",
+                f"kopf {kopf_version} WebhookServer (aiohttp), @kopf.on.validate handler that allows",
+                [*service, "bench.kopf_app"],
+                "/trivial",
+                baseline_body,
+                tls_ready,
+                allowed,
+                env={"BENCH_PORT": "{port}", "BENCH_CERT": str(cert), "BENCH_KEY": str(key), "KUBECONFIG": kubeconfig},
+            )
+        )
     found += [
-        Target("injection (warm, patched)", "ours", "Metal3 metaData Secret CREATE: full resolution from the caches and the JSONPatch",
-               [*service, "injection_webhook.main", *common], "/mutate", baseline_body, metrics_ready, patched),
-        Target("scaling (mapped: 1 PATCH)", "ours", "mirror /scale UPDATE: one MachineDeployment /scale PATCH to the emulator, then allow",
-               [*service, "scaling_webhook.main", *common, "--namespace", "slime", "--resync-seconds", "3600"], "/validate",
-               review(scale_request("mirror-a", 3)), metrics_ready, scaled),
-        Target("scaling (unmapped)", "ours", "/scale UPDATE of a Deployment with no mapping: allow with no call",
-               [*service, "scaling_webhook.main", *common, "--namespace", "slime", "--resync-seconds", "3600"], "/validate",
-               review(scale_request("unmapped", 3)), metrics_ready, allowed),
+        Target(
+            "injection (warm, patched)",
+            "ours",
+            "Metal3 metaData Secret CREATE: full resolution from the caches and the JSONPatch",
+            [*service, "injection_webhook.main", *common],
+            "/mutate",
+            baseline_body,
+            metrics_ready,
+            patched,
+        ),
+        Target(
+            "scaling (mapped: 1 PATCH)",
+            "ours",
+            "mirror /scale UPDATE: one MachineDeployment /scale PATCH to the emulator, then allow",
+            [*service, "scaling_webhook.main", *common, "--namespace", "slime", "--resync-seconds", "3600"],
+            "/validate",
+            review(scale_request("mirror-a", 3)),
+            metrics_ready,
+            scaled,
+        ),
+        Target(
+            "scaling (unmapped)",
+            "ours",
+            "/scale UPDATE of a Deployment with no mapping: allow with no call",
+            [*service, "scaling_webhook.main", *common, "--namespace", "slime", "--resync-seconds", "3600"],
+            "/validate",
+            review(scale_request("unmapped", 3)),
+            metrics_ready,
+            allowed,
+        ),
     ]
     if shipped is not None:
         shipped_emu, shipped_kubeconfig = shipped
         shipped_common = [c if c != kubeconfig else shipped_kubeconfig for c in common]
-        found.append(Target("scaling (mapped) vs kubemu as shipped", "extra",
-                            "the mapped scaling target against an emulator without TCP_NODELAY (kubemu as it is today): ~40 ms per API call",
-                            [*service, "scaling_webhook.main", *shipped_common, "--namespace", "slime", "--resync-seconds", "3600"],
-                            "/validate", review(scale_request("mirror-a", 3)), metrics_ready, scaled, emulator=shipped_emu))
+        found.append(
+            Target(
+                "scaling (mapped) vs kubemu as shipped",
+                "extra",
+                "the mapped scaling target against an emulator without TCP_NODELAY (kubemu as it is today): ~40 ms per API call",
+                [*service, "scaling_webhook.main", *shipped_common, "--namespace", "slime", "--resync-seconds", "3600"],
+                "/validate",
+                review(scale_request("mirror-a", 3)),
+                metrics_ready,
+                scaled,
+                emulator=shipped_emu,
+            )
+        )
     if extras:
-        found.append(Target("raw ASGI on uvloop", "extra", "the raw ASGI app on uvloop instead of the stdlib loop (informative)",
-                            [*service, "bench.apps", "raw", "--loop", "uvloop", "--port", "{port}", *tls], "/validate", baseline_body,
-                            tls_ready, allowed))
+        found.append(
+            Target(
+                "raw ASGI on uvloop",
+                "extra",
+                "the raw ASGI app on uvloop instead of the stdlib loop (informative)",
+                [*service, "bench.apps", "raw", "--loop", "uvloop", "--port", "{port}", *tls],
+                "/validate",
+                baseline_body,
+                tls_ready,
+                allowed,
+            )
+        )
     return found
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python3 -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput run (default 10)")
-    parser.add_argument("--latency-duration", type=float, default=5.0, help="seconds per 1-connection latency run (default 5)")
+    parser.add_argument(
+        "--latency-duration", type=float, default=5.0, help="seconds per 1-connection latency run (default 5)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per target; medians are reported (default 3)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of unmeasured load first (default 2)")
     parser.add_argument("--connections", type=int, default=8, help="wrk connections for throughput (default 8)")
     parser.add_argument("--handler-calls", type=int, default=50_000, help="timed calls per handler-only figure")
-    parser.add_argument("--rss-counts", default="10,1000,10000,10000/100",
-                        help="Metal3Data counts for the RSS figures; N means N Metal3Data and N templates, N/T spreads N over T templates")
-    parser.add_argument("--no-extras", action="store_true", help="skip the informative rows (uvloop, kubemu as shipped)")
-    parser.add_argument("--kubemu-as-shipped", action="store_true", help="do not set TCP_NODELAY on the emulator (see tcp_nodelay)")
+    parser.add_argument(
+        "--rss-counts",
+        default="10,1000,10000,10000/100",
+        help="Metal3Data counts for the RSS figures; N means N Metal3Data and N templates, N/T spreads N over T templates",
+    )
+    parser.add_argument(
+        "--no-extras", action="store_true", help="skip the informative rows (uvloop, kubemu as shipped)"
+    )
+    parser.add_argument(
+        "--kubemu-as-shipped", action="store_true", help="do not set TCP_NODELAY on the emulator (see tcp_nodelay)"
+    )
     parser.add_argument("--only", default="", help="';'-separated target names to run (default: all)")
-    parser.add_argument("--output", default=str(REPO / "docs" / "performance.md"), help="Markdown report ('-' for none)")
+    parser.add_argument(
+        "--output", default=str(REPO / "docs" / "performance.md"), help="Markdown report ('-' for none)"
+    )
     parser.add_argument("--json", default="", help="also write the raw results here")
-    parser.add_argument("--quick", action="store_true", help="1 run of 3 s per target, 5k handler calls, RSS at 10 and 1000 (a smoke test)")
-    parser.add_argument("--render-only", metavar="RESULTS_JSON", help="re-render the report from a saved results.json; measure nothing")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 run of 3 s per target, 5k handler calls, RSS at 10 and 1000 (a smoke test)",
+    )
+    parser.add_argument(
+        "--render-only", metavar="RESULTS_JSON", help="re-render the report from a saved results.json; measure nothing"
+    )
     args = parser.parse_args(argv)
     if args.render_only:
         sys.path.insert(0, str(REPO))
@@ -639,9 +835,15 @@ def main(argv: list[str] | None = None) -> None:
     emu = Emulator().start()
     nodelay = False if args.kubemu_as_shipped else tcp_nodelay(emu)
     shipped = Emulator().start() if nodelay and not args.no_extras else None
-    results: dict[str, Any] = {"environment": environment(wrk, kopf_version), "command": command, "kubemu_nodelay": nodelay,
-                               "settings": {k: v for k, v in vars(args).items() if k not in ("output", "json")}}
-    results["environment"]["API server"] = "kubemu in the bench process" + (", TCP_NODELAY set by the bench" if nodelay else "")
+    results: dict[str, Any] = {
+        "environment": environment(wrk, kopf_version),
+        "command": command,
+        "kubemu_nodelay": nodelay,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "json")},
+    }
+    results["environment"]["API server"] = "kubemu in the bench process" + (
+        ", TCP_NODELAY set by the bench" if nodelay else ""
+    )
     try:
         secret = seed_cluster(emu)
         kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
@@ -663,7 +865,9 @@ def main(argv: list[str] | None = None) -> None:
                 say(f"{target.name}: skipped: {exc}")
                 measured.append(TargetResult(target.name, target.kind, target.description, skipped=str(exc)))
         if not kopf_version:
-            measured.append(TargetResult("kopf", "baseline", "kopf admission server", skipped="kopf could not be installed"))
+            measured.append(
+                TargetResult("kopf", "baseline", "kopf admission server", skipped="kopf could not be installed")
+            )
         results["targets"] = [asdict(t) for t in measured]
         say("handler-only medians")
         results["handlers"] = handler_only(emu, workdir, secret, args.handler_calls)

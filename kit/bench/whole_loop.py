@@ -45,7 +45,12 @@ def run(stories: int, workdir: Path) -> list[loop.Story]:
             _say(f"story {index + 1} of {stories}")
             story = loop.run_story(running, _say)
             if story.problems():
-                sys.exit("bench.whole_loop: the story went wrong: " + "; ".join(story.problems()) + "\n" + render(story.scale_ups))
+                sys.exit(
+                    "bench.whole_loop: the story went wrong: "
+                    + "; ".join(story.problems())
+                    + "\n"
+                    + render(story.scale_ups)
+                )
             _explain_slow_provisioning(running, story)
             done.append(story)
     return done
@@ -75,7 +80,9 @@ def _seconds(value: float) -> str:
 
 
 def report(stories: list[loop.Story]) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
     kinds: dict[str, list[ScaleUp]] = {}
     for story in stories:
         for scale_up in story.scale_ups:
@@ -116,7 +123,7 @@ def report(stories: list[loop.Story]) -> str:
         "audit log times both: the webhook's answer, the mirror stored, the leader's watch event, its write. The "
         "webhook call itself is a few ms (the apiserver-latency section above).",
         "- **Cluster API**: the MachineDeployment's `/scale` → the n-th new Machine created by the MachineSet controller.",
-        "- **provisioning (simulated metal)**: the Machine → its slurmd registered. Here a host \"boots\" in about a "
+        '- **provisioning (simulated metal)**: the Machine → its slurmd registered. Here a host "boots" in about a '
         "second (testbed/real/machines.py), so this phase includes the injection webhook, CAPI's and the simulator's "
         "steps and cloud-init running `slurmd -Z`, but none of a real server's POST, PXE and image write.",
         "- **Slurm scheduling**: the last slurmd registered → the job `RUNNING`.",
@@ -143,7 +150,9 @@ def median_story(stories: list[loop.Story]) -> loop.Story:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stories", type=int, default=3, help="how many times the story runs on the one loop")
-    parser.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/performance.md and the image")
+    parser.add_argument(
+        "--no-write", action="store_true", help="print the section instead of writing docs/performance.md and the image"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="slime-bench-loop-") as tmp:
         stories = run(args.stories, Path(tmp))

@@ -217,8 +217,10 @@ def point_to_local(configuration: Mapping[str, Any], urls: Mapping[str, str], ca
             continue
         old = spec.get("clientConfig") or {}
         path = (old.get("service") or {}).get("path") or ""
-        spec["clientConfig"] = {"url": urls[spec["name"]].rstrip("/") + path,
-                                "caBundle": base64.b64encode(ca_pem).decode()}
+        spec["clientConfig"] = {
+            "url": urls[spec["name"]].rstrip("/") + path,
+            "caBundle": base64.b64encode(ca_pem).decode(),
+        }
     return config
 
 
@@ -232,8 +234,12 @@ class AdmissionChain:
     exist); ``kubernetes.io/metadata.name`` is added as the API server does.
     """
 
-    def __init__(self, configurations: Iterable[Mapping[str, Any]], namespace_labels: NamespaceLabels | None = None,
-                 user_info: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        configurations: Iterable[Mapping[str, Any]],
+        namespace_labels: NamespaceLabels | None = None,
+        user_info: Mapping[str, Any] | None = None,
+    ) -> None:
         self.webhooks = webhooks_from(configurations)
         self.namespace_labels = namespace_labels or (lambda ns: None)
         self.user_info = dict(user_info) if user_info else None
@@ -317,8 +323,11 @@ class AdmissionChain:
             "object": obj,
             "oldObject": attrs.old_object,
             "dryRun": bool(attrs.dry_run),
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": _OPTIONS_KIND[attrs.operation],
-                        **({"dryRun": ["All"]} if attrs.dry_run else {})},
+            "options": {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": _OPTIONS_KIND[attrs.operation],
+                **({"dryRun": ["All"]} if attrs.dry_run else {}),
+            },
         }
         if attrs.subresource:
             request["subResource"] = attrs.subresource
@@ -350,8 +359,11 @@ class AdmissionChain:
         timeout = hook.timeout_seconds
         try:
             answer = self._client(hook).post(
-                url, params={"timeout": f"{int(timeout)}s"}, content=json.dumps(review).encode(),
-                headers={"Content-Type": "application/json", "Accept": "application/json"}, timeout=timeout,
+                url,
+                params={"timeout": f"{int(timeout)}s"},
+                content=json.dumps(review).encode(),
+                headers={"Content-Type": "application/json", "Accept": "application/json"},
+                timeout=timeout,
             )
         except httpx.TimeoutException:
             raise WebhookCallError(f'failed to call webhook: Post "{url}": context deadline exceeded') from None
@@ -364,12 +376,17 @@ class AdmissionChain:
         except ValueError:
             raise WebhookCallError("received invalid webhook response: not JSON") from None
         response = body.get("response") if isinstance(body, dict) else None
-        if (not isinstance(body, dict) or body.get("apiVersion") != "admission.k8s.io/v1"
-                or body.get("kind") != "AdmissionReview" or not isinstance(response, dict)):
+        if (
+            not isinstance(body, dict)
+            or body.get("apiVersion") != "admission.k8s.io/v1"
+            or body.get("kind") != "AdmissionReview"
+            or not isinstance(response, dict)
+        ):
             raise WebhookCallError("received invalid webhook response: not an admission.k8s.io/v1 AdmissionReview")
         if response.get("uid") != request["uid"]:
             raise WebhookCallError(
-                f"received invalid webhook response: expected response.uid={request['uid']!r}, got {response.get('uid')!r}")
+                f"received invalid webhook response: expected response.uid={request['uid']!r}, got {response.get('uid')!r}"
+            )
         if not isinstance(response.get("allowed"), bool):
             raise WebhookCallError("received invalid webhook response: response.allowed is not a bool")
         return response
@@ -380,7 +397,9 @@ class AdmissionChain:
         if not hook.mutating:
             raise WebhookCallError("received invalid webhook response: a validating webhook returned a patch")
         if response.get("patchType") != "JSONPatch":
-            raise WebhookCallError(f"received invalid webhook response: patchType {response.get('patchType')!r}, want JSONPatch")
+            raise WebhookCallError(
+                f"received invalid webhook response: patchType {response.get('patchType')!r}, want JSONPatch"
+            )
         try:
             ops = json.loads(base64.b64decode(response["patch"], validate=True))
         except (ValueError, TypeError):
@@ -422,13 +441,22 @@ class AdmissionChain:
             code = raw_code if isinstance(raw_code, int) else 400
             self._record(hook, attrs, "denied", text, warnings=warnings, seconds=seconds)
             raise AdmissionDenied(text, code=max(code, 400))
-        self._record(hook, attrs, "patched" if ops else "allowed", status.get("message") or "",
-                     patch=ops, warnings=warnings, seconds=seconds)
+        self._record(
+            hook,
+            attrs,
+            "patched" if ops else "allowed",
+            status.get("message") or "",
+            patch=ops,
+            warnings=warnings,
+            seconds=seconds,
+        )
         return patched
 
     def _record(self, hook: Webhook, attrs: AdmissionAttributes, outcome: str, message: str, **extra: Any) -> None:
         resource = attrs.resource + (f"/{attrs.subresource}" if attrs.subresource else "")
-        call = AdmissionCall(hook.name, attrs.operation, resource, attrs.namespace, attrs.name, outcome, message, **extra)
+        call = AdmissionCall(
+            hook.name, attrs.operation, resource, attrs.namespace, attrs.name, outcome, message, **extra
+        )
         with self._lock:
             self.calls.append(call)
 

@@ -76,7 +76,9 @@ def evaluate_match_conditions(conditions: Iterable[Mapping[str, str]], request: 
             first_error = first_error or MatchConditionError(name, expression, value)
             continue
         if not isinstance(value, (bool, celpy.celtypes.BoolType)):
-            first_error = first_error or MatchConditionError(name, expression, f"returned {type(value).__name__}, not bool")
+            first_error = first_error or MatchConditionError(
+                name, expression, f"returned {type(value).__name__}, not bool"
+            )
             continue
         if not bool(value):
             return False

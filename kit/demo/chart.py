@@ -37,7 +37,9 @@ def render(values: dict[str, Any], namespace: str, release: str = RELEASE) -> li
         values_file.write_text(json.dumps(values))
         proc = subprocess.run(
             [str(helm), "template", release, str(chart_dir()), "--namespace", namespace, "-f", str(values_file)],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     if proc.returncode != 0:
         raise ChartError(f"helm template failed: {proc.stderr.strip()}")

@@ -51,11 +51,13 @@ def chart_values() -> dict[str, Any]:
         "certManager": {"enabled": False},
         "scaling": {
             "resyncSeconds": 1,
-            "mappings": [{
-                "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
-                "machineDeployment": {"name": MACHINE_DEPLOYMENT, "namespace": METAL3_NAMESPACE},
-                "partition": PARTITION,
-            }],
+            "mappings": [
+                {
+                    "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
+                    "machineDeployment": {"name": MACHINE_DEPLOYMENT, "namespace": METAL3_NAMESPACE},
+                    "partition": PARTITION,
+                }
+            ],
         },
     }
 
@@ -63,8 +65,9 @@ def chart_values() -> dict[str, Any]:
 def seed_slinky(emu: Emulator) -> tuple[bytes, str]:
     """Controller (with ``slurmKeyRef``), slurmctld StatefulSet and pod, auth key Secret, NodePort Service."""
     key_secret = f"{CONTROLLER}-auth-slurm"
-    slurm = world.seed_slinky(emu, SLURM_NAMESPACE, CONTROLLER, host_ip=HOST_IP,
-                              key_ref={"name": key_secret, "key": "slurm.key"})
+    slurm = world.seed_slinky(
+        emu, SLURM_NAMESPACE, CONTROLLER, host_ip=HOST_IP, key_ref={"name": key_secret, "key": "slurm.key"}
+    )
     world.seed_nodeport(emu, SLURM_NAMESPACE, CONTROLLER, NODE_PORT)
     return slurm.key, key_secret
 
@@ -74,15 +77,30 @@ def seed_metal3(emu: Emulator) -> dict[str, Any]:
 
     The template keeps the thesis' address policy (hostIP) and opts in to the controller name."""
     labels = {"slurm-controller-namespace": SLURM_NAMESPACE, "cluster.x-k8s.io/cluster-name": CAPI_CLUSTER}
-    _, data = world.seed_metal3(emu, METAL3_NAMESPACE, CAPI_CLUSTER, TEMPLATE, labels, version=METAL3_VERSION.split("/")[1],
-                                template_annotations={"slurm-extra-join-data": "controller-name"})
+    _, data = world.seed_metal3(
+        emu,
+        METAL3_NAMESPACE,
+        CAPI_CLUSTER,
+        TEMPLATE,
+        labels,
+        version=METAL3_VERSION.split("/")[1],
+        template_annotations={"slurm-extra-join-data": "controller-name"},
+    )
     return data
 
 
 def seed_capi(emu: Emulator) -> None:
     """The MachineDeployment of the Slurm workers, at 0 (KEDA's minimum)."""
-    emu.create(world.machine_deployment(MACHINE_DEPLOYMENT, METAL3_NAMESPACE, replicas=0,
-                                        version=CAPI_VERSION.split("/")[1], cluster=CAPI_CLUSTER, full=True))
+    emu.create(
+        world.machine_deployment(
+            MACHINE_DEPLOYMENT,
+            METAL3_NAMESPACE,
+            replicas=0,
+            version=CAPI_VERSION.split("/")[1],
+            cluster=CAPI_CLUSTER,
+            full=True,
+        )
+    )
 
 
 def apply_chart_objects(emu: Emulator, rendered: list[dict[str, Any]]) -> list[str]:
@@ -95,8 +113,10 @@ def apply_chart_objects(emu: Emulator, rendered: list[dict[str, Any]]) -> list[s
     world.ensure_namespace(emu, SLIME_NAMESPACE)
     for obj in rendered:
         kind = obj.get("kind")
-        if kind == "ConfigMap" or (kind == "Deployment" and (obj["metadata"].get("labels") or {}).get(
-                "app.kubernetes.io/component") == "mirror"):
+        if kind == "ConfigMap" or (
+            kind == "Deployment"
+            and (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "mirror"
+        ):
             obj = deepcopy(obj)
             if kind == "Deployment":
                 obj["spec"]["replicas"] = 0

@@ -83,9 +83,14 @@ class DemoEnvironment:
         for component in ("injection", "scaling"):
             svc = f"{chart.RELEASE}-{component}-webhook"
             cert, key = tls / component / "tls.crt", tls / component / "tls.key"
-            issue_serving_cert(self.ca, cert, key,
-                               [f"{svc}.{cluster.SLIME_NAMESPACE}.svc", f"{svc}.{cluster.SLIME_NAMESPACE}.svc.cluster.local"],
-                               ["127.0.0.1"], days=1)
+            issue_serving_cert(
+                self.ca,
+                cert,
+                key,
+                [f"{svc}.{cluster.SLIME_NAMESPACE}.svc", f"{svc}.{cluster.SLIME_NAMESPACE}.svc.cluster.local"],
+                ["127.0.0.1"],
+                days=1,
+            )
             pairs[component] = ServingPair(cert, key, self.ca.cert_file)
 
         self.emulator = Emulator(admission=self._admit).start()
@@ -95,14 +100,24 @@ class DemoEnvironment:
 
         kubeconfig = str(self.kubeconfig)
         self.injection = start_injection(kubeconfig, pairs["injection"], log_level=self.log_level)
-        scaling = start_scaling(kubeconfig, pairs["scaling"], wait_reconciled=False, log_level=self.log_level,
-                                namespace=cluster.SLIME_NAMESPACE, resync_seconds=self.resync_seconds, patch_timeout_seconds=2)
+        scaling = start_scaling(
+            kubeconfig,
+            pairs["scaling"],
+            wait_reconciled=False,
+            log_level=self.log_level,
+            namespace=cluster.SLIME_NAMESPACE,
+            resync_seconds=self.resync_seconds,
+            patch_timeout_seconds=2,
+        )
         self.scaling_service, self.scaling = scaling.service, scaling.running
 
         urls = {INJECTION_WEBHOOK: self.injection.url, SCALING_WEBHOOK: self.scaling.url}
         local = [point_to_local(c, urls, self.ca.pem) for c in configurations]
-        self.chain = AdmissionChain(local, namespace_labels=self._namespace_labels,
-                                    user_info={"username": "kubernetes-admin", "groups": ["system:masters"]})
+        self.chain = AdmissionChain(
+            local,
+            namespace_labels=self._namespace_labels,
+            user_info={"username": "kubernetes-admin", "groups": ["system:masters"]},
+        )
 
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
         assert self.emulator is not None

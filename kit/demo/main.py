@@ -88,8 +88,9 @@ class Story:
         return len(self.env.chain.calls)
 
     def md_replicas(self) -> int | None:
-        md: Any = self.custom.get_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE,
-                                                      "machinedeployments", cluster.MACHINE_DEPLOYMENT)
+        md: Any = self.custom.get_namespaced_custom_object(
+            CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE, "machinedeployments", cluster.MACHINE_DEPLOYMENT
+        )
         return (md.get("spec") or {}).get("replicas")
 
     def _md_at(self, replicas: int) -> Callable[[], bool]:
@@ -102,13 +103,17 @@ class Story:
     def keda_scale(self, replicas: int) -> None:
         """What KEDA's HPA does: PATCH the mirror's /scale subresource."""
         try:
-            self.apps.patch_namespaced_deployment_scale(cluster.MIRROR, cluster.SLIME_NAMESPACE, {"spec": {"replicas": replicas}})
+            self.apps.patch_namespaced_deployment_scale(
+                cluster.MIRROR, cluster.SLIME_NAMESPACE, {"spec": {"replicas": replicas}}
+            )
         except ApiException as exc:
             raise DemoError(f"scaling the mirror to {replicas} was rejected: {_api_error(exc)}") from None
 
     def set_mapping(self, text: str) -> None:
         try:
-            self.core.patch_namespaced_config_map("scaling-webhook-configmap", cluster.SLIME_NAMESPACE, {"data": {"mappings": text}})
+            self.core.patch_namespaced_config_map(
+                "scaling-webhook-configmap", cluster.SLIME_NAMESPACE, {"data": {"mappings": text}}
+            )
         except ApiException as exc:
             raise DemoError(f"cannot update the scaling ConfigMap: {_api_error(exc)}") from None
 
@@ -128,19 +133,32 @@ class Story:
         say(f"  chart     {chart_dir()} rendered with `helm template` ({helm_binary()})")
         for hook in env.chain.webhooks:
             kind = "mutating" if hook.mutating else "validating"
-            rules = ", ".join(f"{'/'.join(r.get('apiGroups') or [''])  or 'core'} {','.join(r['resources'])} "
-                              f"{','.join(r['operations'])}" for r in hook.spec.get("rules") or [])
-            say(f"            {kind} {hook.name}: {rules}; failurePolicy {hook.failure_policy}, "
-                f"timeout {hook.timeout_seconds:g} s, {len(hook.spec.get('matchConditions') or [])} matchConditions")
+            rules = ", ".join(
+                f"{'/'.join(r.get('apiGroups') or ['']) or 'core'} {','.join(r['resources'])} "
+                f"{','.join(r['operations'])}"
+                for r in hook.spec.get("rules") or []
+            )
+            say(
+                f"            {kind} {hook.name}: {rules}; failurePolicy {hook.failure_policy}, "
+                f"timeout {hook.timeout_seconds:g} s, {len(hook.spec.get('matchConditions') or [])} matchConditions"
+            )
         say(f"  cluster   kubemu at {env.emulator.url}")
-        say(f"            Slinky Controller {cluster.SLURM_NAMESPACE}/{cluster.CONTROLLER}; slurmctld pod on hostIP "
-            f"{cluster.HOST_IP}, NodePort {cluster.NODE_PORT}; key Secret {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}")
-        say(f"            Metal3DataTemplate {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE} "
-            f"(slurm-controller-namespace={cluster.SLURM_NAMESPACE}), Metal3Data {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE}-0")
-        say(f"            MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT} ({CAPI_GROUP}/{CAPI_VERSION}), "
-            f"mirror Deployment {cluster.SLIME_NAMESPACE}/{cluster.MIRROR}, ConfigMap {cluster.SLIME_NAMESPACE}/scaling-webhook-configmap")
-        say(f"  webhooks  injection-webhook {env.injection.url}/mutate, scaling-webhook {env.scaling.url}/validate "
-            "(TLS; the chain trusts only the demo CA)")
+        say(
+            f"            Slinky Controller {cluster.SLURM_NAMESPACE}/{cluster.CONTROLLER}; slurmctld pod on hostIP "
+            f"{cluster.HOST_IP}, NodePort {cluster.NODE_PORT}; key Secret {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}"
+        )
+        say(
+            f"            Metal3DataTemplate {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE} "
+            f"(slurm-controller-namespace={cluster.SLURM_NAMESPACE}), Metal3Data {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE}-0"
+        )
+        say(
+            f"            MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT} ({CAPI_GROUP}/{CAPI_VERSION}), "
+            f"mirror Deployment {cluster.SLIME_NAMESPACE}/{cluster.MIRROR}, ConfigMap {cluster.SLIME_NAMESPACE}/scaling-webhook-configmap"
+        )
+        say(
+            f"  webhooks  injection-webhook {env.injection.url}/mutate, scaling-webhook {env.scaling.url}/validate "
+            "(TLS; the chain trusts only the demo CA)"
+        )
 
     def act_injection(self) -> None:
         say, env = self.say, self.env
@@ -149,8 +167,10 @@ class Story:
         secret = cluster.metadata_secret(env.seeded.metal3_data)
         name, ns = secret["metadata"]["name"], secret["metadata"]["namespace"]
         sent = yaml.safe_load(base64.b64decode(secret["data"]["metaData"]))
-        say(f"  CAPM3 creates Secret {ns}/{name} (owned by Metal3Data {ns}/{env.seeded.metal3_data['metadata']['name']}) "
-            f"with metaData keys {', '.join(sent)}")
+        say(
+            f"  CAPM3 creates Secret {ns}/{name} (owned by Metal3Data {ns}/{env.seeded.metal3_data['metadata']['name']}) "
+            f"with metaData keys {', '.join(sent)}"
+        )
         start = self.mark()
         try:
             self.core.create_namespaced_secret(ns, cast(Any, secret))  # the client sends dicts as they are
@@ -174,9 +194,12 @@ class Story:
                 shown = str(value)
             mark = "   (added)" if key not in sent else ""
             say(f"    {key + ':':<{width}} {shown}{mark}")
-        expected = {"slurm_controller_host": cluster.HOST_IP, "slurm_controller_port": str(cluster.NODE_PORT),
-                    "slurm_conf_server": f"{cluster.HOST_IP}:{cluster.NODE_PORT}",
-                    "slurm_controller_name": f"{cluster.CONTROLLER}-controller-0"}
+        expected = {
+            "slurm_controller_host": cluster.HOST_IP,
+            "slurm_controller_port": str(cluster.NODE_PORT),
+            "slurm_conf_server": f"{cluster.HOST_IP}:{cluster.NODE_PORT}",
+            "slurm_controller_name": f"{cluster.CONTROLLER}-controller-0",
+        }
         for key, value in expected.items():
             if str(meta.get(key)) != value:
                 raise DemoError(f"{key} is {meta[key]!r}, expected {value!r}")
@@ -185,20 +208,30 @@ class Story:
         except ValueError:
             raise DemoError("slurm_key_base64 is not valid base64") from None
         if decoded != env.seeded.slurm_key:
-            raise DemoError(f"slurm_key_base64 does not decode to slurm.key of {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}")
-        say(f"  slurm_key_base64 decodes to the {len(decoded)} bytes of slurm.key in "
+            raise DemoError(
+                f"slurm_key_base64 does not decode to slurm.key of {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}"
+            )
+        say(
+            f"  slurm_key_base64 decodes to the {len(decoded)} bytes of slurm.key in "
             f"{cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}; cloud-init can now run "
-            f"`slurmd -Z --conf-server {meta['slurm_conf_server']}`")
+            f"`slurmd -Z --conf-server {meta['slurm_conf_server']}`"
+        )
 
         # The matchConditions (CEL) keep other Secrets away from the webhook.
         start = self.mark()
-        plain = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bmc-credentials", "namespace": ns},
-                 "data": {"username": cluster.b64("admin")}}
+        plain = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "bmc-credentials", "namespace": ns},
+            "data": {"username": cluster.b64("admin")},
+        }
         self.core.create_namespaced_secret(ns, cast(Any, plain))
         if self.calls_since(start, INJECTION_WEBHOOK):
             raise DemoError("a Secret not owned by a Metal3Data reached the injection webhook")
-        say(f"  An ordinary Secret ({ns}/bmc-credentials) is stored as sent: the chart's matchConditions "
-            "(CEL) keep it away from the webhook.")
+        say(
+            f"  An ordinary Secret ({ns}/bmc-credentials) is stored as sent: the chart's matchConditions "
+            "(CEL) keep it away from the webhook."
+        )
 
     @staticmethod
     def _redacted(value: str) -> str:
@@ -209,7 +242,9 @@ class Story:
         say = self.say
         say.section("2. KEDA scales the mirror; the MachineDeployment follows")
         md_ref = f"MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT}"
-        say(f"  now: mirror {cluster.SLIME_NAMESPACE}/{cluster.MIRROR} = {self.mirror_replicas()}, {md_ref} = {self.md_replicas()}")
+        say(
+            f"  now: mirror {cluster.SLIME_NAMESPACE}/{cluster.MIRROR} = {self.mirror_replicas()}, {md_ref} = {self.md_replicas()}"
+        )
         if self.md_replicas() != 0:
             raise DemoError(f"{md_ref} should start at 0, it is {self.md_replicas()}")
         for replicas in (3, 1):
@@ -230,14 +265,23 @@ class Story:
         mirror = self.mirror_replicas()
         say(f"  a) Someone scales {md_ref} to 5 by hand (not through the mirror, which says {mirror}).")
         try:
-            self.custom.patch_namespaced_custom_object_scale(CAPI_GROUP, CAPI_VERSION, cluster.METAL3_NAMESPACE,
-                                                             "machinedeployments", cluster.MACHINE_DEPLOYMENT,
-                                                             {"spec": {"replicas": 5}})
+            self.custom.patch_namespaced_custom_object_scale(
+                CAPI_GROUP,
+                CAPI_VERSION,
+                cluster.METAL3_NAMESPACE,
+                "machinedeployments",
+                cluster.MACHINE_DEPLOYMENT,
+                {"spec": {"replicas": 5}},
+            )
         except ApiException as exc:
             raise DemoError(f"cannot scale the MachineDeployment by hand: {_api_error(exc)}") from None
         started = time.monotonic()
         wait_for(lambda: self.md_replicas() == 5, 2, f"{md_ref} to show the drift (5)")
-        wait_for(lambda: self.md_replicas() == mirror, HEAL_DEADLINE_SECONDS, f"the reconciler to heal {md_ref} back to {mirror}")
+        wait_for(
+            lambda: self.md_replicas() == mirror,
+            HEAL_DEADLINE_SECONDS,
+            f"the reconciler to heal {md_ref} back to {mirror}",
+        )
         say(f"     healed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
         self._show_event("DriftCorrected", contains="(was 5)")
 
@@ -255,11 +299,17 @@ class Story:
             raise DemoError(f"with no mapping, {md_ref} should have stayed at {mirror}, it is {stuck}")
         say(f"     no mapping, so nothing follows: {md_ref} stays at {stuck} while the mirror says 2")
         self.set_mapping(original)
-        wait_for(lambda: self.mirror_replicas() == stuck, HEAL_DEADLINE_SECONDS, f"the mirror to be adopted at {md_ref}'s {stuck}")
+        wait_for(
+            lambda: self.mirror_replicas() == stuck,
+            HEAL_DEADLINE_SECONDS,
+            f"the mirror to be adopted at {md_ref}'s {stuck}",
+        )
         if self.md_replicas() != stuck:
             raise DemoError(f"mapping again must never move the pool: {md_ref} is {self.md_replicas()}, was {stuck}")
-        say(f"     the mapping is restored: the mirror is adopted at the MachineDeployment's {stuck} "
-            "(a new mapping never moves a pool)")
+        say(
+            f"     the mapping is restored: the mirror is adopted at the MachineDeployment's {stuck} "
+            "(a new mapping never moves a pool)"
+        )
         self._show_event("AdoptedByMirror", contains=f"this MachineDeployment's {stuck} replicas")
         started = time.monotonic()
         start = self.mark()
@@ -270,10 +320,16 @@ class Story:
 
     def _show_event(self, reason: str, contains: str) -> None:
         """Print the Event ``reason`` whose message has ``contains`` (an earlier one of the same reason is not it)."""
+
         def found() -> Any:
             events = self.core.list_namespaced_event(cluster.METAL3_NAMESPACE).items
-            return [e for e in events if e.reason == reason and e.involved_object.name == cluster.MACHINE_DEPLOYMENT
-                    and contains in (e.message or "")]
+            return [
+                e
+                for e in events
+                if e.reason == reason
+                and e.involved_object.name == cluster.MACHINE_DEPLOYMENT
+                and contains in (e.message or "")
+            ]
 
         try:
             events = wait_for(found, 3, f"a {reason} Event")
@@ -294,7 +350,9 @@ class Story:
         lines = env.log_file.read_text(encoding="utf-8").splitlines() if env.log_file.exists() else []
         if any(key in line or key_b64 in line for line in lines):
             raise DemoError(f"slurm.key appeared in the webhooks' log ({env.log_file})")
-        self.say.section(f"slurm.key appears nowhere in this output, nor in the {len(lines)} lines the webhooks logged.")
+        self.say.section(
+            f"slurm.key appears nowhere in this output, nor in the {len(lines)} lines the webhooks logged."
+        )
 
     def close(self) -> None:
         self.api.close()
@@ -302,15 +360,26 @@ class Story:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="slime-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--keep-running", action="store_true",
-                        help="leave the emulator and both webhooks up after the story, until Ctrl-C")
-    parser.add_argument("--resync-seconds", type=float, default=1.0,
-                        help="the scaling reconciler's period (default 1 s in the demo)")
-    parser.add_argument("--real", action="store_true",
-                        help="the whole loop on real components (real Kubernetes, cert-manager, KEDA, Prometheus, "
-                             "Cluster API, Slurm 24.11; simulated metal): needs root, builds them on first use")
-    parser.add_argument("--figures", type=Path, metavar="DIR",
-                        help="with --real: write the scale-up timeline there (timeline.txt, .json, .png)")
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave the emulator and both webhooks up after the story, until Ctrl-C",
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=1.0, help="the scaling reconciler's period (default 1 s in the demo)"
+    )
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="the whole loop on real components (real Kubernetes, cert-manager, KEDA, Prometheus, "
+        "Cluster API, Slurm 24.11; simulated metal): needs root, builds them on first use",
+    )
+    parser.add_argument(
+        "--figures",
+        type=Path,
+        metavar="DIR",
+        help="with --real: write the scale-up timeline there (timeline.txt, .json, .png)",
+    )
     options = parser.parse_args(argv)
     if options.figures is not None and not options.real:
         parser.error("--figures needs --real")
@@ -336,9 +405,13 @@ def _wait_for_interrupt(say: Narrator) -> None:
     say("stopping")
 
 
-def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None = None,
-         inspect: Callable[[DemoEnvironment], None] | None = None,
-         on_start: Callable[[DemoEnvironment], None] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    out: Callable[[str], None] | None = None,
+    inspect: Callable[[DemoEnvironment], None] | None = None,
+    on_start: Callable[[DemoEnvironment], None] | None = None,
+) -> int:
     """Run the demo; 0 when every step did what it should, 1 otherwise.
 
     ``out`` receives each narrative line (default: print). ``on_start`` is called with the
@@ -373,7 +446,9 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] | None
             if options.keep_running:
                 assert env.emulator and env.injection and env.scaling and env.ca
                 say.section("Everything stays up until Ctrl-C:")
-                say(f"  KUBECONFIG={env.kubeconfig}   (kubemu at {env.emulator.url}; e.g. kubectl get machinedeployments -A)")
+                say(
+                    f"  KUBECONFIG={env.kubeconfig}   (kubemu at {env.emulator.url}; e.g. kubectl get machinedeployments -A)"
+                )
                 say(f"  injection webhook  {env.injection.url}/mutate   (metrics {env.injection.metrics_url}/metrics)")
                 say(f"  scaling webhook    {env.scaling.url}/validate   (metrics {env.scaling.metrics_url}/metrics)")
                 say(f"  CA bundle          {env.ca.cert_file}")

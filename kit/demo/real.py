@@ -46,7 +46,11 @@ def run(figures: Path | None, out: Callable[[str], None]) -> int:
             parts = loop.prepare(workdir / "parts", out)
         except Exception as exc:  # noqa: BLE001 - *Unavailable or a failed build: one line, not a traceback
             missing = type(exc).__name__.endswith("Unavailable")
-            print(f"slime-demo --real: {'cannot run here' if missing else 'FAILED preparing'}: {exc}", file=sys.stderr, flush=True)
+            print(
+                f"slime-demo --real: {'cannot run here' if missing else 'FAILED preparing'}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             return 2 if missing else 1
         with loop.whole_loop(workdir / "loop", parts, hosts=HOSTS, progress=out) as running:
             story = loop.run_story(running, out)
@@ -59,8 +63,10 @@ def run(figures: Path | None, out: Callable[[str], None]) -> int:
         for problem in problems:
             print(f"slime-demo --real: FAILED: {problem}", file=sys.stderr, flush=True)
         if not problems:
-            out(f"Real demo complete in {time.monotonic() - began:.0f} s: every step did what it should, "
-                "and no key appeared in any component's log.")
+            out(
+                f"Real demo complete in {time.monotonic() - began:.0f} s: every step did what it should, "
+                "and no key appeared in any component's log."
+            )
         return 1 if problems else 0
     except KeyboardInterrupt:
         print("slime-demo --real: interrupted (everything started was stopped)", file=sys.stderr, flush=True)

@@ -7,5 +7,15 @@ from .faults import Fault, FaultHandle
 from .resources import Resource, ScaleSpec, default_resources
 from .server import RecordedRequest
 
-__all__ = ["AdmissionAttributes", "AdmissionDenied", "ApiError", "Emulator", "Fault", "FaultHandle",
-           "RecordedRequest", "Resource", "ScaleSpec", "default_resources"]
+__all__ = [
+    "AdmissionAttributes",
+    "AdmissionDenied",
+    "ApiError",
+    "Emulator",
+    "Fault",
+    "FaultHandle",
+    "RecordedRequest",
+    "Resource",
+    "ScaleSpec",
+    "default_resources",
+]

@@ -14,8 +14,13 @@ from .emulator import Emulator
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kubemu", description="Kubernetes API-server emulator")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
-    parser.add_argument("--seed", action="append", default=[], metavar="FILE.yaml",
-                        help="multi-document YAML of objects to create at start (repeatable)")
+    parser.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        metavar="FILE.yaml",
+        help="multi-document YAML of objects to create at start (repeatable)",
+    )
     parser.add_argument("--kubeconfig-out", metavar="PATH", help="write a kubeconfig for the emulator here")
     parser.add_argument("--namespace", default="default", help="namespace of the kubeconfig context")
     parser.add_argument("--token", help="require this bearer token")

@@ -41,18 +41,32 @@ class Emulator:
     `admission` is called before every write (see AdmissionAttributes).
     """
 
-    def __init__(self, resources: Iterable[Resource] | None = None, served: dict[str, list[str]] | None = None,
-                 token: str | None = None, admission: AdmissionHook | None = None, port: int = 0,
-                 history_size: int = 1000, bookmark_interval: float = 60.0,
-                 namespaces: Iterable[str] = DEFAULT_NAMESPACES):
+    def __init__(
+        self,
+        resources: Iterable[Resource] | None = None,
+        served: dict[str, list[str]] | None = None,
+        token: str | None = None,
+        admission: AdmissionHook | None = None,
+        port: int = 0,
+        history_size: int = 1000,
+        bookmark_interval: float = 60.0,
+        namespaces: Iterable[str] = DEFAULT_NAMESPACES,
+    ):
         self.registry = Registry(resources if resources is not None else default_resources(), served)
         self.store = Store(history_size)
         self.faults = FaultSet()
         self.token = token
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
-        self.app = KubeApp(self.store, self.registry, self.faults, self._record, token=token,
-                           admission=admission, bookmark_interval=bookmark_interval)
+        self.app = KubeApp(
+            self.store,
+            self.registry,
+            self.faults,
+            self._record,
+            token=token,
+            admission=admission,
+            bookmark_interval=bookmark_interval,
+        )
         self._port = port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -85,8 +99,9 @@ class Emulator:
         self._port = sock.getsockname()[1]
         cfg = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, proxy_headers=False)
         server = uvicorn.Server(cfg)
-        thread = threading.Thread(target=asyncio.run, args=(self._serve(server, sock),),
-                                  name=f"kubemu-{self._port}", daemon=True)
+        thread = threading.Thread(
+            target=asyncio.run, args=(self._serve(server, sock),), name=f"kubemu-{self._port}", daemon=True
+        )
         thread.start()
         while not server.started:
             if not thread.is_alive():
@@ -126,10 +141,15 @@ class Emulator:
 
     def kubeconfig(self, namespace: str = "default", name: str = "kubemu") -> dict[str, Any]:
         user: dict[str, Any] = {"token": self.token} if self.token else {}
-        return {"apiVersion": "v1", "kind": "Config", "current-context": name, "preferences": {},
-                "clusters": [{"name": name, "cluster": {"server": self.url}}],
-                "users": [{"name": name, "user": user}],
-                "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}]}
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": name,
+            "preferences": {},
+            "clusters": [{"name": name, "cluster": {"server": self.url}}],
+            "users": [{"name": name, "user": user}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}],
+        }
 
     def write_kubeconfig(self, path: str | os.PathLike[str], namespace: str = "default") -> str:
         """Write a kubeconfig for this emulator (token included when auth is on); returns the path."""
@@ -193,11 +213,18 @@ class Emulator:
                 return None
             raise
 
-    def list(self, api_version: str, kind_or_plural: str, namespace: str = "",
-             label_selector: str = "", field_selector: str = "") -> list[Obj]:
+    def list(
+        self,
+        api_version: str,
+        kind_or_plural: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> list[Obj]:
         res = self.registry.find(api_version, kind_or_plural)
-        items, _, _ = self.store.list(res, namespace, LabelSelector(label_selector),
-                                   FieldSelector(field_selector, res.field_labels))
+        items, _, _ = self.store.list(
+            res, namespace, LabelSelector(label_selector), FieldSelector(field_selector, res.field_labels)
+        )
         return [self._as(o, api_version) for o in items]
 
     def update(self, obj: Obj) -> Obj:
@@ -207,8 +234,15 @@ class Emulator:
         updated = self.store.update(res, obj, meta.get("namespace", ""), meta["name"], mode="all")
         return self._as(updated, obj["apiVersion"])
 
-    def patch(self, api_version: str, kind_or_plural: str, namespace: str, name: str,
-              patch: Obj | builtins.list[Any], content_type: str = MERGE_PATCH) -> Obj:
+    def patch(
+        self,
+        api_version: str,
+        kind_or_plural: str,
+        namespace: str,
+        name: str,
+        patch: Obj | builtins.list[Any],
+        content_type: str = MERGE_PATCH,
+    ) -> Obj:
         """Patch spec, metadata or status (merge patch by default; a list needs json-patch)."""
         res = self.registry.find(api_version, kind_or_plural)
         body = json.dumps(patch).encode()

@@ -22,11 +22,19 @@ REASONS = {
 }
 
 
-def status_body(code: int, message: str, reason: str | None = None,
-                details: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_body(
+    code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A failure `Status` object as the API server returns it."""
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                            "message": message, "reason": reason or REASONS.get(code, "Unknown"), "code": code}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, "Unknown"),
+        "code": code,
+    }
     if details:
         body["details"] = details
     return body

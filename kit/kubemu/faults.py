@@ -31,9 +31,11 @@ class Fault:
         self._pattern = re.compile(self.path_regex)
 
     def matches(self, method: str, verb: str, path: str) -> bool:
-        return ((self.method is None or self.method.upper() == method)
-                and (self.verb is None or self.verb == verb)
-                and self._pattern.search(path) is not None)
+        return (
+            (self.method is None or self.method.upper() == method)
+            and (self.verb is None or self.verb == verb)
+            and self._pattern.search(path) is not None
+        )
 
 
 class FaultHandle:

@@ -36,9 +36,11 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def _unsupported(custom: bool) -> ApiError:
     accepted = [JSON_PATCH, MERGE_PATCH] + ([] if custom else [STRATEGIC_MERGE_PATCH]) + [APPLY_PATCH]
-    return ApiError(415, "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types include: "
-                    + ", ".join(accepted))
+    return ApiError(
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: " + ", ".join(accepted),
+    )
 
 
 def apply_patch(obj: dict[str, Any], content_type: str, body: bytes, custom: bool = False) -> dict[str, Any]:
@@ -65,7 +67,9 @@ def apply_patch(obj: dict[str, Any], content_type: str, body: bytes, custom: boo
         except jsonpatch.InvalidJsonPatch as exc:
             raise ApiError(400, "BadRequest", f"invalid json patch: {exc}") from exc
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}") from exc
+            raise ApiError(
+                422, "Invalid", f"the server rejected our request due to an error in our request: {exc}"
+            ) from exc
     if not isinstance(decoded, dict):
         raise ApiError(400, "BadRequest", "merge patch must be a JSON object")
     return merge_patch(obj, decoded)

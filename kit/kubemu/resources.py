@@ -101,10 +101,26 @@ def default_resources() -> list[Resource]:
         Resource("", ["v1"], "ConfigMap", "configmaps", status=False),
         # Core events are selectable by the fields kube-apiserver's event strategy exposes (kubectl
         # describe uses involvedObject.*).
-        Resource("", ["v1"], "Event", "events", status=False, field_labels=(
-            "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-            "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
-            "reason", "reportingComponent", "source", "type")),
+        Resource(
+            "",
+            ["v1"],
+            "Event",
+            "events",
+            status=False,
+            field_labels=(
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ),
+        ),
         Resource("apps", ["v1"], "Deployment", "deployments", scale=ScaleSpec(selector="spec.selector")),
         Resource("apps", ["v1"], "StatefulSet", "statefulsets", scale=ScaleSpec(selector="spec.selector")),
         Resource("apps", ["v1"], "ReplicaSet", "replicasets", scale=ScaleSpec(selector="spec.selector")),
@@ -116,7 +132,9 @@ def default_resources() -> list[Resource]:
         Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Data", "metal3datas", custom=True),
         Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3DataTemplate", "metal3datatemplates", custom=True),
         Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Machine", "metal3machines", custom=True),
-        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3MachineTemplate", "metal3machinetemplates", custom=True),
+        Resource(
+            "infrastructure.cluster.x-k8s.io", capi, "Metal3MachineTemplate", "metal3machinetemplates", custom=True
+        ),
         Resource("metal3.io", ["v1alpha1"], "BareMetalHost", "baremetalhosts", custom=True),
         Resource("slinky.slurm.net", ["v1alpha1", "v1beta1"], "Controller", "controllers", custom=True),
     ]
@@ -166,12 +184,18 @@ class Registry:
     def api_group(self, group: str) -> dict[str, Any]:
         versions = self.served_versions(group)
         entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-        return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": entries,
-                "preferredVersion": entries[0]}
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": group,
+            "versions": entries,
+            "preferredVersion": entries[0],
+        }
 
     def api_group_list(self) -> dict[str, Any]:
-        groups = [{k: v for k, v in self.api_group(g).items() if k not in ("kind", "apiVersion")}
-                  for g in self.groups()]
+        groups = [
+            {k: v for k, v in self.api_group(g).items() if k not in ("kind", "apiVersion")} for g in self.groups()
+        ]
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
     def api_resource_list(self, group: str, version: str) -> dict[str, Any] | None:
@@ -181,15 +205,39 @@ class Registry:
             return None
         resources: list[dict[str, Any]] = []
         for res in served:
-            base = {"name": res.plural, "singularName": res.singular, "namespaced": res.namespaced,
-                    "kind": res.kind, "verbs": VERBS}
+            base = {
+                "name": res.plural,
+                "singularName": res.singular,
+                "namespaced": res.namespaced,
+                "kind": res.kind,
+                "verbs": VERBS,
+            }
             resources.append(base)
             if res.status:
-                resources.append({"name": f"{res.plural}/status", "singularName": "",
-                                  "namespaced": res.namespaced, "kind": res.kind, "verbs": SUBRESOURCE_VERBS})
+                resources.append(
+                    {
+                        "name": f"{res.plural}/status",
+                        "singularName": "",
+                        "namespaced": res.namespaced,
+                        "kind": res.kind,
+                        "verbs": SUBRESOURCE_VERBS,
+                    }
+                )
             if res.scale_spec:
-                resources.append({"name": f"{res.plural}/scale", "singularName": "",
-                                  "namespaced": res.namespaced, "group": "autoscaling", "version": "v1",
-                                  "kind": "Scale", "verbs": SUBRESOURCE_VERBS})
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+                resources.append(
+                    {
+                        "name": f"{res.plural}/scale",
+                        "singularName": "",
+                        "namespaced": res.namespaced,
+                        "group": "autoscaling",
+                        "version": "v1",
+                        "kind": "Scale",
+                        "verbs": SUBRESOURCE_VERBS,
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }

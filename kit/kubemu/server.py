@@ -31,9 +31,17 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 DEFAULT_WATCH_TIMEOUT = 1800.0  # the API server's default upper bound (30 min)
 PATCH_RETRIES = 5
-VERSION_INFO = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kubemu", "gitCommit": "kubemu",
-                "gitTreeState": "clean", "buildDate": "2024-01-01T00:00:00Z", "goVersion": "go1.22",
-                "compiler": "gc", "platform": "linux/amd64"}
+VERSION_INFO = {
+    "major": "1",
+    "minor": "31",
+    "gitVersion": "v1.31.0-kubemu",
+    "gitCommit": "kubemu",
+    "gitTreeState": "clean",
+    "buildDate": "2024-01-01T00:00:00Z",
+    "goVersion": "go1.22",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
 
 
 @dataclass
@@ -97,7 +105,9 @@ def parse_request_info(method: str, path: str, query: dict[str, str]) -> Request
     watch = query.get("watch", "").lower() in ("true", "1")
     info.verb = {
         "GET": "get" if info.name else ("watch" if watch else "list"),
-        "POST": "create", "PUT": "update", "PATCH": "patch",
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
         "DELETE": "delete" if info.name else "deletecollection",
     }.get(method, method.lower())
     return info
@@ -177,6 +187,7 @@ def _fold_string_data(res: Resource, obj: Obj) -> None:
     data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()})
     obj["data"] = data
 
+
 def _decode(body: bytes) -> Obj:
     try:
         obj = json.loads(body)
@@ -190,9 +201,16 @@ def _decode(body: bytes) -> Obj:
 class KubeApp:
     """ASGI application for one emulated cluster."""
 
-    def __init__(self, store: Store, registry: Registry, faults: FaultSet,
-                 record: Callable[[RecordedRequest], None], token: str | None = None,
-                 admission: AdmissionHook | None = None, bookmark_interval: float = 60.0):
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        faults: FaultSet,
+        record: Callable[[RecordedRequest], None],
+        token: str | None = None,
+        admission: AdmissionHook | None = None,
+        bookmark_interval: float = 60.0,
+    ):
         self.store = store
         self.registry = registry
         self.faults = faults
@@ -212,11 +230,23 @@ class KubeApp:
         info = parse_request_info(scope["method"], scope["path"], dict(parse_qsl(raw_query, keep_blank_values=True)))
 
         def record(status_code: int) -> None:
-            self.record(RecordedRequest(
-                verb=info.verb, api_group=info.group, version=info.version, resource=info.resource,
-                subresource=info.subresource, namespace=info.namespace, name=info.name, path=info.path,
-                method=info.method, status_code=status_code, user_agent=headers.get("user-agent", ""),
-                non_resource=info.non_resource, query=raw_query))
+            self.record(
+                RecordedRequest(
+                    verb=info.verb,
+                    api_group=info.group,
+                    version=info.version,
+                    resource=info.resource,
+                    subresource=info.subresource,
+                    namespace=info.namespace,
+                    name=info.name,
+                    path=info.path,
+                    method=info.method,
+                    status_code=status_code,
+                    user_agent=headers.get("user-agent", ""),
+                    non_resource=info.non_resource,
+                    query=raw_query,
+                )
+            )
 
         async def recording_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -267,15 +297,20 @@ class KubeApp:
     @staticmethod
     async def _respond(send: Send, code: int, body: Any, content_type: str = "application/json") -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": code,
-                    "headers": [(b"content-type", content_type.encode()),
-                                (b"content-length", str(len(data)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": code,
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(data)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     # --- routing -------------------------------------------------------------------------
 
-    async def _dispatch(self, info: RequestInfo, headers: dict[str, str], body: bytes,
-                        send: Send, receive: Receive) -> None:
+    async def _dispatch(
+        self, info: RequestInfo, headers: dict[str, str], body: bytes, send: Send, receive: Receive
+    ) -> None:
         if info.non_resource:
             doc = self._non_resource(info, headers.get("host", ""))
             await self._respond(send, 200, doc, "application/json" if isinstance(doc, dict) else "text/plain")
@@ -283,10 +318,11 @@ class KubeApp:
         res = self.registry.lookup(info.group, info.version, info.resource)
         if res is None or info.extra_parts or (info.namespace_in_path and not res.namespaced):
             raise _not_found()
-        if info.subresource and not ((info.subresource == "status" and res.status)
-                                     or (info.subresource == "scale" and res.scale_spec)):
+        if info.subresource and not (
+            (info.subresource == "status" and res.status) or (info.subresource == "scale" and res.scale_spec)
+        ):
             raise _not_found()
-        ns = (info.namespace if res.namespaced else "")
+        ns = info.namespace if res.namespaced else ""
         if res.namespaced and info.name and not ns:
             raise _not_found()
         dry_run = self._dry_run(info.query)
@@ -298,12 +334,24 @@ class KubeApp:
             after, limit, first_rv = _paging(info.query)
             items, rv, remaining = self.store.list(res, ns, labels, fields, after, limit)
             metadata = _page_metadata(items, first_rv or rv, remaining)
-            await self._respond(send, 200, {"kind": f"{res.kind}List", "apiVersion": res.api_version(info.version),
-                                            "metadata": metadata,
-                                            "items": [self._out(o, res, info.version) for o in items]})
+            await self._respond(
+                send,
+                200,
+                {
+                    "kind": f"{res.kind}List",
+                    "apiVersion": res.api_version(info.version),
+                    "metadata": metadata,
+                    "items": [self._out(o, res, info.version) for o in items],
+                },
+            )
             return
-        handler = {"get": self._get, "create": self._create, "update": self._update,
-                   "patch": self._patch, "delete": self._delete}.get(info.verb)
+        handler = {
+            "get": self._get,
+            "create": self._create,
+            "update": self._update,
+            "patch": self._patch,
+            "delete": self._delete,
+        }.get(info.verb)
         if handler is None or (info.verb == "create" and (info.name or (res.namespaced and not ns))):
             raise _method_not_allowed()
         code, obj = await handler(info, res, ns, headers, body, dry_run)
@@ -318,8 +366,11 @@ class KubeApp:
         if parts == ["version"]:
             return VERSION_INFO
         if parts == ["api"]:
-            return {"kind": "APIVersions", "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]}
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
+            }
         if parts == ["apis"]:
             return self.registry.api_group_list()
         if len(parts) == 2 and parts[0] == "apis" and self.registry.served_versions(parts[1]):
@@ -343,8 +394,10 @@ class KubeApp:
     @staticmethod
     def _selectors(res: Resource, query: dict[str, str]) -> tuple[LabelSelector, FieldSelector]:
         try:
-            return (LabelSelector(query.get("labelSelector", "")),
-                    FieldSelector(query.get("fieldSelector", ""), res.field_labels))
+            return (
+                LabelSelector(query.get("labelSelector", "")),
+                FieldSelector(query.get("fieldSelector", ""), res.field_labels),
+            )
         except ValueError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from exc
 
@@ -355,8 +408,17 @@ class KubeApp:
 
     # --- admission -----------------------------------------------------------------------
 
-    async def _admit(self, operation: str, info: RequestInfo, res: Resource, ns: str, name: str,
-                     new: Obj | None, old: Obj | None, dry_run: bool) -> Obj | None:
+    async def _admit(
+        self,
+        operation: str,
+        info: RequestInfo,
+        res: Resource,
+        ns: str,
+        name: str,
+        new: Obj | None,
+        old: Obj | None,
+        dry_run: bool,
+    ) -> Obj | None:
         """Run the admission hook in a worker thread (it may block); return the object to store."""
         if self.admission is None:
             return new
@@ -364,9 +426,19 @@ class KubeApp:
             kind = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
         else:
             kind = {"group": res.group, "version": info.version, "kind": res.kind}
-        attrs = AdmissionAttributes(operation=operation, group=res.group, version=info.version,
-                                    resource=res.plural, subresource=info.subresource, kind=kind,
-                                    namespace=ns, name=name, object=new, old_object=old, dry_run=dry_run)
+        attrs = AdmissionAttributes(
+            operation=operation,
+            group=res.group,
+            version=info.version,
+            resource=res.plural,
+            subresource=info.subresource,
+            kind=kind,
+            namespace=ns,
+            name=name,
+            object=new,
+            old_object=old,
+            dry_run=dry_run,
+        )
         try:
             result = await asyncio.to_thread(self.admission, attrs)
         except AdmissionDenied as denied:
@@ -379,11 +451,15 @@ class KubeApp:
         spec = res.scale_spec
         assert spec is not None
         meta = parent["metadata"]
-        scale: Obj = {"kind": "Scale", "apiVersion": "autoscaling/v1",
-                      "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
-                                                         "creationTimestamp") if k in meta},
-                      "spec": {"replicas": _get_path(parent, spec.spec_replicas) or 0},
-                      "status": {"replicas": _get_path(parent, spec.status_replicas) or 0}}
+        scale: Obj = {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+            },
+            "spec": {"replicas": _get_path(parent, spec.spec_replicas) or 0},
+            "status": {"replicas": _get_path(parent, spec.status_replicas) or 0},
+        }
         _wire_scale(scale)
         selector = _get_path(parent, spec.selector)
         if isinstance(selector, dict):
@@ -395,13 +471,20 @@ class KubeApp:
     @staticmethod
     def _check_scale(scale: Obj, name: str) -> int:
         if scale.get("metadata", {}).get("name") not in (None, "", name):
-            raise ApiError(400, "BadRequest", f"the name of the object ({scale['metadata']['name']}) does not "
-                                              f"match the name on the URL ({name})")
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"the name of the object ({scale['metadata']['name']}) does not match the name on the URL ({name})",
+            )
         spec = scale.get("spec") or {}
         replicas = spec.get("replicas", 0) if isinstance(spec, dict) else None  # omitted: 0 (int32, omitempty)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise ApiError(422, "Invalid", f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid value: '
-                                           f"{json.dumps(replicas)}: must be a non-negative integer")
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid value: '
+                f"{json.dumps(replicas)}: must be a non-negative integer",
+            )
         return replicas
 
     def _scaled_parent(self, res: Resource, parent: Obj, scale: Obj, name: str) -> Obj:
@@ -415,18 +498,23 @@ class KubeApp:
     def _result(self, res: Resource, info: RequestInfo, obj: Obj) -> Obj:
         return self._scale_of(res, obj) if info.subresource == "scale" else self._out(obj, res, info.version)
 
-    async def _get(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
-                   body: bytes, dry_run: bool) -> tuple[int, Obj]:
+    async def _get(
+        self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
+    ) -> tuple[int, Obj]:
         return 200, self._result(res, info, self.store.get(res, ns, info.name))
 
-    async def _create(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
-                      body: bytes, dry_run: bool) -> tuple[int, Obj]:
+    async def _create(
+        self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
+    ) -> tuple[int, Obj]:
         obj = _decode(body)
         raw_meta = obj.get("metadata")
         meta: Obj = raw_meta if isinstance(raw_meta, dict) else {}
         if res.namespaced and meta.get("namespace") not in (None, "", ns):
-            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
-                                              "the namespace sent on the request")
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
         obj.update(apiVersion=res.api_version(info.version), kind=obj.get("kind") or res.kind)
         if res.namespaced:
             obj["metadata"] = {**meta, "namespace": ns}
@@ -435,8 +523,9 @@ class KubeApp:
         created = self.store.create(res, admitted or {}, ns, dry_run=dry_run)
         return 201, self._out(created, res, info.version)
 
-    async def _update(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
-                      body: bytes, dry_run: bool) -> tuple[int, Obj]:
+    async def _update(
+        self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
+    ) -> tuple[int, Obj]:
         obj = _decode(body)
         old = self.store.get(res, ns, info.name)
         if info.subresource == "scale":
@@ -451,8 +540,9 @@ class KubeApp:
         updated = self.store.update(res, obj, ns, info.name, mode=mode, dry_run=dry_run)
         return 200, self._result(res, info, updated)
 
-    async def _patch(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
-                     body: bytes, dry_run: bool) -> tuple[int, Obj]:
+    async def _patch(
+        self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
+    ) -> tuple[int, Obj]:
         """Apply the patch to the current object; retry on a write race unless the patch itself
         pinned a resourceVersion (then the Conflict is the caller's)."""
         content_type = headers.get("content-type", "")
@@ -463,7 +553,10 @@ class KubeApp:
                 old_scale = self._scale_of(res, old)
                 scale = apply_patch(old_scale, content_type, body, res.custom)
                 self._check_scale(scale, info.name)
-                scale = await self._admit("UPDATE", info, res, ns, info.name, _wire_scale(scale), old_scale, dry_run) or scale
+                scale = (
+                    await self._admit("UPDATE", info, res, ns, info.name, _wire_scale(scale), old_scale, dry_run)
+                    or scale
+                )
                 new = self._scaled_parent(res, old, scale, info.name)
             else:
                 new = apply_patch(old, content_type, body, res.custom)
@@ -479,22 +572,32 @@ class KubeApp:
             return 200, self._result(res, info, updated)
         raise AssertionError("unreachable")
 
-    async def _delete(self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str],
-                      body: bytes, dry_run: bool) -> tuple[int, Obj]:
+    async def _delete(
+        self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
+    ) -> tuple[int, Obj]:
         if info.subresource:
             raise _method_not_allowed()
         options = _decode(body) if body.strip() else {}
         dry_run = dry_run or "All" in (options.get("dryRun") or [])
         old = self.store.get(res, ns, info.name)
         await self._admit("DELETE", info, res, ns, info.name, None, old, dry_run)
-        obj, removed = self.store.delete(res, ns, info.name, dry_run=dry_run,
-                                         preconditions=options.get("preconditions"))
+        obj, removed = self.store.delete(
+            res, ns, info.name, dry_run=dry_run, preconditions=options.get("preconditions")
+        )
         return (200 if removed else 202), self._out(obj, res, info.version)
 
     # --- watch ---------------------------------------------------------------------------
 
-    async def _watch(self, info: RequestInfo, res: Resource, ns: str, labels: LabelSelector,
-                     fields: FieldSelector, send: Send, receive: Receive) -> None:
+    async def _watch(
+        self,
+        info: RequestInfo,
+        res: Resource,
+        ns: str,
+        labels: LabelSelector,
+        fields: FieldSelector,
+        send: Send,
+        receive: Receive,
+    ) -> None:
         """Stream newline-delimited watch events until timeoutSeconds, disconnect or stop."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
@@ -543,8 +646,9 @@ class KubeApp:
             while (remaining := deadline - loop.time()) > 0:
                 getter = asyncio.ensure_future(queue.get())
                 wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
-                done, _ = await asyncio.wait({getter, disconnected}, timeout=max(wait, 0),
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {getter, disconnected}, timeout=max(wait, 0), return_when=asyncio.FIRST_COMPLETED
+                )
                 if getter not in done:
                     getter.cancel()
                 if disconnected in done:
@@ -573,4 +677,3 @@ class KubeApp:
     async def _wait_disconnect(receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-

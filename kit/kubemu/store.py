@@ -61,8 +61,9 @@ class Watcher:
     as the API server's watch cache does.
     """
 
-    def __init__(self, resource: Resource, namespace: str, labels: LabelSelector,
-                 fields: FieldSelector, deliver: Deliver):
+    def __init__(
+        self, resource: Resource, namespace: str, labels: LabelSelector, fields: FieldSelector, deliver: Deliver
+    ):
         self.resource = resource
         self.namespace = namespace
         self.labels = labels
@@ -71,8 +72,11 @@ class Watcher:
 
     def matches(self, obj: Obj) -> bool:
         meta = obj["metadata"]
-        return ((not self.namespace or meta.get("namespace") == self.namespace)
-                and self.labels.matches(meta.get("labels")) and self.fields.matches(obj))
+        return (
+            (not self.namespace or meta.get("namespace") == self.namespace)
+            and self.labels.matches(meta.get("labels"))
+            and self.fields.matches(obj)
+        )
 
     def translate(self, ev: Event) -> WatchEvent | None:
         if ev.key != self.resource.key:
@@ -111,22 +115,34 @@ class Store:
     def _current(self, res: Resource, namespace: str, name: str) -> Obj:
         obj = self._bucket(res).get((namespace if res.namespaced else "", name))
         if obj is None:
-            raise ApiError(404, "NotFound", f'{res.group_resource} "{name}" not found',
-                           {"name": name, "group": res.group, "kind": res.plural})
+            raise ApiError(
+                404,
+                "NotFound",
+                f'{res.group_resource} "{name}" not found',
+                {"name": name, "group": res.group, "kind": res.plural},
+            )
         return obj
 
     def get(self, res: Resource, namespace: str, name: str) -> Obj:
         with self._lock:
             return copy.deepcopy(self._current(res, namespace, name))
 
-    def list(self, res: Resource, namespace: str = "", labels: LabelSelector | None = None,
-             fields: FieldSelector | None = None, after: tuple[str, str] | None = None,
-             limit: int = 0) -> tuple[list[Obj], str, int]:
+    def list(
+        self,
+        res: Resource,
+        namespace: str = "",
+        labels: LabelSelector | None = None,
+        fields: FieldSelector | None = None,
+        after: tuple[str, str] | None = None,
+        limit: int = 0,
+    ) -> tuple[list[Obj], str, int]:
         """Matching objects sorted by namespace/name (only those past ``after``, at most ``limit``),
         the list resourceVersion, and how many more match beyond the limit."""
         w = Watcher(res, namespace, labels or LabelSelector(), fields or FieldSelector(), lambda _: None)
         with self._lock:
-            matching = [o for key, o in sorted(self._bucket(res).items()) if (after is None or key > after) and w.matches(o)]
+            matching = [
+                o for key, o in sorted(self._bucket(res).items()) if (after is None or key > after) and w.matches(o)
+            ]
             remaining = max(0, len(matching) - limit) if limit else 0
             page = matching[:limit] if limit else matching
             return [copy.deepcopy(o) for o in page], str(self._rv), remaining
@@ -158,8 +174,9 @@ class Store:
                 return name
         raise ApiError(500, "InternalError", "could not generate a unique name")
 
-    def create(self, res: Resource, obj: Obj, namespace: str = "", dry_run: bool = False,
-               keep_status: bool = False) -> Obj:
+    def create(
+        self, res: Resource, obj: Obj, namespace: str = "", dry_run: bool = False, keep_status: bool = False
+    ) -> Obj:
         """Create; like the API server, status is reset unless `keep_status` (direct seeding)."""
         obj = copy.deepcopy(obj)
         meta = obj.get("metadata")
@@ -172,8 +189,11 @@ class Store:
         if res.namespaced:
             body_ns = meta.get("namespace")
             if body_ns and namespace and body_ns != namespace:
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
-                                                  "the namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
             namespace = namespace or body_ns or "default"
             meta["namespace"] = namespace
         else:
@@ -184,14 +204,25 @@ class Store:
                 meta["name"] = self._generate_name(res, namespace, meta["generateName"])
             name = meta.get("name") or ""
             if not name:
-                raise ApiError(422, "Invalid", f'{res.kind} "" is invalid: metadata.name: Required value: '
-                                               "name or generateName is required")
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{res.kind} "" is invalid: metadata.name: Required value: name or generateName is required',
+                )
             if not _NAME_RE.match(name):
-                raise ApiError(422, "Invalid", f'{res.kind} "{name}" is invalid: metadata.name: Invalid value: '
-                                               f'"{name}": must be a lowercase RFC 1123 subdomain')
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{res.kind} "{name}" is invalid: metadata.name: Invalid value: '
+                    f'"{name}": must be a lowercase RFC 1123 subdomain',
+                )
             if (namespace, name) in self._bucket(res):
-                raise ApiError(409, "AlreadyExists", f'{res.group_resource} "{name}" already exists',
-                               {"name": name, "group": res.group, "kind": res.plural})
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{res.group_resource} "{name}" already exists',
+                    {"name": name, "group": res.group, "kind": res.plural},
+                )
             for managed in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
                 meta.pop(managed, None)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
@@ -203,8 +234,9 @@ class Store:
                 return obj
             return self._commit(res, "ADDED", obj, None)
 
-    def update(self, res: Resource, obj: Obj, namespace: str, name: str, mode: str = "main",
-               dry_run: bool = False) -> Obj:
+    def update(
+        self, res: Resource, obj: Obj, namespace: str, name: str, mode: str = "main", dry_run: bool = False
+    ) -> Obj:
         """Replace an object with optimistic concurrency on a set metadata.resourceVersion.
 
         mode "main" keeps the stored status (status subresource semantics), "status" changes only
@@ -215,16 +247,26 @@ class Store:
         with self._lock:
             old = self._current(res, namespace, name)
             if meta.get("name") not in (None, "", name):
-                raise ApiError(400, "BadRequest", f"the name of the object ({meta.get('name')}) does not "
-                                                  f"match the name on the URL ({name})")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})",
+                )
             if res.namespaced and meta.get("namespace") not in (None, "", namespace):
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
-                                                  "the namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
             if meta.get("resourceVersion") not in (None, "", old["metadata"]["resourceVersion"]):
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.group_resource} "{name}": '
-                                                "the object has been modified; please apply your changes "
-                                                "to the latest version and try again",
-                               {"name": name, "group": res.group, "kind": res.plural})
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {res.group_resource} "{name}": '
+                    "the object has been modified; please apply your changes "
+                    "to the latest version and try again",
+                    {"name": name, "group": res.group, "kind": res.plural},
+                )
             if mode == "status":
                 new = {k: copy.deepcopy(v) for k, v in old.items() if k != "status"}
                 if "status" in obj:
@@ -236,8 +278,16 @@ class Store:
                     if "status" in old:
                         new["status"] = copy.deepcopy(old["status"])
                 new_meta = new.setdefault("metadata", {})
-                for managed in ("name", "namespace", "uid", "creationTimestamp", "generation",
-                                "deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
+                for managed in (
+                    "name",
+                    "namespace",
+                    "uid",
+                    "creationTimestamp",
+                    "generation",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "resourceVersion",
+                ):
                     new_meta.pop(managed, None)
                     if managed in old["metadata"]:
                         new_meta[managed] = old["metadata"][managed]
@@ -252,21 +302,33 @@ class Store:
                 return self._commit(res, "DELETED", new, old)
             return self._commit(res, "MODIFIED", new, old)
 
-    def delete(self, res: Resource, namespace: str, name: str, dry_run: bool = False,
-               preconditions: dict[str, str] | None = None) -> tuple[Obj, bool]:
+    def delete(
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        dry_run: bool = False,
+        preconditions: dict[str, str] | None = None,
+    ) -> tuple[Obj, bool]:
         """Delete; returns (object, removed_now). With finalizers only deletionTimestamp is set."""
         with self._lock:
             old = self._current(res, namespace, name)
             for field in ("uid", "resourceVersion"):
                 wanted = (preconditions or {}).get(field)
                 if wanted and wanted != old["metadata"].get(field):
-                    raise ApiError(409, "Conflict", f"Precondition failed: {field} in precondition: {wanted}, "
-                                                    f"{field} in object meta: {old['metadata'].get(field)}")
+                    raise ApiError(
+                        409,
+                        "Conflict",
+                        f"Precondition failed: {field} in precondition: {wanted}, "
+                        f"{field} in object meta: {old['metadata'].get(field)}",
+                    )
             if old["metadata"].get("finalizers"):
                 if old["metadata"].get("deletionTimestamp"):
                     return copy.deepcopy(old), False
-                new = {**old, "metadata": {**old["metadata"], "deletionTimestamp": now(),
-                                           "deletionGracePeriodSeconds": 0}}
+                new = {
+                    **old,
+                    "metadata": {**old["metadata"], "deletionTimestamp": now(), "deletionGracePeriodSeconds": 0},
+                }
                 return (copy.deepcopy(new) if dry_run else self._commit(res, "MODIFIED", new, old)), False
             if dry_run:
                 return copy.deepcopy(old), True
@@ -274,8 +336,15 @@ class Store:
 
     # --- watches -------------------------------------------------------------------------
 
-    def watch(self, res: Resource, namespace: str, labels: LabelSelector, fields: FieldSelector,
-              since: str | None, deliver: Deliver) -> tuple[builtins.list[WatchEvent], Watcher]:
+    def watch(
+        self,
+        res: Resource,
+        namespace: str,
+        labels: LabelSelector,
+        fields: FieldSelector,
+        since: str | None,
+        deliver: Deliver,
+    ) -> tuple[builtins.list[WatchEvent], Watcher]:
         """Register a watcher; returns the events to send first and the watcher (for unwatch).
 
         `since` unset or "0": synthetic ADDED for every matching object. Otherwise the history
@@ -293,8 +362,7 @@ class Store:
                     raise ApiError(400, "BadRequest", f"invalid resource version: {since!r}") from exc
                 if start < self._floor:
                     raise ApiError(410, "Expired", f"too old resource version: {start} ({self._floor + 1})")
-                initial = [t for ev in self._history if ev.rv > start
-                           for t in [watcher.translate(ev)] if t is not None]
+                initial = [t for ev in self._history if ev.rv > start for t in [watcher.translate(ev)] if t is not None]
             self._watchers.append(watcher)
             return initial, watcher
 

@@ -54,8 +54,20 @@ def render(values: dict[str, Any], workdir: Path, namespace: str) -> list[dict[s
     values_file = workdir / f"values-{namespace}.json"
     values_file.write_text(json.dumps(values))
     out = subprocess.run(
-        [str(helm_binary()), "template", RELEASE, str(REPO_ROOT / "charts" / "slime"), "-n", namespace, "-f", str(values_file)],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            str(helm_binary()),
+            "template",
+            RELEASE,
+            str(REPO_ROOT / "charts" / "slime"),
+            "-n",
+            namespace,
+            "-f",
+            str(values_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     return [d for d in yaml.load_all(out, Loader=yaml.CSafeLoader) if d]
 
@@ -69,8 +81,12 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
     for i in range(count):
         mirror = mirrors[i] if i < len(mirrors) else (NAMESPACE, f"unobserved-mirror-{i}")
         md = mds[i] if i < len(mds) else (mds or [("default", "unobserved-md")])[0]
-        mappings.append({"mirror": {"namespace": mirror[0], "name": mirror[1]},
-                         "machineDeployment": {"namespace": md[0], "name": md[1]}})
+        mappings.append(
+            {
+                "mirror": {"namespace": mirror[0], "name": mirror[1]},
+                "machineDeployment": {"namespace": md[0], "name": md[1]},
+            }
+        )
     jwt_secrets = sorted({(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name})
     safe_scale_in = {"enabled": True, "jwtSecrets": [{"namespace": ns, "name": name} for ns, name in jwt_secrets]}
     capacity_aware = {"enabled": any(c.resource == "baremetalhosts" for c in calls)}
@@ -98,7 +114,9 @@ def audit_rbac(recorded: list[RecordedRequest], started: set[str], workdir: Path
     for service, user_agent in USER_AGENTS.items():
         calls = calls_by(recorded, user_agent)
         if service in started and not calls:
-            raise AssertionError(f"RBAC audit: {service} was started in this session but no API call of it was recorded")
+            raise AssertionError(
+                f"RBAC audit: {service} was started in this session but no API call of it was recorded"
+            )
         if calls:
             (audit_injection if service == "injection-webhook" else audit_scaling)(calls, workdir)
         checked[service] = len(calls)

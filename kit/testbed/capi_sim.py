@@ -21,7 +21,11 @@ FINALIZER = "machine.cluster.x-k8s.io"
 def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
     options = {"slurmrestd": url, "jwtSecret": f"{JWT_NS}/{JWT_SECRET}", **extra}
     inner = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in options.items())
-    return config_map({"mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"})
+    return config_map(
+        {
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+        }
+    )
 
 
 @dataclass
@@ -40,8 +44,11 @@ class CapiSim:
 
     def machines(self) -> list[dict[str, Any]]:
         return sorted(
-            (m for m in self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)
-             if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/deployment-name") == MD),
+            (
+                m
+                for m in self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)
+                if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/deployment-name") == MD
+            ),
             key=lambda m: m["metadata"]["name"],
         )
 
@@ -57,13 +64,20 @@ class CapiSim:
         status: dict[str, Any] = {"infrastructureReady": provisioned}
         if provisioned:
             status["addresses"] = [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]
-        self.emulator.create({
-            "apiVersion": f"{CAPI}/v1beta1", "kind": "Machine",
-            "metadata": {"name": name, "namespace": MD_NS, "finalizers": [FINALIZER],
-                         "labels": {"cluster.x-k8s.io/deployment-name": MD, "cluster.x-k8s.io/cluster-name": "c1"}},
-            "spec": {"clusterName": "c1"},
-            "status": status,
-        })
+        self.emulator.create(
+            {
+                "apiVersion": f"{CAPI}/v1beta1",
+                "kind": "Machine",
+                "metadata": {
+                    "name": name,
+                    "namespace": MD_NS,
+                    "finalizers": [FINALIZER],
+                    "labels": {"cluster.x-k8s.io/deployment-name": MD, "cluster.x-k8s.io/cluster-name": "c1"},
+                },
+                "spec": {"clusterName": "c1"},
+                "status": status,
+            }
+        )
         if join:
             self.slurm.add_node(node, address)
         return name
@@ -80,9 +94,18 @@ class CapiSim:
         """The host of Machine ``name`` finishes provisioning (and its slurmd joins)."""
         number = int(name.rsplit("-", 1)[1])
         node, address = self.assigned[name], f"10.0.0.{number}"
-        self.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, name, {"status": {
-            "infrastructureReady": True,
-            "addresses": [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]}})
+        self.emulator.patch(
+            f"{CAPI}/v1beta1",
+            "Machine",
+            MD_NS,
+            name,
+            {
+                "status": {
+                    "infrastructureReady": True,
+                    "addresses": [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}],
+                }
+            },
+        )
         if join:
             self.slurm.add_node(node, address)
 
@@ -95,7 +118,10 @@ class CapiSim:
         live = [m for m in machines if not m["metadata"].get("deletionTimestamp")]
         if len(live) > replicas:
             # CAPI: Machines with the delete-machine annotation go first (then, here, by name).
-            order = sorted(live, key=lambda m: (DELETE_MACHINE not in (m["metadata"].get("annotations") or {}), m["metadata"]["name"]))
+            order = sorted(
+                live,
+                key=lambda m: (DELETE_MACHINE not in (m["metadata"].get("annotations") or {}), m["metadata"]["name"]),
+            )
             for victim in order[: len(live) - replicas]:
                 self.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, victim["metadata"]["name"])
         for _ in range(replicas - len(live)):
@@ -104,7 +130,9 @@ class CapiSim:
             meta = machine["metadata"]
             if not meta.get("deletionTimestamp"):
                 continue
-            if any(k.startswith("pre-drain.delete.hook.machine.cluster.x-k8s.io") for k in meta.get("annotations") or {}):
+            if any(
+                k.startswith("pre-drain.delete.hook.machine.cluster.x-k8s.io") for k in meta.get("annotations") or {}
+            ):
                 continue  # held by a hook
             node = self.node_of(machine)
             with self.slurm.lock:
@@ -136,8 +164,11 @@ class Env:
         scaling.service.reconcile_once()
 
     def annotated(self) -> list[str]:
-        return [m["metadata"]["name"] for m in self.capi.machines()
-                if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)]
+        return [
+            m["metadata"]["name"]
+            for m in self.capi.machines()
+            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
+        ]
 
     def hooked(self, name: str) -> bool:
         machine = self.capi.machine(name)
@@ -145,6 +176,10 @@ class Env:
 
 
 def demand_config(url: str, partition: str = "batch", max_replicas: int = 10) -> dict[str, Any]:
-    return config_map({"mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n"
-                                   f"  maxReplicas: {max_replicas}\n"
-                                   f"  nodeDemand: {{partition: {partition}, slurmrestd: '{url}', jwtSecret: {JWT_NS}/{JWT_SECRET}}}\n"})
+    return config_map(
+        {
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n"
+            f"  maxReplicas: {max_replicas}\n"
+            f"  nodeDemand: {{partition: {partition}, slurmrestd: '{url}', jwtSecret: {JWT_NS}/{JWT_SECRET}}}\n"
+        }
+    )

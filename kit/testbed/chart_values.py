@@ -19,6 +19,7 @@ CRD_APIS = ("cert-manager.io/v1", "keda.sh/v1alpha1")
 
 # ---- helpers shared by the test modules ----
 
+
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o.get("kind") == kind]
 
@@ -33,8 +34,10 @@ def mapping(mirror: str, md: str, partition: str | None = None, **extra: Any) ->
     """mapping("slime-system/mirror-a", "metal3/md-a", "a") -> a scaling.mappings item."""
     mns, mname = mirror.split("/")
     dns, dname = md.split("/")
-    item: dict[str, Any] = {"mirror": {"name": mname, "namespace": mns},
-                            "machineDeployment": {"name": dname, "namespace": dns}}
+    item: dict[str, Any] = {
+        "mirror": {"name": mname, "namespace": mns},
+        "machineDeployment": {"name": dname, "namespace": dns},
+    }
     if partition:
         item["partition"] = partition
     item.update(extra)
@@ -42,10 +45,12 @@ def mapping(mirror: str, md: str, partition: str | None = None, **extra: Any) ->
 
 
 TWO_MAPPINGS = {
-    "scaling": {"mappings": [
-        mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a"),
-        mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}),
-    ]},
+    "scaling": {
+        "mappings": [
+            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a"),
+            mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}),
+        ]
+    },
 }
 
 # Value combinations every structural test runs against.
@@ -55,20 +60,34 @@ COMBOS: dict[str, dict[str, Any] | None] = {
     "keda": {"keda": {"enabled": True}, **TWO_MAPPINGS},
     "only-injection": {"scaling": {"enabled": False}},
     "only-scaling": {"injection": {"enabled": False}, **TWO_MAPPINGS},
-    "several-mappings": {"scaling": {"mappings": [
-        mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}") for i in range(4)]}},
-    "slurm-namespaces": {"injection": {"slurmNamespaces": ["slurm", "slurm-b"],
-                                       "metal3Namespaces": ["metal3"],
-                                       "slurmKeySecretNames": ["slurm-auth-slurm"],
-                                       "jwtKeySecretNames": ["slurm-auth-jwths256"],
-                                       "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21"]},
-                                       "extraJoinData": ["controller-name", "jwt-key"]}},
+    "several-mappings": {
+        "scaling": {
+            "mappings": [mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}") for i in range(4)]
+        }
+    },
+    "slurm-namespaces": {
+        "injection": {
+            "slurmNamespaces": ["slurm", "slurm-b"],
+            "metal3Namespaces": ["metal3"],
+            "slurmKeySecretNames": ["slurm-auth-slurm"],
+            "jwtKeySecretNames": ["slurm-auth-jwths256"],
+            "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21"]},
+            "extraJoinData": ["controller-name", "jwt-key"],
+        }
+    },
     "everything-off-cm": {"certManager": {"enabled": False}, "keda": {"enabled": True}, **TWO_MAPPINGS},
     "admission-auth": {"admissionAuth": {"enabled": True}},
     "admission-auth-helm": {"admissionAuth": {"enabled": True}, "certManager": {"enabled": False}, **TWO_MAPPINGS},
-    "admission-auth-own-ca": {"admissionAuth": {"enabled": True, "clientCA": {"source": "configMap", "name": "kube-apiserver-ca"}}},
-    "network-policy": {"networkPolicy": {"enabled": True, "admissionFrom": [{"ipBlock": {"cidr": "192.0.2.0/28"}}],
-                                         "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
+    "admission-auth-own-ca": {
+        "admissionAuth": {"enabled": True, "clientCA": {"source": "configMap", "name": "kube-apiserver-ca"}}
+    },
+    "network-policy": {
+        "networkPolicy": {
+            "enabled": True,
+            "admissionFrom": [{"ipBlock": {"cidr": "192.0.2.0/28"}}],
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        }
+    },
 }
 
 

@@ -182,9 +182,19 @@ class FakeSlurmrestd:
         with self.lock:
             job = self._next_job
             self._next_job += 1
-            self.pending[job] = {"job_id": job, "partition": partition, "job_state": ["PENDING"], "state_reason": reason,
-                                 "node_count": _no_val(nodes), "nodes": "", "hold": False, "eligible_time": _no_val(int(time.time())),
-                                 "array_task_string": "", "array_max_tasks": _no_val(0), **fields}
+            self.pending[job] = {
+                "job_id": job,
+                "partition": partition,
+                "job_state": ["PENDING"],
+                "state_reason": reason,
+                "node_count": _no_val(nodes),
+                "nodes": "",
+                "hold": False,
+                "eligible_time": _no_val(int(time.time())),
+                "array_task_string": "",
+                "array_max_tasks": _no_val(0),
+                **fields,
+            }
             return job
 
     def _jobs(self) -> list[dict[str, Any]]:
@@ -192,11 +202,24 @@ class FakeSlurmrestd:
         for node in self.nodes.values():
             for job in node.jobs:
                 running.setdefault(job, []).append(node.name)
-        return [*({"job_id": job, "partition": PARTITION, "job_state": ["RUNNING"], "state_reason": "None",
-                   "node_count": _no_val(len(names)), "nodes": ",".join(sorted(names)), "hold": False,
-                   "eligible_time": _no_val(self.started.get(job, 0)), "array_task_string": "", "array_max_tasks": _no_val(0)}
-                  for job, names in sorted(running.items())),
-                *self.pending.values()]
+        return [
+            *(
+                {
+                    "job_id": job,
+                    "partition": PARTITION,
+                    "job_state": ["RUNNING"],
+                    "state_reason": "None",
+                    "node_count": _no_val(len(names)),
+                    "nodes": ",".join(sorted(names)),
+                    "hold": False,
+                    "eligible_time": _no_val(self.started.get(job, 0)),
+                    "array_task_string": "",
+                    "array_max_tasks": _no_val(0),
+                }
+                for job, names in sorted(running.items())
+            ),
+            *self.pending.values(),
+        ]
 
     def finish_jobs(self, node: str) -> None:
         with self.lock:
@@ -218,7 +241,10 @@ class FakeSlurmrestd:
             return self.fail_status, _body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
-            return 404, "Unable find requested URL. Please view /openapi/v3 for API reference."  # text/plain, slurmrestd's words
+            return (
+                404,
+                "Unable find requested URL. Please view /openapi/v3 for API reference.",
+            )  # text/plain, slurmrestd's words
         version, what, name = match.groups()
         if token is None:
             return 401, "Authentication failure"
@@ -228,8 +254,14 @@ class FakeSlurmrestd:
             if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: the controller is "DOWN"
                 return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "DOWN", "responding": False}])
             if name is None:
-                return 511, _body(errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")])
-            return 511, _body(errors=[_error(f"Failure to update node {name}", 1007, "Protocol authentication error", _source(method))])
+                return 511, _body(
+                    errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")]
+                )
+            return 511, _body(
+                errors=[
+                    _error(f"Failure to update node {name}", 1007, "Protocol authentication error", _source(method))
+                ]
+            )
         self.tokens_seen.append(claims)
         with self.lock:
             if what == "ping" and method == "GET":
@@ -238,18 +270,38 @@ class FakeSlurmrestd:
                 return 200, _body(jobs=self._jobs())
             if what == "partitions" and method == "GET":
                 total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
-                return 200, _body(partitions=[{"name": name, "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
-                                               "nodes": {"total": total}} for name, limit in self.partitions.items()])
+                return 200, _body(
+                    partitions=[
+                        {
+                            "name": name,
+                            "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
+                            "nodes": {"total": total},
+                        }
+                        for name, limit in self.partitions.items()
+                    ]
+                )
             if what == "nodes" and method == "GET":
-                return 200, _body(nodes=[
-                    {"name": n.name, "hostname": n.hostname, "address": n.address, "state": n.states(), "reason": n.reason,
-                     "reason_set_by_user": n.reason_set_by_user}
-                    for n in self.nodes.values()
-                ])
+                return 200, _body(
+                    nodes=[
+                        {
+                            "name": n.name,
+                            "hostname": n.hostname,
+                            "address": n.address,
+                            "state": n.states(),
+                            "reason": n.reason,
+                            "reason_set_by_user": n.reason_set_by_user,
+                        }
+                        for n in self.nodes.values()
+                    ]
+                )
             node = self.nodes.get(name or "")
             record = self.future.get(name or "")
             if node is None and record is None:
-                return 500, _body(errors=[_error(f"Failure to update node {name}", 2018, "Invalid node name specified", _source(method))])
+                return 500, _body(
+                    errors=[
+                        _error(f"Failure to update node {name}", 2018, "Invalid node name specified", _source(method))
+                    ]
+                )
             if record is not None:
                 return self._future_record(method, record, raw, claims)
             assert node is not None
@@ -265,24 +317,38 @@ class FakeSlurmrestd:
                     self.returned.append(node.name)
                     return 200, _body()
                 if "DRAIN" in states:
-                    node.drain, node.reason, node.reason_set_by_user = True, body.get("reason", ""), str(claims.get("sun"))
+                    node.drain, node.reason, node.reason_set_by_user = (
+                        True,
+                        body.get("reason", ""),
+                        str(claims.get("sun")),
+                    )
                     self.drains.append(node.name)
                 elif "UNDRAIN" in states or "RESUME" in states:
                     node.drain = False  # slurmctld keeps the reason until the node is next allocated
                     self.undrains.append(node.name)
                 else:
-                    return 500, _body(errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")])
+                    return 500, _body(
+                        errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")]
+                    )
                 return 200, _body()
             if method == "DELETE":
                 if node.busy:
                     self.violations.append(f"DELETE of busy node {node.name}")
-                    return 500, _body(errors=[_error(f"Failure to update node {name}", 2016, "Requested nodes are busy", "op_handler_node")])
+                    return 500, _body(
+                        errors=[
+                            _error(
+                                f"Failure to update node {name}", 2016, "Requested nodes are busy", "op_handler_node"
+                            )
+                        ]
+                    )
                 del self.nodes[node.name]
                 self.deleted.append(node.name)
                 return 200, _body()
         return 405, "Method not allowed"
 
-    def _future_record(self, method: str, record: Node, raw: bytes, claims: dict[str, Any]) -> tuple[int, dict[str, Any] | str]:
+    def _future_record(
+        self, method: str, record: Node, raw: bytes, claims: dict[str, Any]
+    ) -> tuple[int, dict[str, Any] | str]:
         """A request naming a FUTURE record: DRAIN/UNDRAIN and DELETE work on it, FUTURE again is refused (2028)."""
         if method == "DELETE":
             del self.future[record.name]
@@ -291,7 +357,11 @@ class FakeSlurmrestd:
         if method == "POST":
             states = json.loads(raw or b"{}").get("state") or []
             if "DRAIN" in states:
-                record.drain, record.reason, record.reason_set_by_user = True, json.loads(raw).get("reason", ""), str(claims.get("sun"))
+                record.drain, record.reason, record.reason_set_by_user = (
+                    True,
+                    json.loads(raw).get("reason", ""),
+                    str(claims.get("sun")),
+                )
                 return 200, _body()
             if "UNDRAIN" in states or "RESUME" in states:
                 record.drain = False
@@ -302,7 +372,9 @@ class FakeSlurmrestd:
 
 def _invalid_state(name: str) -> dict[str, Any]:
     """What slurmctld 24.11 answers to a FUTURE it will not make (the node is busy, or FUTURE already)."""
-    return _body(errors=[_error(f"Failure to update node {name}", 2028, "Invalid node state specified", "_update_node")])
+    return _body(
+        errors=[_error(f"Failure to update node {name}", 2028, "Invalid node state specified", "_update_node")]
+    )
 
 
 def _source(method: str) -> str:
@@ -320,6 +392,12 @@ def _error(description: str, number: int, error: str, source: str) -> dict[str, 
 
 
 def _body(errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
-    meta = {"plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld", "data_parser": "data_parser/v0.0.42"},
-            "slurm": {"release": "24.11.5", "cluster": "fake"}}
+    meta = {
+        "plugin": {
+            "type": "openapi/slurmctld",
+            "name": "Slurm OpenAPI slurmctld",
+            "data_parser": "data_parser/v0.0.42",
+        },
+        "slurm": {"release": "24.11.5", "cluster": "fake"},
+    }
     return {**payload, "meta": meta, "errors": errors or [], "warnings": []}

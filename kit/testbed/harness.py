@@ -20,8 +20,13 @@ from testbed.pki import Pki
 from testbed.serve import RunningService, serve_in_thread
 
 
-def serve_handler(handler: AdmissionHandler, pki: Pki, max_body_bytes: int = 64 * 1024, poll_seconds: float = 10.0,
-                  client_ca_file: str | None = None) -> RunningService:
+def serve_handler(
+    handler: AdmissionHandler,
+    pki: Pki,
+    max_body_bytes: int = 64 * 1024,
+    poll_seconds: float = 10.0,
+    client_ca_file: str | None = None,
+) -> RunningService:
     metrics = WebhookMetrics()
     endpoint = AdmissionEndpoint("test", handler, metrics, max_body_bytes)
     runner = ServiceRunner(
@@ -41,7 +46,10 @@ async def echo_allow(request: dict[str, Any]) -> AdmissionResponse:
 
 def served_fingerprint(service: RunningService) -> str:
     context = ssl.create_default_context(cafile=str(service.ca_file))
-    with socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw, context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+    with (
+        socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
         der = tls.getpeercert(binary_form=True)
         assert der is not None, "the server sent no certificate"
         return hashlib.sha256(der).hexdigest()
@@ -66,8 +74,14 @@ class Load:
             try:
                 with self.service.client() as client:  # a new connection, so a new handshake
                     for _ in range(5):
-                        answer = client.post(f"{self.service.url}/review", json={
-                            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "load"}})
+                        answer = client.post(
+                            f"{self.service.url}/review",
+                            json={
+                                "apiVersion": "admission.k8s.io/v1",
+                                "kind": "AdmissionReview",
+                                "request": {"uid": "load"},
+                            },
+                        )
                         if answer.status_code != 200 or answer.json()["response"]["allowed"] is not True:
                             self.failures.append(f"{answer.status_code} {answer.text[:200]}")
                         self.ok += 1

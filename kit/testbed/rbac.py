@@ -34,8 +34,19 @@ RBAC_GROUP = "rbac.authorization.k8s.io"
 
 # What the default ClusterRoles system:discovery, system:basic-user and
 # system:public-info-viewer allow to every authenticated user.
-DISCOVERY_PATHS = ("/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", "/version",
-                   "/version/", "/healthz", "/livez", "/readyz")
+DISCOVERY_PATHS = (
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/openapi",
+    "/openapi/*",
+    "/version",
+    "/version/",
+    "/healthz",
+    "/livez",
+    "/readyz",
+)
 
 
 @dataclass(frozen=True)
@@ -120,28 +131,42 @@ def _rbac_objects(objects: Iterable[Mapping[str, Any] | None]) -> list[Mapping[s
         if not obj:
             continue
         if str(obj.get("apiVersion", "")).startswith(RBAC_GROUP + "/") and obj.get("kind") in (
-                "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"):
+            "Role",
+            "ClusterRole",
+            "RoleBinding",
+            "ClusterRoleBinding",
+        ):
             out.append(obj)
     return out
 
 
-def rbac_allows(rules_objects: Iterable[Mapping[str, Any] | None], service_account: str, namespace: str,
-                request: ApiRequest | Any) -> bool:
+def rbac_allows(
+    rules_objects: Iterable[Mapping[str, Any] | None], service_account: str, namespace: str, request: ApiRequest | Any
+) -> bool:
     """Whether ``namespace/service_account`` may make ``request`` under these RBAC objects.
 
     ``request`` may be an :class:`ApiRequest` or any object with the same attributes.
     """
-    req = request if isinstance(request, ApiRequest) else ApiRequest(
-        verb=request.verb, api_group=getattr(request, "api_group", "") or "",
-        resource=getattr(request, "resource", "") or "", subresource=getattr(request, "subresource", "") or "",
-        namespace=getattr(request, "namespace", "") or "", name=getattr(request, "name", "") or "",
-        non_resource=getattr(request, "non_resource", "") or "")
+    req = (
+        request
+        if isinstance(request, ApiRequest)
+        else ApiRequest(
+            verb=request.verb,
+            api_group=getattr(request, "api_group", "") or "",
+            resource=getattr(request, "resource", "") or "",
+            subresource=getattr(request, "subresource", "") or "",
+            namespace=getattr(request, "namespace", "") or "",
+            name=getattr(request, "name", "") or "",
+            non_resource=getattr(request, "non_resource", "") or "",
+        )
+    )
     if req.non_resource and req.verb == "get" and _is_discovery(req.non_resource):
         return True
 
     objs = _rbac_objects(rules_objects)
-    roles = {(o.get("metadata", {}).get("namespace", ""), o["metadata"]["name"]): o
-             for o in objs if o["kind"] == "Role"}
+    roles = {
+        (o.get("metadata", {}).get("namespace", ""), o["metadata"]["name"]): o for o in objs if o["kind"] == "Role"
+    }
     cluster_roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole"}
 
     for binding in objs:
@@ -156,7 +181,9 @@ def rbac_allows(rules_objects: Iterable[Mapping[str, Any] | None], service_accou
             # A RoleBinding only covers namespaced requests in its own namespace.
             if req.non_resource or req.namespace != b_ns:
                 continue
-            role = roles.get((b_ns, ref.get("name"))) if ref.get("kind") == "Role" else cluster_roles.get(ref.get("name"))
+            role = (
+                roles.get((b_ns, ref.get("name"))) if ref.get("kind") == "Role" else cluster_roles.get(ref.get("name"))
+            )
         else:
             if ref.get("kind") != "ClusterRole":
                 continue
@@ -168,10 +195,17 @@ def rbac_allows(rules_objects: Iterable[Mapping[str, Any] | None], service_accou
     return False
 
 
-def assert_rbac_covers(rendered_objects: Iterable[Mapping[str, Any] | None], service_account: str,
-                       namespace: str, requests: Iterable[ApiRequest | Any]) -> None:
+def assert_rbac_covers(
+    rendered_objects: Iterable[Mapping[str, Any] | None],
+    service_account: str,
+    namespace: str,
+    requests: Iterable[ApiRequest | Any],
+) -> None:
     """Fail (AssertionError) listing every request the rendered RBAC does not allow."""
     objects = list(rendered_objects)
-    denied = [str(r if isinstance(r, ApiRequest) else r) for r in requests
-              if not rbac_allows(objects, service_account, namespace, r)]
-    assert not denied, (f"RBAC of {namespace}/{service_account} does not allow:\n  " + "\n  ".join(denied))
+    denied = [
+        str(r if isinstance(r, ApiRequest) else r)
+        for r in requests
+        if not rbac_allows(objects, service_account, namespace, r)
+    ]
+    assert not denied, f"RBAC of {namespace}/{service_account} does not allow:\n  " + "\n  ".join(denied)

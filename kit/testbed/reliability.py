@@ -16,7 +16,16 @@ from testbed.audit import EVIDENCE
 from testbed.pki import Pki
 from testbed.serve import RunningService
 from testbed.services import Scaling, start_injection, start_scaling
-from testbed.world import SLIME_NAMESPACE, SlurmCluster, config_map, machine_deployment, mirror, seed_metal3, seed_nodeport, seed_slinky
+from testbed.world import (
+    SLIME_NAMESPACE,
+    SlurmCluster,
+    config_map,
+    machine_deployment,
+    mirror,
+    seed_metal3,
+    seed_nodeport,
+    seed_slinky,
+)
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +91,9 @@ class Services:
     def close(self) -> None:
         for service in self.running:
             try:
-                EVIDENCE.add_text(f"metrics :{service.metrics_port}", httpx.get(f"{service.metrics_url}/metrics", timeout=5).text)
+                EVIDENCE.add_text(
+                    f"metrics :{service.metrics_port}", httpx.get(f"{service.metrics_url}/metrics", timeout=5).text
+                )
             except httpx.HTTPError:
                 pass
             service.stop()

@@ -88,8 +88,11 @@ class Scaling:
     def hot_path_calls(self) -> list[RecordedRequest]:
         """The webhook's own requests except Event creation (sent off the hot path), the ConfigMap watch and the Lease."""
         assert self.emulator is not None, "calls are recorded by kubemu only"
-        return [r for r in self.emulator.requests if r.user_agent.startswith("slime-scaling-webhook")
-                and r.resource not in ("events", "configmaps", "leases")]
+        return [
+            r
+            for r in self.emulator.requests
+            if r.user_agent.startswith("slime-scaling-webhook") and r.resource not in ("events", "configmaps", "leases")
+        ]
 
 
 def start_scaling(
@@ -137,13 +140,19 @@ class ScaleWebhookRoute:
         webhook = self.webhooks[self._next % len(self.webhooks)]
         self._next += 1
         request = {
-            "kind": attrs.kind, "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
-            "subResource": attrs.subresource, "requestSubResource": attrs.subresource, "namespace": attrs.namespace,
-            "name": attrs.name, "operation": attrs.operation, "object": attrs.object, "oldObject": attrs.old_object,
-            "dryRun": attrs.dry_run, "userInfo": attrs.user_info,
+            "kind": attrs.kind,
+            "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "subResource": attrs.subresource,
+            "requestSubResource": attrs.subresource,
+            "namespace": attrs.namespace,
+            "name": attrs.name,
+            "operation": attrs.operation,
+            "object": attrs.object,
+            "oldObject": attrs.old_object,
+            "dryRun": attrs.dry_run,
+            "userInfo": attrs.user_info,
         }
         response = webhook.review(request)
         if not response["allowed"]:
             raise AdmissionDenied(response["status"]["message"], response["status"]["code"])
         return None
-

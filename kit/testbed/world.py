@@ -38,8 +38,14 @@ class ObjectApi(Protocol):
 
     def get(self, api_version: str, kind_or_plural: str, namespace: str, name: str) -> Obj | None: ...
 
-    def list(self, api_version: str, kind_or_plural: str, namespace: str = "",
-             label_selector: str = "", field_selector: str = "") -> list[Obj]: ...
+    def list(
+        self,
+        api_version: str,
+        kind_or_plural: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> list[Obj]: ...
 
 
 class MutableObjectApi(ObjectApi, Protocol):
@@ -80,8 +86,13 @@ def make_jwt_key() -> bytes:
 def ensure_namespace(api: ObjectApi, name: str) -> None:
     if api.get("v1", "Namespace", "", name) is None:
         # kube-apiserver labels every namespace with its name; namespaceSelectors rely on it.
-        api.create({"apiVersion": "v1", "kind": "Namespace",
-                    "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}}})
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+            }
+        )
 
 
 # --- Slinky ----------------------------------------------------------------------------------------
@@ -100,8 +111,10 @@ class SlurmCluster:
     jwt_secret: str = ""
 
     def __repr__(self) -> str:  # never show the keys, even in a traceback
-        return (f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} bytes>, "
-                f"jwt_secret={self.jwt_secret!r}, jwt_key=<{len(self.jwt_key)} bytes>)")
+        return (
+            f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} bytes>, "
+            f"jwt_secret={self.jwt_secret!r}, jwt_key=<{len(self.jwt_key)} bytes>)"
+        )
 
     @property
     def pod(self) -> str:
@@ -134,42 +147,92 @@ def seed_slinky(
         spec["slurmKeyRef"] = key_ref
     if jwt_key_ref:
         spec[jwt_ref_field] = jwt_key_ref
-    ctrl = {"apiVersion": f"slinky.slurm.net/{controller_version}", "kind": "Controller",
-            "metadata": {"name": controller, "namespace": namespace}, "spec": spec}
+    ctrl = {
+        "apiVersion": f"slinky.slurm.net/{controller_version}",
+        "kind": "Controller",
+        "metadata": {"name": controller, "namespace": namespace},
+        "spec": spec,
+    }
     ctrl_uid = api.create(ctrl)["metadata"]["uid"] if with_controller else "missing-uid"
     container = {"name": "slurmctld", "image": SLURMCTLD_IMAGE, "ports": [{"name": "slurmctld", "containerPort": 6817}]}
-    sts = api.create({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": f"{controller}-controller", "namespace": namespace, "labels": labels,
-                     "ownerReferences": [{"apiVersion": f"slinky.slurm.net/{controller_version}", "kind": "Controller",
-                                          "name": controller, "uid": ctrl_uid, "controller": True}]},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "serviceName": f"{controller}-controller",
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
-        "status": {"replicas": 1, "readyReplicas": 1},
-    })
+    sts = api.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {
+                "name": f"{controller}-controller",
+                "namespace": namespace,
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"slinky.slurm.net/{controller_version}",
+                        "kind": "Controller",
+                        "name": controller,
+                        "uid": ctrl_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "serviceName": f"{controller}-controller",
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+            },
+            "status": {"replicas": 1, "readyReplicas": 1},
+        }
+    )
     status: dict[str, Any] = {"phase": phase}
     if host_ip:
         status["hostIP"] = host_ip
         status["podIP"] = "10.244.1.17"
-    api.create({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{controller}-controller-0", "namespace": namespace, "labels": labels,
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
-                                          "uid": sts["metadata"]["uid"], "controller": True}]},
-        "spec": {"nodeName": "k8s-node-1", "containers": [container]},
-        "status": status,
-    })
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{controller}-controller-0",
+                "namespace": namespace,
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "StatefulSet",
+                        "name": sts["metadata"]["name"],
+                        "uid": sts["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"nodeName": "k8s-node-1", "containers": [container]},
+            "status": status,
+        }
+    )
     key = make_slurm_key()
     secret_name = (key_ref or {}).get("name", f"{controller}-auth-slurm")
     secret_key = (key_ref or {}).get("key", "slurm.key")
     if with_key_secret:
-        api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name, "namespace": namespace},
-                    "type": "Opaque", "data": {secret_key: b64(key)}})
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret_name, "namespace": namespace},
+                "type": "Opaque",
+                "data": {secret_key: b64(key)},
+            }
+        )
     jwt_key = make_jwt_key()
     jwt_name = (jwt_key_ref or {}).get("name", f"{controller}-auth-jwths256")
     if with_jwt_secret:
-        api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": jwt_name, "namespace": namespace},
-                    "type": "Opaque", "data": {(jwt_key_ref or {}).get("key", "jwt_hs256.key"): b64(jwt_key)}})
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": jwt_name, "namespace": namespace},
+                "type": "Opaque",
+                "data": {(jwt_key_ref or {}).get("key", "jwt_hs256.key"): b64(jwt_key)},
+            }
+        )
     return SlurmCluster(namespace, controller, key, host_ip, secret_name, jwt_key, jwt_name)
 
 
@@ -183,28 +246,42 @@ def move_slurmctld(api: MutableObjectApi, slurm: SlurmCluster, host_ip: str, pha
     api.update(pod)
 
 
-def seed_nodeport(api: ObjectApi, namespace: str, controller: str, node_port: int = 30817, target: int | str = 6817) -> None:
+def seed_nodeport(
+    api: ObjectApi, namespace: str, controller: str, node_port: int = 30817, target: int | str = 6817
+) -> None:
     """The NodePort Service the thesis uses to expose slurmctld to bare-metal nodes."""
-    api.create({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": f"{controller}-controller-nodeport", "namespace": namespace},
-        "spec": {"type": "NodePort", "externalTrafficPolicy": "Local",
-                 "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
-                 "ports": [{"name": "slurmctld", "port": 6817, "targetPort": target, "nodePort": node_port}]},
-    })
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": f"{controller}-controller-nodeport", "namespace": namespace},
+            "spec": {
+                "type": "NodePort",
+                "externalTrafficPolicy": "Local",
+                "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
+                "ports": [{"name": "slurmctld", "port": 6817, "targetPort": target, "nodePort": node_port}],
+            },
+        }
+    )
 
 
-def seed_loadbalancer(api: ObjectApi, namespace: str, controller: str, name: str = "", port: int = 6817,
-                      node_port: int = 31817) -> str:
+def seed_loadbalancer(
+    api: ObjectApi, namespace: str, controller: str, name: str = "", port: int = 6817, node_port: int = 31817
+) -> str:
     """A LoadBalancer Service for slurmctld with no ingress yet (as MetalLB creates it, pending); its name."""
     name = name or f"{controller}-controller-lb"
-    api.create({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"type": "LoadBalancer",
-                 "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
-                 "ports": [{"name": "slurmctld", "port": port, "targetPort": 6817, "nodePort": node_port}]},
-    })
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "type": "LoadBalancer",
+                "selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": controller},
+                "ports": [{"name": "slurmctld", "port": port, "targetPort": 6817, "nodePort": node_port}],
+            },
+        }
+    )
     return name
 
 
@@ -231,25 +308,57 @@ def seed_metal3(
     """A Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13 with the template owner, else without)."""
     ensure_namespace(api, namespace)
     group = f"infrastructure.cluster.x-k8s.io/{version}"
-    tmpl = api.get(group, "Metal3DataTemplate", namespace, template) or api.create({
-        "apiVersion": group, "kind": "Metal3DataTemplate",
-        "metadata": {"name": template, "namespace": namespace, "labels": template_labels or {},
-                     "annotations": template_annotations or {}},
-        "spec": {"clusterName": cluster},
-    })
+    tmpl = api.get(group, "Metal3DataTemplate", namespace, template) or api.create(
+        {
+            "apiVersion": group,
+            "kind": "Metal3DataTemplate",
+            "metadata": {
+                "name": template,
+                "namespace": namespace,
+                "labels": template_labels or {},
+                "annotations": template_annotations or {},
+            },
+            "spec": {"clusterName": cluster},
+        }
+    )
     claim = f"{cluster}-claim-{index}"
-    owners = [{"apiVersion": group, "kind": "Metal3DataClaim", "name": claim,
-               "uid": f"6a1d3f52-0000-4000-8000-{index:012d}", "controller": not template_owner}]
+    owners = [
+        {
+            "apiVersion": group,
+            "kind": "Metal3DataClaim",
+            "name": claim,
+            "uid": f"6a1d3f52-0000-4000-8000-{index:012d}",
+            "controller": not template_owner,
+        }
+    ]
     if template_owner:
-        owners.insert(0, {"apiVersion": group, "kind": "Metal3DataTemplate", "name": template,
-                          "uid": tmpl["metadata"]["uid"], "controller": True})
-    data = api.create({
-        "apiVersion": group, "kind": "Metal3Data",
-        "metadata": {"name": f"{template}-{index}", "namespace": namespace,
-                     "labels": {"cluster.x-k8s.io/cluster-name": cluster}, "ownerReferences": owners},
-        "spec": {"index": index, "template": {"name": template, "namespace": namespace},
-                 "claim": {"name": claim, "namespace": namespace}},
-    })
+        owners.insert(
+            0,
+            {
+                "apiVersion": group,
+                "kind": "Metal3DataTemplate",
+                "name": template,
+                "uid": tmpl["metadata"]["uid"],
+                "controller": True,
+            },
+        )
+    data = api.create(
+        {
+            "apiVersion": group,
+            "kind": "Metal3Data",
+            "metadata": {
+                "name": f"{template}-{index}",
+                "namespace": namespace,
+                "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+                "ownerReferences": owners,
+            },
+            "spec": {
+                "index": index,
+                "template": {"name": template, "namespace": namespace},
+                "claim": {"name": claim, "namespace": namespace},
+            },
+        }
+    )
     return tmpl, data
 
 
@@ -258,11 +367,23 @@ def metadata_secret(data: Obj, machine: str = "m3m-0", extra: dict[str, str] | N
     meta = data["metadata"]
     content = {"local-hostname": machine, "providerid": f"{meta['namespace']}/{host}/{machine}", **(extra or {})}
     return {
-        "apiVersion": "v1", "kind": "Secret", "type": "infrastructure.cluster.x-k8s.io/secret",
-        "metadata": {"name": f"{machine}-metadata", "namespace": meta["namespace"],
-                     "labels": {"cluster.x-k8s.io/cluster-name": meta["labels"]["cluster.x-k8s.io/cluster-name"]},
-                     "ownerReferences": [{"apiVersion": data["apiVersion"], "kind": "Metal3Data", "name": meta["name"],
-                                          "uid": meta["uid"], "controller": True}]},
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "infrastructure.cluster.x-k8s.io/secret",
+        "metadata": {
+            "name": f"{machine}-metadata",
+            "namespace": meta["namespace"],
+            "labels": {"cluster.x-k8s.io/cluster-name": meta["labels"]["cluster.x-k8s.io/cluster-name"]},
+            "ownerReferences": [
+                {
+                    "apiVersion": data["apiVersion"],
+                    "kind": "Metal3Data",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                }
+            ],
+        },
         "data": {"metaData": b64(yaml.safe_dump(content))},
     }
 
@@ -276,8 +397,9 @@ def decoded_metadata(patch_value: str) -> dict[str, str]:
 # --- CAPI and the scaling webhook ------------------------------------------------------------------
 
 
-def machine_deployment(name: str, namespace: str, replicas: int = 1, version: str = "v1beta1",
-                       cluster: str = "c1", full: bool = False) -> Obj:
+def machine_deployment(
+    name: str, namespace: str, replicas: int = 1, version: str = "v1beta1", cluster: str = "c1", full: bool = False
+) -> Obj:
     """A MachineDeployment; ``full`` adds what a real one carries (selector, Machine template, status)."""
     obj: Obj = {
         "apiVersion": f"{CAPI}/{version}",
@@ -289,22 +411,30 @@ def machine_deployment(name: str, namespace: str, replicas: int = 1, version: st
         selector = {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": name}
         # v1beta2 names referenced templates by apiGroup, v1beta1 by apiVersion.
         group_key, infra, bootstrap = (
-            ("apiGroup", "infrastructure.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io") if version == "v1beta2"
+            ("apiGroup", "infrastructure.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io")
+            if version == "v1beta2"
             else ("apiVersion", "infrastructure.cluster.x-k8s.io/v1beta1", "bootstrap.cluster.x-k8s.io/v1alpha1")
         )
         obj["metadata"]["labels"] = {"cluster.x-k8s.io/cluster-name": cluster}
         obj["spec"]["selector"] = {"matchLabels": selector}
         obj["spec"]["template"] = {
             "metadata": {"labels": selector},
-            "spec": {"clusterName": cluster, "version": "v1.31.0",
-                     "bootstrap": {"configRef": {group_key: bootstrap, "kind": "VirtualKubeletConfigTemplate", "name": name}},
-                     "infrastructureRef": {group_key: infra, "kind": "Metal3MachineTemplate", "name": name}},
+            "spec": {
+                "clusterName": cluster,
+                "version": "v1.31.0",
+                "bootstrap": {
+                    "configRef": {group_key: bootstrap, "kind": "VirtualKubeletConfigTemplate", "name": name}
+                },
+                "infrastructureRef": {group_key: infra, "kind": "Metal3MachineTemplate", "name": name},
+            },
         }
         obj["status"] = {"replicas": replicas, "selector": ",".join(f"{k}={v}" for k, v in selector.items())}
     return obj
 
 
-def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1, adopted_from: str | None = None) -> Obj:
+def mirror(
+    name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1, adopted_from: str | None = None
+) -> Obj:
     """A mirror Deployment (``replicas=None``: left out, as the chart renders it).
 
     ``adopted_from``: the ``<namespace>/<name>`` of the MachineDeployment it was already adopted
@@ -323,26 +453,51 @@ def mirror(name: str, namespace: str = SLIME_NAMESPACE, replicas: int | None = 1
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}
 
 
-def metal3_machine_template(name: str, namespace: str, host_selector: Obj | None = None, version: str = "v1beta1") -> Obj:
+def metal3_machine_template(
+    name: str, namespace: str, host_selector: Obj | None = None, version: str = "v1beta1"
+) -> Obj:
     """A Metal3MachineTemplate (only what capacity counting reads: ``hostSelector``)."""
     spec: Obj = {"image": {"url": "http://images/node.qcow2", "checksum": "http://images/node.qcow2.sha256sum"}}
     if host_selector is not None:
         spec["hostSelector"] = host_selector
-    return {"apiVersion": f"infrastructure.cluster.x-k8s.io/{version}", "kind": "Metal3MachineTemplate",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"template": {"spec": spec}}}
+    return {
+        "apiVersion": f"infrastructure.cluster.x-k8s.io/{version}",
+        "kind": "Metal3MachineTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"spec": spec}},
+    }
 
 
-def baremetal_host(name: str, namespace: str, state: str = "available", labels: dict[str, str] | None = None,
-                   consumer: str | None = None, annotations: dict[str, str] | None = None, error: str = "") -> Obj:
+def baremetal_host(
+    name: str,
+    namespace: str,
+    state: str = "available",
+    labels: dict[str, str] | None = None,
+    consumer: str | None = None,
+    annotations: dict[str, str] | None = None,
+    error: str = "",
+) -> Obj:
     """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``; ``consumer`` a Metal3Machine name."""
     spec: Obj = {"online": True, "bmc": {"address": f"redfish://bmc.example/{name}", "credentialsName": f"{name}-bmc"}}
     if consumer is not None:
-        spec["consumerRef"] = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
-                               "name": consumer, "namespace": namespace}
-    status: Obj = {"provisioning": {"state": state}, "operationalStatus": "error" if error else "OK", "errorMessage": error}
-    return {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": annotations or {}},
-            "spec": spec, "status": status}
+        spec["consumerRef"] = {
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+            "kind": "Metal3Machine",
+            "name": consumer,
+            "namespace": namespace,
+        }
+    status: Obj = {
+        "provisioning": {"state": state},
+        "operationalStatus": "error" if error else "OK",
+        "errorMessage": error,
+    }
+    return {
+        "apiVersion": "metal3.io/v1alpha1",
+        "kind": "BareMetalHost",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": spec,
+        "status": status,
+    }
 
 
 def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:
@@ -357,8 +512,10 @@ def md_replicas(api: ObjectApi, namespace: str, name: str) -> int | None:
 def md_events(api: ObjectApi, namespace: str, name: str, reason: str | None = None) -> list[Obj]:
     """The Events recorded on MachineDeployment ``namespace/name`` (with ``reason`` when given)."""
     events = [
-        e for e in api.list("v1", "Event", namespace)
-        if e.get("involvedObject", {}).get("name") == name and e.get("involvedObject", {}).get("kind") == "MachineDeployment"
+        e
+        for e in api.list("v1", "Event", namespace)
+        if e.get("involvedObject", {}).get("name") == name
+        and e.get("involvedObject", {}).get("kind") == "MachineDeployment"
     ]
     return [e for e in events if reason is None or e.get("reason") == reason]
 
@@ -373,10 +530,10 @@ def scale_mirror(emulator: Any, namespace: str, name: str, replicas: int, dry_ru
     api = emulator.api_client()
     try:
         apps = client.AppsV1Api(api)
-        answer = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
-                                                        dry_run="All" if dry_run else None)
+        answer = apps.patch_namespaced_deployment_scale(
+            name, namespace, {"spec": {"replicas": replicas}}, dry_run="All" if dry_run else None
+        )
         result: Obj = api.sanitize_for_serialization(answer)
         return result
     finally:
         api.close()
-

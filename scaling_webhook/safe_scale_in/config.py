@@ -57,8 +57,10 @@ def parse_released_nodes(value: Any, where: str) -> str:
     if value is None:
         return DEFAULT_RELEASED_NODES
     if not isinstance(value, str) or value.strip() not in RELEASED_NODES:
-        raise ValueError(f"{where}: {value!r} is not one of {', '.join(RELEASED_NODES)} (future keeps the released node's "
-                         "record in Slurm as FUTURE, delete removes it)")
+        raise ValueError(
+            f"{where}: {value!r} is not one of {', '.join(RELEASED_NODES)} (future keeps the released node's "
+            "record in Slurm as FUTURE, delete removes it)"
+        )
     return value.strip()
 
 

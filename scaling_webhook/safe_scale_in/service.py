@@ -110,7 +110,9 @@ class Outcome:
 class SafeScaleIn:
     """Safe scale-in for every opted-in mapping. Thread-safe (one operation per MD at a time)."""
 
-    def __init__(self, client: KubeClient, scaler: MachineDeploymentScaler, events: EventRecorder, metrics: ScalingMetrics) -> None:
+    def __init__(
+        self, client: KubeClient, scaler: MachineDeploymentScaler, events: EventRecorder, metrics: ScalingMetrics
+    ) -> None:
         self.client = client
         self.scaler = scaler
         self.events = events
@@ -140,13 +142,14 @@ class SafeScaleIn:
             self._slurm.clear()
 
     def _event(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
-        self.events.record(
-            ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning)
-        )
+        self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning))
 
     def _slurm_failed(self, mapping: Mapping, exc: SlurmUnavailable, doing: str) -> None:
         self.metrics.slurm_errors.inc()
-        log.warning("slurmrestd unusable", extra={"machinedeployment": mapping.machine_deployment_ref, "doing": doing, "error": exc.cause})
+        log.warning(
+            "slurmrestd unusable",
+            extra={"machinedeployment": mapping.machine_deployment_ref, "doing": doing, "error": exc.cause},
+        )
         self._event(mapping, REASON_SLURM, f"{doing}: {exc.cause}", warning=True)
 
     def machines(self, mapping: Mapping) -> list[dict[str, Any]]:
@@ -157,7 +160,9 @@ class SafeScaleIn:
                 "GET", path.collection(namespace), query=[("labelSelector", f"{DEPLOYMENT_LABEL}={name}")], timeout=5.0
             )
         except KubeError as exc:
-            raise ScaleError(f"cannot list the Machines of MachineDeployment {namespace}/{name}: {exc}", denial_code(exc.status)) from None
+            raise ScaleError(
+                f"cannot list the Machines of MachineDeployment {namespace}/{name}: {exc}", denial_code(exc.status)
+            ) from None
         return [m for m in listing.get("items") or [] if isinstance(m, dict)]
 
     def _annotate(self, mapping: Mapping, machine: str, values: dict[str, str | None], fence: Fence) -> None:
@@ -166,7 +171,11 @@ class SafeScaleIn:
         try:
             path = self.client.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
             self.client.request(
-                "PATCH", path.item(namespace, machine), body={"metadata": {"annotations": values}}, content_type=MERGE_PATCH, timeout=5.0
+                "PATCH",
+                path.item(namespace, machine),
+                body={"metadata": {"annotations": values}},
+                content_type=MERGE_PATCH,
+                timeout=5.0,
             )
         except KubeError as exc:
             raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", denial_code(exc.status)) from None
@@ -190,8 +199,15 @@ class SafeScaleIn:
                 self._scale_down(mapping, config, current, target, outcome, fence)
             return outcome
 
-    def _scale_up(self, mapping: Mapping, config: SafeScaleInConfig, current: int | None, target: int, outcome: Outcome,
-                  fence: Fence) -> None:
+    def _scale_up(
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        current: int | None,
+        target: int,
+        outcome: Outcome,
+        fence: Fence,
+    ) -> None:
         increase = target - (current or 0)
         if increase > 0:
             pending = sorted((m for m in self.machines(mapping) if is_pending_victim(m)), key=machine_name)
@@ -201,8 +217,14 @@ class SafeScaleIn:
             self._set_replicas(mapping, target, fence)
             outcome.replicas = target
 
-    def _reclaim(self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], outcome: Outcome,
-                 fence: Fence) -> None:
+    def _reclaim(
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        machines: list[dict[str, Any]],
+        outcome: Outcome,
+        fence: Fence,
+    ) -> None:
         slurm = self.slurm(config)
         try:
             nodes = slurm.nodes()
@@ -224,11 +246,16 @@ class SafeScaleIn:
             outcome.reclaimed.append(name)
             self.metrics.reclaimed.inc()
         if outcome.reclaimed:
-            self._event(mapping, REASON_RECLAIMED, f"Reclaimed {len(outcome.reclaimed)} Machine(s) marked for deletion "
-                        f"instead of provisioning new ones: {', '.join(outcome.reclaimed)}")
+            self._event(
+                mapping,
+                REASON_RECLAIMED,
+                f"Reclaimed {len(outcome.reclaimed)} Machine(s) marked for deletion "
+                f"instead of provisioning new ones: {', '.join(outcome.reclaimed)}",
+            )
 
-    def _scale_down(self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome,
-                    fence: Fence) -> None:
+    def _scale_down(
+        self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome, fence: Fence
+    ) -> None:
         want = current - target
         machines = self.machines(mapping)
         live = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
@@ -249,7 +276,9 @@ class SafeScaleIn:
                 nodes = slurm.nodes()
             except SlurmUnavailable as exc:
                 outcome.slurm_error = exc.cause
-                self._slurm_failed(mapping, exc, f"scale-in from {current} to {target} not done (never guessing which node is idle)")
+                self._slurm_failed(
+                    mapping, exc, f"scale-in from {current} to {target} not done (never guessing which node is idle)"
+                )
                 return
             chosen, ineligible = choose_victims(live, nodes, need)
             drained: list[tuple[Candidate, bool]] = []
@@ -263,7 +292,10 @@ class SafeScaleIn:
                 self._slurm_failed(mapping, exc, f"scale-in from {current} to {target} stopped")
                 drained = []  # the drains made stay ours (reason): the next pass reuses or undoes them
             for candidate, _ in drained:
-                values: dict[str, str | None] = {DELETE_MACHINE: DELETE_MACHINE_VALUE, PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER}
+                values: dict[str, str | None] = {
+                    DELETE_MACHINE: DELETE_MACHINE_VALUE,
+                    PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER,
+                }
                 if candidate.node is not None:
                     values[SLURM_NODE_ANNOTATION] = candidate.node.name
                 self._annotate(mapping, candidate.machine, values, fence)
@@ -282,7 +314,8 @@ class SafeScaleIn:
         if outcome.deferred and not outcome.slurm_error:
             self.metrics.scale_in_deferred.inc(outcome.deferred)
             self._event(
-                mapping, REASON_DEFERRED,
+                mapping,
+                REASON_DEFERRED,
                 f"Scale-in to {target} asked; lowered to {replicas} only: {outcome.deferred} replica(s) deferred, {why}. "
                 "The reconciler finishes as nodes become idle.",
                 warning=True,
@@ -302,8 +335,9 @@ class SafeScaleIn:
         return done
 
     @staticmethod
-    def _recheck(slurm: SlurmClient, drained: list[tuple[Candidate, bool]], after: list[SlurmNode],
-                 fence: Fence) -> list[tuple[Candidate, bool]]:
+    def _recheck(
+        slurm: SlurmClient, drained: list[tuple[Candidate, bool]], after: list[SlurmNode], fence: Fence
+    ) -> list[tuple[Candidate, bool]]:
         by_name = {n.name: n for n in after}
         kept = []
         for candidate, ours in drained:
@@ -349,7 +383,9 @@ class SafeScaleIn:
                 elif never_joined(machine):
                     evidence = "it never joined Slurm and its infrastructure was never provisioned, so it cannot"
                 else:
-                    self._overdue(mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned")
+                    self._overdue(
+                        mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned"
+                    )
                     return True
                 self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
                 self._event(mapping, REASON_RELEASED, f"Machine {name}: {evidence}; deletion may proceed")
@@ -358,7 +394,11 @@ class SafeScaleIn:
                 fence()
                 reason, what = self._let_go(config, slurm, node.name)
                 self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
-                self._event(mapping, reason, f"Machine {name}: Slurm node {node.name} drained and idle, {what}; deletion may proceed")
+                self._event(
+                    mapping,
+                    reason,
+                    f"Machine {name}: Slurm node {node.name} drained and idle, {what}; deletion may proceed",
+                )
                 return True
             if "DRAIN" not in node.states:  # deleted by someone else, or joined after it was chosen
                 fence()
@@ -367,7 +407,9 @@ class SafeScaleIn:
             self._overdue(mapping, config, machine, f"Slurm node {node.name} is {'+'.join(sorted(node.states))}")
             return True
         except SlurmUnavailable as exc:
-            self._slurm_failed(mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)")
+            self._slurm_failed(
+                mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)"
+            )
             return False
 
     @staticmethod
@@ -378,8 +420,10 @@ class SafeScaleIn:
                 return REASON_NODE_DELETED, "deleted from Slurm (releasedNodes: delete)"
             return REASON_RELEASED, "already gone from Slurm (removed by someone else): nothing left to delete"
         if slurm.future(node):
-            return REASON_NODE_FUTURE, ("returned to FUTURE: Slurm keeps its record, so jobs as big as the pool still queue, "
-                                        "and the host's next slurmd -Z of that name takes it again")
+            return REASON_NODE_FUTURE, (
+                "returned to FUTURE: Slurm keeps its record, so jobs as big as the pool still queue, "
+                "and the host's next slurmd -Z of that name takes it again"
+            )
         return REASON_RELEASED, "already gone from Slurm (removed by someone else): no record left to keep"
 
     def _overdue(self, mapping: Mapping, config: SafeScaleInConfig, machine: dict[str, Any], state: str) -> None:
@@ -392,11 +436,18 @@ class SafeScaleIn:
             return
         self._overdue_warned.add(key)
         self.metrics.drain_overdue.inc()
-        self._event(mapping, REASON_DRAIN_OVERDUE, f"Machine {key[1]} held for {elapsed:.0f}s, more than drainTimeoutSeconds "
-                    f"({config.drain_timeout_seconds:g}s): {state}. It stays held until Slurm lets it go; it is never released "
-                    "while its node may run jobs.", warning=True)
+        self._event(
+            mapping,
+            REASON_DRAIN_OVERDUE,
+            f"Machine {key[1]} held for {elapsed:.0f}s, more than drainTimeoutSeconds "
+            f"({config.drain_timeout_seconds:g}s): {state}. It stays held until Slurm lets it go; it is never released "
+            "while its node may run jobs.",
+            warning=True,
+        )
 
-    def _undo_orphan_drains(self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], fence: Fence) -> None:
+    def _undo_orphan_drains(
+        self, mapping: Mapping, config: SafeScaleInConfig, machines: list[dict[str, Any]], fence: Fence
+    ) -> None:
         kept = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
         if not kept:
             return
@@ -409,8 +460,12 @@ class SafeScaleIn:
                     fence()
                     slurm.undrain(node.name)
                     self.metrics.orphans_undrained.inc()
-                    self._event(mapping, REASON_UNDRAINED, f"Machine {machine_name(machine)}: Slurm node {node.name} was drained by "
-                                "a scale-in that did not finish; no scale-in needs it now, so it takes jobs again")
+                    self._event(
+                        mapping,
+                        REASON_UNDRAINED,
+                        f"Machine {machine_name(machine)}: Slurm node {node.name} was drained by "
+                        "a scale-in that did not finish; no scale-in needs it now, so it takes jobs again",
+                    )
         except SlurmUnavailable as exc:
             self._slurm_failed(mapping, exc, "cannot check for nodes left drained")
 

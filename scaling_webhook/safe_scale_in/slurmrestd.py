@@ -120,14 +120,20 @@ class SlurmClient:
         try:
             secret = self.kube.request("GET", SECRETS.item(namespace, name), timeout=5.0)
         except KubeError as exc:
-            raise SlurmUnavailable(f"cannot read the JWT signing key Secret {namespace}/{name}: {exc.status or ''} {exc.reason}".replace("  ", " ")) from None
+            raise SlurmUnavailable(
+                f"cannot read the JWT signing key Secret {namespace}/{name}: {exc.status or ''} {exc.reason}".replace(
+                    "  ", " "
+                )
+            ) from None
         encoded = (secret.get("data") or {}).get(self.config.jwt_key)
         if not isinstance(encoded, str) or not encoded:
             raise SlurmUnavailable(f"Secret {namespace}/{name} has no key {self.config.jwt_key!r}")
         try:
             key = b64decode(encoded, validate=True)
         except ValueError:
-            raise SlurmUnavailable(f"Secret {namespace}/{name} key {self.config.jwt_key!r} is not valid base64") from None
+            raise SlurmUnavailable(
+                f"Secret {namespace}/{name} key {self.config.jwt_key!r} is not valid base64"
+            ) from None
         self._key = key
         return key
 
@@ -145,19 +151,28 @@ class SlurmClient:
             try:
                 response = self._http.request(method, path, headers=headers, json=body)
             except httpx.TimeoutException:
-                raise SlurmUnavailable(f"{self.where} did not answer {method} {path} within {self.timeout:g}s") from None
+                raise SlurmUnavailable(
+                    f"{self.where} did not answer {method} {path} within {self.timeout:g}s"
+                ) from None
             except httpx.HTTPError as exc:
                 raise SlurmUnavailable(f"cannot reach {self.where}: {type(exc).__name__}: {exc}") from None
             if response.status_code in AUTH_FAILURES:
                 if attempt == 2:
-                    raise SlurmUnavailable(f"{self.where} refused the JWT ({response.status_code}) twice; check jwtSecret/jwtKey/tokenUser")
-                log.warning("slurmrestd refused the token; reading the signing key again", extra={"slurmrestd": self.config.slurmrestd})
+                    raise SlurmUnavailable(
+                        f"{self.where} refused the JWT ({response.status_code}) twice; check jwtSecret/jwtKey/tokenUser"
+                    )
+                log.warning(
+                    "slurmrestd refused the token; reading the signing key again",
+                    extra={"slurmrestd": self.config.slurmrestd},
+                )
                 self._key = None
                 continue
             if gone_raises and _error_numbers(response) == {INVALID_NODE_NAME}:
                 raise _NodeGone(path)
             if not 200 <= response.status_code <= 299:
-                raise SlurmUnavailable(f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}")
+                raise SlurmUnavailable(
+                    f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}"
+                )
             try:
                 data = response.json() if response.content else {}
             except ValueError:
@@ -185,10 +200,15 @@ class SlurmClient:
                             raise
                         continue
                     self._version = candidate
-                    log.info("slurmrestd API version discovered", extra={"slurmrestd": self.config.slurmrestd, "api_version": candidate})
+                    log.info(
+                        "slurmrestd API version discovered",
+                        extra={"slurmrestd": self.config.slurmrestd, "api_version": candidate},
+                    )
                     break
                 else:
-                    raise SlurmUnavailable(f"{self.where} serves none of {', '.join(SLURM_API_VERSIONS)} ({'; '.join(tried)})")
+                    raise SlurmUnavailable(
+                        f"{self.where} serves none of {', '.join(SLURM_API_VERSIONS)} ({'; '.join(tried)})"
+                    )
             return self._version
 
     # --- calls -------------------------------------------------------------------------------

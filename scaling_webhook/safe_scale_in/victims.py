@@ -131,7 +131,9 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
     return Candidate(name, node, True, states, (tier, name))
 
 
-def order_candidates(machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode]) -> tuple[list[Candidate], list[Candidate]]:
+def order_candidates(
+    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode]
+) -> tuple[list[Candidate], list[Candidate]]:
     """(eligible Machines in the order to remove them, ineligible ones with why)."""
     eligible: list[Candidate] = []
     ineligible: list[Candidate] = []
@@ -143,7 +145,9 @@ def order_candidates(machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNo
     return eligible, ineligible
 
 
-def choose_victims(machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode], count: int) -> tuple[list[Candidate], list[Candidate]]:
+def choose_victims(
+    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode], count: int
+) -> tuple[list[Candidate], list[Candidate]]:
     """Up to ``count`` safe victims, and the ineligible Machines (to say why fewer)."""
     eligible, ineligible = order_candidates(machines, nodes)
     return eligible[: max(0, count)], ineligible

@@ -28,8 +28,9 @@ def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[...
     tmp_dir = tmp_path_factory.mktemp("helm-values")
     cache: dict[str, list[dict[str, Any]]] = {}
 
-    def _render(values: dict[str, Any] | None = None, *extra: str,
-                api_versions: tuple[str, ...] = CRD_APIS) -> list[dict[str, Any]]:
+    def _render(
+        values: dict[str, Any] | None = None, *extra: str, api_versions: tuple[str, ...] = CRD_APIS
+    ) -> list[dict[str, Any]]:
         key = json.dumps([values, extra, api_versions], sort_keys=True)
         if key not in cache:
             args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
@@ -50,5 +51,3 @@ def lint(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., 
         return run_helm(helm, ["lint", "--strict", str(CHART), "--namespace", NAMESPACE, *extra], tmp_dir, values)
 
     return _lint
-
-

@@ -24,13 +24,22 @@ CLIENT_CA = f"{RELEASE}-client-ca"
 CA_FILE = "/client-ca/ca.crt"
 
 
-def auth(source: str = "generate", name: str = "", key: str | None = None, enforce: bool | None = None,
-         cert_manager: bool = True, **extra: Any) -> dict[str, Any]:
+def auth(
+    source: str = "generate",
+    name: str = "",
+    key: str | None = None,
+    enforce: bool | None = None,
+    cert_manager: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
     client_ca: dict[str, Any] = {"source": source, "name": name}
     if key is not None:
         client_ca["key"] = key
-    values: dict[str, Any] = {"admissionAuth": {"enabled": True, "clientCA": client_ca},
-                              "certManager": {"enabled": cert_manager}, **extra}
+    values: dict[str, Any] = {
+        "admissionAuth": {"enabled": True, "clientCA": client_ca},
+        "certManager": {"enabled": cert_manager},
+        **extra,
+    }
     if enforce is not None:
         values["admissionAuth"]["enforce"] = enforce
     return values
@@ -61,6 +70,7 @@ def client_ca_wiring(objs: list[dict[str, Any]], svc: str) -> dict[str, Any] | N
 
 # ---------------------------------------------------------------- render matrix
 
+
 def test_off_by_default(render):
     for values in (None, {"certManager": {"enabled": False}}):
         objs = render(values)
@@ -70,25 +80,64 @@ def test_off_by_default(render):
 
 
 @pytest.mark.parametrize("cert_manager", [True, False], ids=["cert-manager", "helm-generated"])
-@pytest.mark.parametrize("source,name,key,expected_volume", [
-    ("generate", "", None, None),
-    ("secret", "my-apiserver-ca", None,
-     {"secret": {"secretName": "my-apiserver-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}], "defaultMode": 0o440}}),
-    ("secret", "my-apiserver-ca", "bundle.pem",
-     {"secret": {"secretName": "my-apiserver-ca", "items": [{"key": "bundle.pem", "path": "ca.crt"}], "defaultMode": 0o440}}),
-    ("configMap", "kube-apiserver-ca", None,
-     {"configMap": {"name": "kube-apiserver-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}], "defaultMode": 0o440}}),
-], ids=["generate", "secret", "secret-key", "configMap"])
+@pytest.mark.parametrize(
+    "source,name,key,expected_volume",
+    [
+        ("generate", "", None, None),
+        (
+            "secret",
+            "my-apiserver-ca",
+            None,
+            {
+                "secret": {
+                    "secretName": "my-apiserver-ca",
+                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    "defaultMode": 0o440,
+                }
+            },
+        ),
+        (
+            "secret",
+            "my-apiserver-ca",
+            "bundle.pem",
+            {
+                "secret": {
+                    "secretName": "my-apiserver-ca",
+                    "items": [{"key": "bundle.pem", "path": "ca.crt"}],
+                    "defaultMode": 0o440,
+                }
+            },
+        ),
+        (
+            "configMap",
+            "kube-apiserver-ca",
+            None,
+            {
+                "configMap": {
+                    "name": "kube-apiserver-ca",
+                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    "defaultMode": 0o440,
+                }
+            },
+        ),
+    ],
+    ids=["generate", "secret", "secret-key", "configMap"],
+)
 @pytest.mark.parametrize("enforce", [True, False], ids=["enforced", "prepared"])
 def test_render_matrix(render, cert_manager, source, name, key, expected_volume, enforce):
     objs = render(auth(source, name, key, enforce=enforce, cert_manager=cert_manager))
     if source == "generate":
         ca_secret = CLIENT_CA if cert_manager else CLIENT
-        expected_volume = {"secret": {"secretName": ca_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}],
-                                      "defaultMode": 0o440}}
+        expected_volume = {
+            "secret": {"secretName": ca_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}], "defaultMode": 0o440}
+        }
     for svc in (INJ, SCL):
         assert client_ca_wiring(objs, svc) == (expected_volume if enforce else None), svc
-    generated = {(o["kind"], o["metadata"]["name"]) for o in objs if o["metadata"]["name"] in (CLIENT, CLIENT_CA, f"{CLIENT_CA}-issuer")}
+    generated = {
+        (o["kind"], o["metadata"]["name"])
+        for o in objs
+        if o["metadata"]["name"] in (CLIENT, CLIENT_CA, f"{CLIENT_CA}-issuer")
+    }
     if source != "generate":
         assert not generated, "the operator's own CA: nothing generated"
     elif cert_manager:
@@ -117,7 +166,9 @@ def test_cert_manager_client_chain(render):
     assert client.get("isCA") is not True and "dnsNames" not in client
     assert client["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer", "name": f"{CLIENT_CA}-issuer"}
     assert (client["duration"], client["renewBefore"]) == ("8760h", "720h")
-    custom = render({"admissionAuth": {"enabled": True, "clientCertificate": {"duration": "2160h", "renewBefore": "360h"}}})
+    custom = render(
+        {"admissionAuth": {"enabled": True, "clientCertificate": {"duration": "2160h", "renewBefore": "360h"}}}
+    )
     spec = one(custom, "Certificate", CLIENT)["spec"]
     assert (spec["duration"], spec["renewBefore"]) == ("2160h", "360h")
 
@@ -132,6 +183,7 @@ def test_only_the_enabled_webhooks_are_wired(render):
 
 
 # ---------------------------------------------------------------- the generated certificate
+
 
 def _pem(secret: dict[str, Any], key: str) -> bytes:
     return base64.b64decode(secret["data"][key])
@@ -152,6 +204,7 @@ def test_helm_generated_client_certificate(render):
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
     # The key in the Secret belongs to the certificate.
     from cryptography.hazmat.primitives import serialization
+
     key = serialization.load_pem_private_key(_pem(secret, "tls.key"), password=None)
     assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
     # Its own CA: the serving CA cannot mint client certificates, nor the client CA serving ones.
@@ -163,20 +216,41 @@ def test_helm_generated_client_certificate(render):
 
 # ---------------------------------------------------------------- reuse on upgrade (lookup)
 
+
 def _emulator_with_chart_kinds() -> Any:
     """kubemu serving every kind the chart renders (Helm maps each one to an API resource)."""
     from kubemu import Emulator
     from kubemu.resources import Resource, default_resources
+
     extra = [
         Resource("", ["v1"], "ServiceAccount", "serviceaccounts", status=False),
-        Resource("admissionregistration.k8s.io", ["v1"], "MutatingWebhookConfiguration", "mutatingwebhookconfigurations",
-                 namespaced=False, status=False),
-        Resource("admissionregistration.k8s.io", ["v1"], "ValidatingWebhookConfiguration", "validatingwebhookconfigurations",
-                 namespaced=False, status=False),
+        Resource(
+            "admissionregistration.k8s.io",
+            ["v1"],
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            namespaced=False,
+            status=False,
+        ),
+        Resource(
+            "admissionregistration.k8s.io",
+            ["v1"],
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            namespaced=False,
+            status=False,
+        ),
         Resource("rbac.authorization.k8s.io", ["v1"], "Role", "roles", status=False),
         Resource("rbac.authorization.k8s.io", ["v1"], "RoleBinding", "rolebindings", status=False),
         Resource("rbac.authorization.k8s.io", ["v1"], "ClusterRole", "clusterroles", namespaced=False, status=False),
-        Resource("rbac.authorization.k8s.io", ["v1"], "ClusterRoleBinding", "clusterrolebindings", namespaced=False, status=False),
+        Resource(
+            "rbac.authorization.k8s.io",
+            ["v1"],
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            namespaced=False,
+            status=False,
+        ),
         Resource("policy", ["v1"], "PodDisruptionBudget", "poddisruptionbudgets"),
         Resource("cert-manager.io", ["v1"], "Certificate", "certificates", custom=True),
         Resource("cert-manager.io", ["v1"], "Issuer", "issuers", custom=True),
@@ -189,8 +263,20 @@ def test_generated_secrets_are_reused_on_upgrade(helm, tmp_path):
     emulator = _emulator_with_chart_kinds()
     try:
         env = {**os.environ, "KUBECONFIG": emulator.write_kubeconfig(tmp_path / "kubeconfig"), "HOME": str(tmp_path)}
-        args = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=server",
-                "--disable-openapi-validation", "--set", "certManager.enabled=false", "--set", "admissionAuth.enabled=true"]
+        args = [
+            str(helm),
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--dry-run=server",
+            "--disable-openapi-validation",
+            "--set",
+            "certManager.enabled=false",
+            "--set",
+            "admissionAuth.enabled=true",
+        ]
 
         def secrets() -> dict[str, dict[str, Any]]:
             proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
@@ -200,8 +286,9 @@ def test_generated_secrets_are_reused_on_upgrade(helm, tmp_path):
         def install(secret: dict[str, Any]) -> None:
             """What `helm install` leaves behind: the object, owned by the release."""
             meta = secret["metadata"]
-            meta.setdefault("annotations", {}).update({"meta.helm.sh/release-name": RELEASE,
-                                                       "meta.helm.sh/release-namespace": NAMESPACE})
+            meta.setdefault("annotations", {}).update(
+                {"meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": NAMESPACE}
+            )
             emulator.create(secret)
 
         first = secrets()
@@ -225,9 +312,19 @@ def test_generated_secrets_are_reused_on_upgrade(helm, tmp_path):
 
 # ---------------------------------------------------------------- NOTES.txt and docs
 
+
 def _notes(helm: Path, kubeconfig: str, tmp_path: Path, *sets: str) -> str:
     """NOTES.txt as `helm install` prints it (Helm 3 asks the cluster for its version even with --dry-run=client)."""
-    args = [str(helm), "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", "--disable-openapi-validation"]
+    args = [
+        str(helm),
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "--disable-openapi-validation",
+    ]
     for s in sets:
         args += ["--set", s]
     env = {**os.environ, "KUBECONFIG": kubeconfig, "HOME": str(tmp_path)}
@@ -256,8 +353,14 @@ def _check_notes(helm: Path, kubeconfig: str, tmp_path: Path) -> None:
     assert "kind: WebhookAdmissionConfiguration" in notes and "REQUIRE" in notes
     prepared = _notes(helm, kubeconfig, tmp_path, "admissionAuth.enabled=true", "admissionAuth.enforce=false")
     assert "admissionAuth.enforce=false" in prepared and "REQUIRE" not in prepared
-    own = _notes(helm, kubeconfig, tmp_path, "admissionAuth.enabled=true", "admissionAuth.clientCA.source=secret",
-                 "admissionAuth.clientCA.name=my-ca")
+    own = _notes(
+        helm,
+        kubeconfig,
+        tmp_path,
+        "admissionAuth.enabled=true",
+        "admissionAuth.clientCA.source=secret",
+        "admissionAuth.clientCA.name=my-ca",
+    )
     assert f"secret {NAMESPACE}/my-ca" in own and "get secret" not in own
     assert "Authenticated admission" not in _notes(helm, kubeconfig, tmp_path)
 
@@ -274,7 +377,9 @@ def test_docs_examples_parse_and_match_the_chart(render):
     plugins = {p["name"]: p["configuration"] for p in admission["plugins"]}
     assert set(plugins) == {"ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"}
     for config in plugins.values():
-        assert config["apiVersion"] == "apiserver.config.k8s.io/v1" and config["kind"] == "WebhookAdmissionConfiguration"
+        assert (
+            config["apiVersion"] == "apiserver.config.k8s.io/v1" and config["kind"] == "WebhookAdmissionConfiguration"
+        )
     kubeconfig = next(b for b in blocks if b.get("kind") == "Config")
     assert "current-context" not in kubeconfig
     assert config["kubeConfigFile"] == "/etc/kubernetes/admission/kubeconfig.yaml"

@@ -75,10 +75,14 @@ def test_both_console_scripts_exist_and_are_documented():
         assert script in install_doc
 
 
-@pytest.mark.parametrize("needed", ["requirements.lock", "pyproject.toml", "common", "injection_webhook",
-                                    "scaling_webhook"])
+@pytest.mark.parametrize(
+    "needed", ["requirements.lock", "pyproject.toml", "common", "injection_webhook", "scaling_webhook"]
+)
 def test_dockerignore_keeps_the_build_inputs(needed):
-    ignored = {ln.strip() for ln in (REPO_ROOT / ".dockerignore").read_text().splitlines()
-               if ln.strip() and not ln.startswith("#")}
+    ignored = {
+        ln.strip()
+        for ln in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    }
     assert needed not in ignored
     assert {".git", "tests", ".tools"} <= ignored

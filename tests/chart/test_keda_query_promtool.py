@@ -52,8 +52,10 @@ def promtool() -> str:
 
 
 def rendered_query(render: Any, threshold: int) -> str:
-    values = {"keda": {"enabled": True, "pendingThreshold": threshold},
-              "scaling": {"mappings": [mapping("slime-system/mirror-batch", "metal3/md-batch", PARTITION)]}}
+    values = {
+        "keda": {"enabled": True, "pendingThreshold": threshold},
+        "scaling": {"mappings": [mapping("slime-system/mirror-batch", "metal3/md-batch", PARTITION)]},
+    }
     (so,) = by_kind(render(values), "ScaledObject")
     query: str = so["spec"]["triggers"][0]["metadata"]["query"]
     return query
@@ -77,12 +79,15 @@ def test_default_query_with_promtool(render: Any, promtool: str, tmp_path: Path,
     query = rendered_query(render, threshold)
     rules_test = {
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series(running, pending),
-            "promql_expr_test": [{"expr": query, "eval_time": "0m",
-                                  "exp_samples": [{"labels": "{}", "value": expected}]}],
-        }],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series(running, pending),
+                "promql_expr_test": [
+                    {"expr": query, "eval_time": "0m", "exp_samples": [{"labels": "{}", "value": expected}]}
+                ],
+            }
+        ],
     }
     test_file = tmp_path / "keda-query-test.yaml"
     test_file.write_text(json.dumps(rules_test, indent=2))  # JSON is YAML
@@ -92,10 +97,22 @@ def test_default_query_with_promtool(render: Any, promtool: str, tmp_path: Path,
 
 def test_promtool_catches_a_wrong_answer(render: Any, promtool: str, tmp_path: Path) -> None:
     """The harness itself: promtool fails when the expected value is wrong (so a pass means something)."""
-    rules_test = {"evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": series(10, 1),
-        "promql_expr_test": [{"expr": rendered_query(render, 1), "eval_time": "0m",
-                              "exp_samples": [{"labels": "{}", "value": 1}]}]}]}
+    rules_test = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series(10, 1),
+                "promql_expr_test": [
+                    {
+                        "expr": rendered_query(render, 1),
+                        "eval_time": "0m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                ],
+            }
+        ],
+    }
     test_file = tmp_path / "wrong.yaml"
     test_file.write_text(json.dumps(rules_test))
     proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
@@ -106,10 +123,18 @@ def test_thesis_query_was_wrong(promtool: str, tmp_path: Path) -> None:
     """Why the default changed: `PENDING >= T or RUNNING` answers 1 for 10 running + 1 pending."""
     sel = f'{{partition="{PARTITION}"}}'
     old = f"{PENDING}{sel} >= 1 or {RUNNING}{sel}"
-    rules_test = {"evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": series(10, 1),
-        "promql_expr_test": [{"expr": old, "eval_time": "0m",
-                              "exp_samples": [{"labels": f'{PENDING}{sel}', "value": 1}]}]}]}
+    rules_test = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series(10, 1),
+                "promql_expr_test": [
+                    {"expr": old, "eval_time": "0m", "exp_samples": [{"labels": f"{PENDING}{sel}", "value": 1}]}
+                ],
+            }
+        ],
+    }
     test_file = tmp_path / "thesis.yaml"
     test_file.write_text(json.dumps(rules_test))
     proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
@@ -122,9 +147,15 @@ def test_the_default_metric_names_are_what_slurm_25_11_serves(render: Any, promt
     The text is testbed/real/slurm_metrics.py's, which the whole-loop tier serves to Prometheus in
     place of Slurm >= 25.11's endpoint (names, HELP, TYPE and layout read from SchedMD's slurm-25.11 branch).
     """
-    text = slurm_metrics.render(slurm_metrics.partition_counts(
-        [{"job_state": ["PENDING"], "partition": PARTITION, "state_reason": "Resources"},
-         {"job_state": ["RUNNING"], "partition": PARTITION, "state_reason": "None"}], [PARTITION, "other"]))
+    text = slurm_metrics.render(
+        slurm_metrics.partition_counts(
+            [
+                {"job_state": ["PENDING"], "partition": PARTITION, "state_reason": "Resources"},
+                {"job_state": ["RUNNING"], "partition": PARTITION, "state_reason": "None"},
+            ],
+            [PARTITION, "other"],
+        )
+    )
     proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     query = rendered_query(render, 1)

@@ -11,16 +11,26 @@ from testbed.chart_values import NAMESPACE, TWO_MAPPINGS, one
 
 
 def _secret_request(owner_refs=None, data=None, operation="CREATE"):
-    obj = {"apiVersion": "v1", "kind": "Secret", "type": "infrastructure.cluster.x-k8s.io/secret",
-           "metadata": {"name": "m3m-0-metadata", "namespace": "metal3"}}
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "infrastructure.cluster.x-k8s.io/secret",
+        "metadata": {"name": "m3m-0-metadata", "namespace": "metal3"},
+    }
     if owner_refs is not None:
         obj["metadata"]["ownerReferences"] = owner_refs
     if data is not None:
         obj["data"] = data
-    return {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Secret"},
-            "resource": {"group": "", "version": "v1", "resource": "secrets"},
-            "operation": operation, "namespace": "metal3", "name": "m3m-0-metadata",
-            "object": obj, "oldObject": copy.deepcopy(obj) if operation == "UPDATE" else None}
+    return {
+        "uid": "u1",
+        "kind": {"group": "", "version": "v1", "kind": "Secret"},
+        "resource": {"group": "", "version": "v1", "resource": "secrets"},
+        "operation": operation,
+        "namespace": "metal3",
+        "name": "m3m-0-metadata",
+        "object": obj,
+        "oldObject": copy.deepcopy(obj) if operation == "UPDATE" else None,
+    }
 
 
 def _owner(kind="Metal3Data", api_version="infrastructure.cluster.x-k8s.io/v1beta1"):
@@ -40,42 +50,73 @@ def validating(render):
     return one(render(TWO_MAPPINGS), "ValidatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
 
 
-@pytest.mark.parametrize("request_", [
-    _secret_request([_owner()], META),
-    _secret_request([_owner(api_version="infrastructure.cluster.x-k8s.io/v1beta2")], META),
-    _secret_request([_owner("Metal3DataClaim"), _owner()], {**META, "other": "eA=="}),
-    _secret_request([_owner()], META, operation="UPDATE"),
-], ids=["v1beta1", "v1beta2", "second-owner", "update"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _secret_request([_owner()], META),
+        _secret_request([_owner(api_version="infrastructure.cluster.x-k8s.io/v1beta2")], META),
+        _secret_request([_owner("Metal3DataClaim"), _owner()], {**META, "other": "eA=="}),
+        _secret_request([_owner()], META, operation="UPDATE"),
+    ],
+    ids=["v1beta1", "v1beta2", "second-owner", "update"],
+)
 def test_metal3_metadata_secret_matches(mutating, request_):
     assert evaluate_match_conditions(mutating, request_) is True
 
 
-@pytest.mark.parametrize("request_", [
-    _secret_request(None, META),
-    _secret_request([], META),
-    _secret_request([_owner("Metal3Machine")], META),
-    _secret_request([_owner("Deployment", "apps/v1")], META),
-    _secret_request([_owner(api_version="example.com/v1")], META),
-    _secret_request([_owner(api_version="infrastructure.cluster.x-k8s.io.evil.com/v1")], META),
-    _secret_request([_owner()], None),
-    _secret_request([_owner()], {"value": "eA=="}),
-], ids=["no-owners", "empty-owners", "other-kind", "deployment-owner", "other-group", "lookalike-group",
-        "no-data", "no-metaData-key"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _secret_request(None, META),
+        _secret_request([], META),
+        _secret_request([_owner("Metal3Machine")], META),
+        _secret_request([_owner("Deployment", "apps/v1")], META),
+        _secret_request([_owner(api_version="example.com/v1")], META),
+        _secret_request([_owner(api_version="infrastructure.cluster.x-k8s.io.evil.com/v1")], META),
+        _secret_request([_owner()], None),
+        _secret_request([_owner()], {"value": "eA=="}),
+    ],
+    ids=[
+        "no-owners",
+        "empty-owners",
+        "other-kind",
+        "deployment-owner",
+        "other-group",
+        "lookalike-group",
+        "no-data",
+        "no-metaData-key",
+    ],
+)
 def test_other_secrets_do_not_match(mutating, request_):
     assert evaluate_match_conditions(mutating, request_) is False
 
 
 def _scale_request(resource="deployments", namespace=NAMESPACE, name="mirror-a", dry_run=False):
-    return {"uid": "u2", "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
-            "resource": {"group": "apps", "version": "v1", "resource": resource}, "subResource": "scale",
-            "requestKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
-            "operation": "UPDATE", "namespace": namespace, "name": name, "dryRun": dry_run,
-            "object": {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                       "metadata": {"name": name, "namespace": namespace},
-                       "spec": {"replicas": 3}, "status": {"replicas": 2}},
-            "oldObject": {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                          "metadata": {"name": name, "namespace": namespace},
-                          "spec": {"replicas": 2}, "status": {"replicas": 2}}}
+    return {
+        "uid": "u2",
+        "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+        "resource": {"group": "apps", "version": "v1", "resource": resource},
+        "subResource": "scale",
+        "requestKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+        "operation": "UPDATE",
+        "namespace": namespace,
+        "name": name,
+        "dryRun": dry_run,
+        "object": {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": 3},
+            "status": {"replicas": 2},
+        },
+        "oldObject": {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": 2},
+            "status": {"replicas": 2},
+        },
+    }
 
 
 def test_deployment_scale_of_a_mirror_matches(validating):
@@ -83,11 +124,15 @@ def test_deployment_scale_of_a_mirror_matches(validating):
     assert evaluate_match_conditions(validating, _scale_request(namespace="mirrors", name="mirror-b")) is True
 
 
-@pytest.mark.parametrize("request_", [
-    _scale_request(resource="statefulsets"),
-    _scale_request(name="some-app"),
-    _scale_request(namespace="mirrors", name="mirror-a"),  # right name, wrong namespace
-], ids=["statefulset-scale", "unmapped-deployment", "wrong-namespace"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _scale_request(resource="statefulsets"),
+        _scale_request(name="some-app"),
+        _scale_request(namespace="mirrors", name="mirror-a"),  # right name, wrong namespace
+    ],
+    ids=["statefulset-scale", "unmapped-deployment", "wrong-namespace"],
+)
 def test_other_scales_do_not_match(validating, request_):
     assert evaluate_match_conditions(validating, request_) is False
 
@@ -105,8 +150,10 @@ def test_without_narrowing_any_deployment_scale_matches(render):
 
 
 def test_evaluation_error_raises_unless_another_condition_is_false():
-    conds = [{"name": "boom", "expression": "request.nosuch == 1"},
-             {"name": "scale", "expression": "request.kind.kind == 'Scale'"}]
+    conds = [
+        {"name": "boom", "expression": "request.nosuch == 1"},
+        {"name": "scale", "expression": "request.kind.kind == 'Scale'"},
+    ]
     with pytest.raises(MatchConditionError, match="boom"):
         evaluate_match_conditions(conds, _scale_request())
     req = _scale_request()

@@ -29,33 +29,55 @@ INJECTION_CALLS = [
     *[R(v, M3, r) for r in ("metal3datas", "metal3datatemplates") for v in ("list", "watch")],
     # the CAPI kubeconfig Secrets, one watch each with fieldSelector metadata.name=<cluster>-kubeconfig
     *[R(v, "", "secrets", namespace="metal3", name="bm-cluster-kubeconfig") for v in ("list", "watch")],
-    *[R(v, g, r, namespace="slurm") for v in ("list", "watch")
-      for g, r in (("", "pods"), ("apps", "statefulsets"), ("slinky.slurm.net", "controllers"), ("", "services"))],
+    *[
+        R(v, g, r, namespace="slurm")
+        for v in ("list", "watch")
+        for g, r in (("", "pods"), ("apps", "statefulsets"), ("slinky.slurm.net", "controllers"), ("", "services"))
+    ],
     # the slurm.key Secret, fieldSelector metadata.name=<key secret>; the JWT key Secret the same way (jwt-key opt-in)
-    *[R(v, "", "secrets", namespace="slurm", name=name) for v in ("list", "watch")
-      for name in ("slurm-auth-slurm", "slurm-auth-jwths256")],
+    *[
+        R(v, "", "secrets", namespace="slurm", name=name)
+        for v in ("list", "watch")
+        for name in ("slurm-auth-slurm", "slurm-auth-jwths256")
+    ],
 ]
 
-SCALING_VALUES = {"scaling": {
-    "mappings": [mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a"),
-                 mapping("mirrors/mirror-b", "metal3-b/md-b", "b")],
-    "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
-    "capacityAware": {"enabled": True}}}
+SCALING_VALUES = {
+    "scaling": {
+        "mappings": [
+            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a"),
+            mapping("mirrors/mirror-b", "metal3-b/md-b", "b"),
+        ],
+        "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
+        "capacityAware": {"enabled": True},
+    }
+}
 
 SCALING_CALLS = [
     *[R(v, "", "configmaps", namespace=NAMESPACE, name="scaling-webhook-configmap") for v in ("list", "watch")],
     R("get", non_resource=f"/apis/{CAPI}"),
-    *[R("patch", CAPI, "machinedeployments", "scale", namespace=ns, name=md)
-      for ns, md in (("metal3", "md-a"), ("metal3-b", "md-b"))],
+    *[
+        R("patch", CAPI, "machinedeployments", "scale", namespace=ns, name=md)
+        for ns, md in (("metal3", "md-a"), ("metal3-b", "md-b"))
+    ],
     R("get", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
     R("get", CAPI, "machinedeployments", namespace="metal3-b", name="md-b"),
-    *[R(v, "apps", "deployments", namespace=ns, name=name) for v in ("get", "list", "watch", "patch")
-      for ns, name in ((NAMESPACE, "mirror-a"), ("mirrors", "mirror-b"))],
-    *[R(v, CAPI, "machinedeployments", namespace=ns, name=name) for v in ("list", "watch")
-      for ns, name in (("metal3", "md-a"), ("metal3-b", "md-b"))],
+    *[
+        R(v, "apps", "deployments", namespace=ns, name=name)
+        for v in ("get", "list", "watch", "patch")
+        for ns, name in ((NAMESPACE, "mirror-a"), ("mirrors", "mirror-b"))
+    ],
+    *[
+        R(v, CAPI, "machinedeployments", namespace=ns, name=name)
+        for v in ("list", "watch")
+        for ns, name in (("metal3", "md-a"), ("metal3-b", "md-b"))
+    ],
     *[R(v, CAPI, "clusters", namespace=ns, name="c1") for v in ("list", "watch") for ns in ("metal3", "metal3-b")],
     R("create", "coordination.k8s.io", "leases", namespace=NAMESPACE),
-    *[R(v, "coordination.k8s.io", "leases", namespace=NAMESPACE, name="slime-scaling-webhook") for v in ("get", "update")],
+    *[
+        R(v, "coordination.k8s.io", "leases", namespace=NAMESPACE, name="slime-scaling-webhook")
+        for v in ("get", "update")
+    ],
     R("create", "", "events", namespace="metal3"),
     R("create", "", "events", namespace="metal3-b"),
     R("list", CAPI, "machines", namespace="metal3"),
@@ -63,7 +85,10 @@ SCALING_CALLS = [
     R("get", "", "secrets", namespace="slurm", name="slurm-jwt"),
     # capacityAware: the hosts, the pool's template and its Machines, watched.
     *[R(v, "metal3.io", "baremetalhosts", namespace="metal3") for v in ("list", "watch")],
-    *[R(v, "infrastructure.cluster.x-k8s.io", "metal3machinetemplates", namespace="metal3", name="md-a") for v in ("list", "watch")],
+    *[
+        R(v, "infrastructure.cluster.x-k8s.io", "metal3machinetemplates", namespace="metal3", name="md-a")
+        for v in ("list", "watch")
+    ],
     *[R(v, CAPI, "machines", namespace="metal3") for v in ("list", "watch")],
 ]
 
@@ -76,28 +101,52 @@ def test_interfaces_doc_resources_are_all_in_the_lists():
     verbs = {"get", "list", "watch", "patch", "create", "update"}
     groups = {"apps"}
     resources = named - verbs - groups
-    covered = {r.resource + (f"/{r.subresource}" if r.subresource else "")
-               for r in INJECTION_CALLS + SCALING_CALLS if r.resource}
+    covered = {
+        r.resource + (f"/{r.subresource}" if r.subresource else "")
+        for r in INJECTION_CALLS + SCALING_CALLS
+        if r.resource
+    }
     assert resources, "could not read the API-call section of docs/interfaces.md"
-    assert resources <= covered, f"docs/interfaces.md names resources the RBAC test does not check: {resources - covered}"
+    assert resources <= covered, (
+        f"docs/interfaces.md names resources the RBAC test does not check: {resources - covered}"
+    )
 
 
-@pytest.mark.parametrize("values", [
-    None,
-    {"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"],
-                   "slurmKeySecretNames": ["slurm-auth-slurm"], "jwtKeySecretNames": ["slurm-auth-jwths256"]}},
-], ids=["cluster-wide", "namespaced"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        None,
+        {
+            "injection": {
+                "slurmNamespaces": ["slurm"],
+                "metal3Namespaces": ["metal3"],
+                "slurmKeySecretNames": ["slurm-auth-slurm"],
+                "jwtKeySecretNames": ["slurm-auth-jwths256"],
+            }
+        },
+    ],
+    ids=["cluster-wide", "namespaced"],
+)
 def test_injection_rbac_covers_its_calls(render, values):
     assert_rbac_covers(render(values), INJ_SA, NAMESPACE, INJECTION_CALLS)
 
 
 def test_injection_roles_are_namespaced_when_namespaces_are_given(render):
-    objs = render({"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"],
-                                 "slurmKeySecretNames": ["slurm-auth-slurm"]}})
-    for req in (R("list", "", "secrets", namespace="other"),
-                R("list", "", "pods", namespace="other"),
-                R("list", "", "secrets", namespace="slurm", name="another-secret"),
-                R("list", "", "secrets")):
+    objs = render(
+        {
+            "injection": {
+                "slurmNamespaces": ["slurm"],
+                "metal3Namespaces": ["metal3"],
+                "slurmKeySecretNames": ["slurm-auth-slurm"],
+            }
+        }
+    )
+    for req in (
+        R("list", "", "secrets", namespace="other"),
+        R("list", "", "pods", namespace="other"),
+        R("list", "", "secrets", namespace="slurm", name="another-secret"),
+        R("list", "", "secrets"),
+    ):
         assert not rbac_allows(objs, INJ_SA, NAMESPACE, req), req
     # Only the Metal3 informers stay cluster wide.
     cluster_roles = [o for o in objs if o["kind"] == "ClusterRole"]
@@ -109,9 +158,13 @@ def test_named_key_secrets_cover_the_jwt_secret_only_when_it_is_named(render):
     # (metal3Namespaces too: left empty, the kubeconfig rule reads Secrets cluster wide.)
     narrow = {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"], "slurmKeySecretNames": ["slurm-auth-slurm"]}
     assert not rbac_allows(render({"injection": narrow}), INJ_SA, NAMESPACE, jwt)
-    assert rbac_allows(render({"injection": {**narrow, "jwtKeySecretNames": ["slurm-auth-jwths256"]}}), INJ_SA, NAMESPACE, jwt)
+    assert rbac_allows(
+        render({"injection": {**narrow, "jwtKeySecretNames": ["slurm-auth-jwths256"]}}), INJ_SA, NAMESPACE, jwt
+    )
     # Without slurmKeySecretNames every Secret of the Slurm namespaces is readable: the JWT one too.
-    assert rbac_allows(render({"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"]}}), INJ_SA, NAMESPACE, jwt)
+    assert rbac_allows(
+        render({"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"]}}), INJ_SA, NAMESPACE, jwt
+    )
 
 
 def test_scaling_rbac_covers_its_calls(render):
@@ -120,20 +173,25 @@ def test_scaling_rbac_covers_its_calls(render):
 
 def test_scaling_rbac_is_least_privilege(render):
     objs = render(SCALING_VALUES)
-    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
-                and o["metadata"]["name"].startswith(SCL_SA)]
-    for req in (R("patch", CAPI, "machinedeployments", "scale", namespace="metal3", name="md-other"),
-                R("patch", CAPI, "machinedeployments", "scale", namespace="default", name="md-a"),
-                R("patch", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
-                R("list", "", "configmaps", namespace=NAMESPACE),
-                R("get", "", "configmaps", namespace=NAMESPACE, name="other"),
-                # narrowed: the service never GETs the ConfigMap (watch cache) nor the /scale it patches
-                R("get", "", "configmaps", namespace=NAMESPACE, name="scaling-webhook-configmap"),
-                R("get", CAPI, "machinedeployments", "scale", namespace="metal3", name="md-a"),
-                R("get", "apps", "deployments", namespace=NAMESPACE, name="not-a-mirror"),
-                R("update", "apps", "deployments", namespace=NAMESPACE, name="mirror-a"),
-                R("get", "", "secrets", namespace="slurm", name="slurm-auth-slurm"),
-                R("create", "", "events", namespace="default")):
+    assert not [
+        o
+        for o in objs
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding") and o["metadata"]["name"].startswith(SCL_SA)
+    ]
+    for req in (
+        R("patch", CAPI, "machinedeployments", "scale", namespace="metal3", name="md-other"),
+        R("patch", CAPI, "machinedeployments", "scale", namespace="default", name="md-a"),
+        R("patch", CAPI, "machinedeployments", namespace="metal3", name="md-a"),
+        R("list", "", "configmaps", namespace=NAMESPACE),
+        R("get", "", "configmaps", namespace=NAMESPACE, name="other"),
+        # narrowed: the service never GETs the ConfigMap (watch cache) nor the /scale it patches
+        R("get", "", "configmaps", namespace=NAMESPACE, name="scaling-webhook-configmap"),
+        R("get", CAPI, "machinedeployments", "scale", namespace="metal3", name="md-a"),
+        R("get", "apps", "deployments", namespace=NAMESPACE, name="not-a-mirror"),
+        R("update", "apps", "deployments", namespace=NAMESPACE, name="mirror-a"),
+        R("get", "", "secrets", namespace="slurm", name="slurm-auth-slurm"),
+        R("create", "", "events", namespace="default"),
+    ):
         assert not rbac_allows(objs, SCL_SA, NAMESPACE, req), req
     # Safe scale-in is opt-in: without it, no Machine or Secret access.
     plain = render({"scaling": {"mappings": SCALING_VALUES["scaling"]["mappings"]}})
@@ -145,12 +203,14 @@ def test_scaling_rbac_is_least_privilege(render):
 
 def test_extra_namespaces_grant_unrestricted_names(render):
     objs = render({"scaling": {"createConfigMap": False, "extraNamespaces": ["metal3"]}})
-    assert rbac_allows(objs, SCL_SA, NAMESPACE, R("patch", CAPI, "machinedeployments", "scale",
-                                                  namespace="metal3", name="anything"))
+    assert rbac_allows(
+        objs, SCL_SA, NAMESPACE, R("patch", CAPI, "machinedeployments", "scale", namespace="metal3", name="anything")
+    )
 
 
 def test_no_wildcards_and_every_rule_commented(render):
     from testbed.chart_values import CHART, COMBOS
+
     for combo in [*COMBOS.values(), SCALING_VALUES]:
         for obj in render(combo):
             if obj["kind"] not in ("Role", "ClusterRole"):
@@ -164,5 +224,5 @@ def test_no_wildcards_and_every_rule_commented(render):
         lines = tpl.read_text().splitlines()
         for i, line in enumerate(lines):
             if line.strip().startswith("- apiGroups:"):
-                above = [ln.strip() for ln in lines[max(0, i - 3):i]]
+                above = [ln.strip() for ln in lines[max(0, i - 3) : i]]
                 assert any(ln.startswith("#") for ln in above), f"{tpl.name}:{i + 1} rule without a comment"

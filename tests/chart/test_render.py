@@ -46,6 +46,7 @@ def test_components_can_be_enabled_alone(render):
 
 # ---------------------------------------------------------------- webhook configurations
 
+
 def test_mutating_webhook(render):
     cfg = one(render(), "MutatingWebhookConfiguration", INJ)
     (wh,) = cfg["webhooks"]
@@ -74,8 +75,13 @@ def test_validating_webhook(render):
     assert wh["timeoutSeconds"] == 5
     assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 8444}
     (rule,) = wh["rules"]
-    assert rule == {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments/scale"],
-                    "operations": ["UPDATE"], "scope": "Namespaced"}
+    assert rule == {
+        "apiGroups": ["apps"],
+        "apiVersions": ["v1"],
+        "resources": ["deployments/scale"],
+        "operations": ["UPDATE"],
+        "scope": "Namespaced",
+    }
     (expr,) = wh["namespaceSelector"]["matchExpressions"]
     assert expr["operator"] == "NotIn" and expr["values"] == ["kube-system"]
     names = [c["name"] for c in wh["matchConditions"]]
@@ -85,8 +91,9 @@ def test_validating_webhook(render):
 
 
 def test_mirror_narrowing_is_optional(render):
-    (wh,) = one(render({"scaling": {**TWO_MAPPINGS["scaling"], "narrowToMirrors": False}}),
-                "ValidatingWebhookConfiguration")["webhooks"]
+    (wh,) = one(
+        render({"scaling": {**TWO_MAPPINGS["scaling"], "narrowToMirrors": False}}), "ValidatingWebhookConfiguration"
+    )["webhooks"]
     assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
     # No mappings: nothing to narrow to (the ConfigMap may be managed outside the chart).
     (wh,) = one(render(), "ValidatingWebhookConfiguration")["webhooks"]
@@ -94,16 +101,26 @@ def test_mirror_narrowing_is_optional(render):
 
 
 def test_policies_and_exemptions_are_configurable(render):
-    objs = render({"injection": {"failurePolicy": "Ignore", "timeoutSeconds": 3, "extraExemptNamespaces": ["infra"]},
-                   "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2, "extraExemptNamespaces": ["infra"]}})
+    objs = render(
+        {
+            "injection": {"failurePolicy": "Ignore", "timeoutSeconds": 3, "extraExemptNamespaces": ["infra"]},
+            "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2, "extraExemptNamespaces": ["infra"]},
+        }
+    )
     (m,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
     (v,) = one(objs, "ValidatingWebhookConfiguration")["webhooks"]
-    assert (m["failurePolicy"], m["timeoutSeconds"], v["failurePolicy"], v["timeoutSeconds"]) == ("Ignore", 3, "Fail", 2)
+    assert (m["failurePolicy"], m["timeoutSeconds"], v["failurePolicy"], v["timeoutSeconds"]) == (
+        "Ignore",
+        3,
+        "Fail",
+        2,
+    )
     assert set(m["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", NAMESPACE, "infra"}
     assert set(v["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", "infra"}
 
 
 # ---------------------------------------------------------------- TLS
+
 
 def test_cert_manager_chain(render):
     objs = render()
@@ -172,8 +189,7 @@ def test_self_managed_cert_is_valid_for_the_service(render):
 
 # ---------------------------------------------------------------- workloads
 
-HARDENED = {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False}
+HARDENED = {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
 
 
 def _check_hardened(pod_spec, container):
@@ -213,10 +229,15 @@ def test_webhook_deployment(render, svc, command):
     assert env["SLIME_CERT_FILE"]["value"] == "/tls/tls.crt" and env["SLIME_KEY_FILE"]["value"] == "/tls/tls.key"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     if command == "injection-webhook":
-        assert env["SLIME_CONTROLLER_SELECTOR"]["value"] == \
-            "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
-        assert (env["SLIME_CONF_SERVER_POLICY"]["value"], env["SLIME_CONF_SERVER_NODE_ADDRESSES"]["value"],
-                env["SLIME_EXTRA_JOIN_DATA"]["value"]) == ("hostIP", "", "")
+        assert (
+            env["SLIME_CONTROLLER_SELECTOR"]["value"]
+            == "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
+        )
+        assert (
+            env["SLIME_CONF_SERVER_POLICY"]["value"],
+            env["SLIME_CONF_SERVER_NODE_ADDRESSES"]["value"],
+            env["SLIME_EXTRA_JOIN_DATA"]["value"],
+        ) == ("hostIP", "", "")
     else:
         assert env["SLIME_CONFIG_MAP"]["value"] == "scaling-webhook-configmap"
         assert env["SLIME_RESYNC_SECONDS"]["value"] == "30"
@@ -239,17 +260,28 @@ def test_webhook_deployment(render, svc, command):
 def test_conf_server_values_reach_the_process_and_it_accepts_them(render):
     from injection_webhook.settings import InjectionSettings
 
-    objs = render({"injection": {"confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21", "k8s-2.example.org"]},
-                                 "extraJoinData": ["controller-name", "jwt-key"]}})
+    objs = render(
+        {
+            "injection": {
+                "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21", "k8s-2.example.org"]},
+                "extraJoinData": ["controller-name", "jwt-key"],
+            }
+        }
+    )
     (c,) = one(objs, "Deployment", INJ)["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"] if e["name"].startswith("SLIME_")}
     assert env["SLIME_CONF_SERVER_POLICY"] == "service"
     assert env["SLIME_CONF_SERVER_NODE_ADDRESSES"] == "192.0.2.21,k8s-2.example.org"
     assert env["SLIME_EXTRA_JOIN_DATA"] == "controller-name,jwt-key"
-    options = InjectionSettings(conf_server_policy=env["SLIME_CONF_SERVER_POLICY"],
-                                conf_server_node_addresses=env["SLIME_CONF_SERVER_NODE_ADDRESSES"],
-                                extra_join_data=env["SLIME_EXTRA_JOIN_DATA"]).join_options()
-    assert options.node_addresses == ("192.0.2.21", "k8s-2.example.org") and options.extras == {"controller-name", "jwt-key"}
+    options = InjectionSettings(
+        conf_server_policy=env["SLIME_CONF_SERVER_POLICY"],
+        conf_server_node_addresses=env["SLIME_CONF_SERVER_NODE_ADDRESSES"],
+        extra_join_data=env["SLIME_EXTRA_JOIN_DATA"],
+    ).join_options()
+    assert options.node_addresses == ("192.0.2.21", "k8s-2.example.org") and options.extras == {
+        "controller-name",
+        "jwt-key",
+    }
 
 
 def test_single_replica_has_no_pdb(render):
@@ -260,6 +292,7 @@ def test_single_replica_has_no_pdb(render):
 
 def test_scaling_configmap(render):
     import yaml
+
     cm = one(render(TWO_MAPPINGS), "ConfigMap", "scaling-webhook-configmap")
     assert cm["metadata"]["namespace"] == NAMESPACE
     assert yaml.safe_load(cm["data"]["mappings"]) == [
@@ -270,18 +303,32 @@ def test_scaling_configmap(render):
     assert yaml.safe_load(empty["data"]["mappings"]) == []
     keda = one(render(COMBOS["keda"]), "ConfigMap", "scaling-webhook-configmap")
     assert [i.get("maxReplicas") for i in yaml.safe_load(keda["data"]["mappings"])] == [10, 4]
-    custom = render({"scaling": {"configMapName": "my-map",
-                                 "mappings": [mapping("a/m", "b/d", config={"drainTimeoutSeconds": 30})]}})
+    custom = render(
+        {
+            "scaling": {
+                "configMapName": "my-map",
+                "mappings": [mapping("a/m", "b/d", config={"drainTimeoutSeconds": 30})],
+            }
+        }
+    )
     cm = one(custom, "ConfigMap", "my-map")
-    assert yaml.safe_load(cm["data"]["mappings"]) == [{"mirror": "a/m", "machineDeployment": "b/d", "drainTimeoutSeconds": 30}]
-    env = {e["name"]: e.get("value") for e in one(custom, "Deployment", SCL)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert yaml.safe_load(cm["data"]["mappings"]) == [
+        {"mirror": "a/m", "machineDeployment": "b/d", "drainTimeoutSeconds": 30}
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in one(custom, "Deployment", SCL)["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert env["SLIME_CONFIG_MAP"] == "my-map"
 
 
 def test_mirror_deployments(render):
     objs = render(TWO_MAPPINGS)
-    mirrors = {d["metadata"]["name"]: d for d in by_kind(objs, "Deployment")
-               if d["metadata"]["labels"].get("app.kubernetes.io/component") == "mirror"}
+    mirrors = {
+        d["metadata"]["name"]: d
+        for d in by_kind(objs, "Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "mirror"
+    }
     assert set(mirrors) == {"mirror-a", "mirror-b"}
     assert mirrors["mirror-b"]["metadata"]["namespace"] == "mirrors"
     for name, dep in mirrors.items():
@@ -296,11 +343,15 @@ def test_mirror_deployments(render):
         assert c["resources"]["requests"] == {"cpu": "1m", "memory": "4Mi"}
         _check_hardened(pod, c)
         assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
-    assert not [d for d in by_kind(render({"scaling": {**TWO_MAPPINGS["scaling"], "createMirrors": False}}), "Deployment")
-                if d["metadata"]["labels"].get("app.kubernetes.io/component") == "mirror"]
+    assert not [
+        d
+        for d in by_kind(render({"scaling": {**TWO_MAPPINGS["scaling"], "createMirrors": False}}), "Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "mirror"
+    ]
 
 
 # ---------------------------------------------------------------- KEDA
+
 
 def test_no_scaledobjects_by_default(render):
     assert not by_kind(render(TWO_MAPPINGS), "ScaledObject")
@@ -313,34 +364,61 @@ def test_scaledobjects(render):
     a, b = sos["mirror-a"], sos["mirror-b"]
     assert a["metadata"]["namespace"] == NAMESPACE and b["metadata"]["namespace"] == "mirrors"
     assert a["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "mirror-a"}
-    assert (a["spec"]["pollingInterval"], a["spec"]["cooldownPeriod"],
-            a["spec"]["minReplicaCount"], a["spec"]["maxReplicaCount"]) == (30, 300, 0, 10)
+    assert (
+        a["spec"]["pollingInterval"],
+        a["spec"]["cooldownPeriod"],
+        a["spec"]["minReplicaCount"],
+        a["spec"]["maxReplicaCount"],
+    ) == (30, 300, 0, 10)
     assert b["spec"]["maxReplicaCount"] == 4  # per-mapping override
     (trig,) = a["spec"]["triggers"]
     assert trig["type"] == "prometheus"
     assert trig["metadata"]["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
-    assert trig["metadata"]["query"] == ('(sum(slurm_partition_jobs_running{partition="partition-a"}) or vector(0)) + '
-                                         '(sum(slurm_partition_jobs_pending{partition="partition-a"}) >= 1 or vector(0))')
+    assert trig["metadata"]["query"] == (
+        '(sum(slurm_partition_jobs_running{partition="partition-a"}) or vector(0)) + '
+        '(sum(slurm_partition_jobs_pending{partition="partition-a"}) >= 1 or vector(0))'
+    )
     assert trig["metadata"]["threshold"] == "1"
 
 
 def test_scaledobject_knobs_and_exporter_metric_names(render):
-    values = {"keda": {"enabled": True, "pendingThreshold": 3, "pollingInterval": 15, "cooldownPeriod": 600,
-                       "minReplicaCount": 1, "maxReplicaCount": 20, "serverAddress": "http://prom:9090",
-                       "metrics": {"pending": "slurm_partition_jobs_pending_total",
-                                   "running": "slurm_partition_jobs_running_total"},
-                       "triggerMetadata": {"unsafeSsl": True}},
-              "scaling": {"mappings": [mapping("s/m1", "d/md1", "gpu"),
-                                       mapping("s/m2", "d/md2", "cpu", keda={"query": "sum(x)", "maxReplicaCount": 2}),
-                                       mapping("s/m3", "d/md3", "off", keda={"enabled": False})]}}
+    values = {
+        "keda": {
+            "enabled": True,
+            "pendingThreshold": 3,
+            "pollingInterval": 15,
+            "cooldownPeriod": 600,
+            "minReplicaCount": 1,
+            "maxReplicaCount": 20,
+            "serverAddress": "http://prom:9090",
+            "metrics": {
+                "pending": "slurm_partition_jobs_pending_total",
+                "running": "slurm_partition_jobs_running_total",
+            },
+            "triggerMetadata": {"unsafeSsl": True},
+        },
+        "scaling": {
+            "mappings": [
+                mapping("s/m1", "d/md1", "gpu"),
+                mapping("s/m2", "d/md2", "cpu", keda={"query": "sum(x)", "maxReplicaCount": 2}),
+                mapping("s/m3", "d/md3", "off", keda={"enabled": False}),
+            ]
+        },
+    }
     sos = {s["metadata"]["name"]: s for s in by_kind(render(values), "ScaledObject")}
     assert set(sos) == {"m1", "m2"}
     m1 = sos["m1"]
-    assert (m1["spec"]["pollingInterval"], m1["spec"]["cooldownPeriod"], m1["spec"]["minReplicaCount"],
-            m1["spec"]["maxReplicaCount"]) == (15, 600, 1, 20)
+    assert (
+        m1["spec"]["pollingInterval"],
+        m1["spec"]["cooldownPeriod"],
+        m1["spec"]["minReplicaCount"],
+        m1["spec"]["maxReplicaCount"],
+    ) == (15, 600, 1, 20)
     meta = m1["spec"]["triggers"][0]["metadata"]
-    assert meta["query"] == ('(sum(slurm_partition_jobs_running_total{partition="gpu"}) or vector(0)) + '
-                             '(sum(slurm_partition_jobs_pending_total{partition="gpu"}) >= 3 or vector(0))')
+    assert meta["query"] == (
+        '(sum(slurm_partition_jobs_running_total{partition="gpu"}) or vector(0)) + '
+        '(sum(slurm_partition_jobs_pending_total{partition="gpu"}) >= 3 or vector(0))'
+    )
     assert meta["serverAddress"] == "http://prom:9090" and meta["unsafeSsl"] == "true"
     assert sos["m2"]["spec"]["triggers"][0]["metadata"]["query"] == "sum(x)"
     assert sos["m2"]["spec"]["maxReplicaCount"] == 2
@@ -348,26 +426,40 @@ def test_scaledobject_knobs_and_exporter_metric_names(render):
 
 # ---------------------------------------------------------------- mappings: maxReplicas, one writer
 
+
 def _items(objs):
     import yaml
-    return {i["mirror"]: i for i in yaml.safe_load(one(objs, "ConfigMap", "scaling-webhook-configmap")["data"]["mappings"])}
+
+    return {
+        i["mirror"]: i for i in yaml.safe_load(one(objs, "ConfigMap", "scaling-webhook-configmap")["data"]["mappings"])
+    }
 
 
 def test_max_replicas_follows_keda_or_the_explicit_value(render):
-    values = {"keda": {"enabled": True, "maxReplicaCount": 8},
-              "scaling": {"mappings": [
-                  mapping("s/keda-default", "d/md1", "p1"),
-                  mapping("s/keda-override", "d/md2", "p2", keda={"maxReplicaCount": 5}),
-                  mapping("s/explicit-lower", "d/md3", "p3", maxReplicas=2),
-                  mapping("s/explicit-equal", "d/md4", "p4", maxReplicas=8),
-                  mapping("s/explicit-zero", "d/md5", "p5", maxReplicas=0),
-                  mapping("s/keda-off", "d/md6", keda={"enabled": False}),
-                  mapping("s/keda-off-explicit", "d/md7", keda={"enabled": False, "maxReplicaCount": 1}, maxReplicas=30),
-              ]}}
+    values = {
+        "keda": {"enabled": True, "maxReplicaCount": 8},
+        "scaling": {
+            "mappings": [
+                mapping("s/keda-default", "d/md1", "p1"),
+                mapping("s/keda-override", "d/md2", "p2", keda={"maxReplicaCount": 5}),
+                mapping("s/explicit-lower", "d/md3", "p3", maxReplicas=2),
+                mapping("s/explicit-equal", "d/md4", "p4", maxReplicas=8),
+                mapping("s/explicit-zero", "d/md5", "p5", maxReplicas=0),
+                mapping("s/keda-off", "d/md6", keda={"enabled": False}),
+                mapping("s/keda-off-explicit", "d/md7", keda={"enabled": False, "maxReplicaCount": 1}, maxReplicas=30),
+            ]
+        },
+    }
     items = _items(render(values))
     assert {m: i.get("maxReplicas") for m, i in items.items()} == {
-        "s/keda-default": 8, "s/keda-override": 5, "s/explicit-lower": 2, "s/explicit-equal": 8,
-        "s/explicit-zero": 0, "s/keda-off": None, "s/keda-off-explicit": 30}
+        "s/keda-default": 8,
+        "s/keda-override": 5,
+        "s/explicit-lower": 2,
+        "s/explicit-equal": 8,
+        "s/explicit-zero": 0,
+        "s/keda-off": None,
+        "s/keda-off-explicit": 30,
+    }
     assert "maxReplicas" not in items["s/keda-off"]
     # Without KEDA: only explicit values appear.
     plain = _items(render({"scaling": {"mappings": [mapping("s/a", "d/a"), mapping("s/b", "d/b", maxReplicas=3)]}}))
@@ -378,11 +470,29 @@ def test_max_replicas_follows_keda_or_the_explicit_value(render):
 
 
 def test_per_mapping_keda_overrides_win_even_when_zero(render):
-    values = {"keda": {"enabled": True, "minReplicaCount": 1, "cooldownPeriod": 300,
-                       "triggerMetadata": {"unsafeSsl": True, "namespace": "mon"}},
-              "scaling": {"mappings": [mapping("s/m", "d/md", "p", keda={
-                  "minReplicaCount": 0, "cooldownPeriod": 0, "metrics": {"pending": "x_pending"},
-                  "triggerMetadata": {"unsafeSsl": False}})]}}
+    values = {
+        "keda": {
+            "enabled": True,
+            "minReplicaCount": 1,
+            "cooldownPeriod": 300,
+            "triggerMetadata": {"unsafeSsl": True, "namespace": "mon"},
+        },
+        "scaling": {
+            "mappings": [
+                mapping(
+                    "s/m",
+                    "d/md",
+                    "p",
+                    keda={
+                        "minReplicaCount": 0,
+                        "cooldownPeriod": 0,
+                        "metrics": {"pending": "x_pending"},
+                        "triggerMetadata": {"unsafeSsl": False},
+                    },
+                )
+            ]
+        },
+    }
     (so,) = by_kind(render(values), "ScaledObject")
     assert (so["spec"]["minReplicaCount"], so["spec"]["cooldownPeriod"]) == (0, 0)
     meta = so["spec"]["triggers"][0]["metadata"]
@@ -392,20 +502,32 @@ def test_per_mapping_keda_overrides_win_even_when_zero(render):
 
 def test_scale_down_stabilization_is_the_hpas_default_unless_set(render):
     """Empty: no `advanced` block, so the HPA keeps its 300 s window; set globally or per mapping: KEDA's HPA behavior."""
-    values = {"keda": {"enabled": True},
-              "scaling": {"mappings": [mapping("s/default", "d/md0", "p"),
-                                       mapping("s/quick", "d/md1", "p", keda={"scaleDownStabilizationSeconds": 0}),
-                                       mapping("s/minute", "d/md2", "p", keda={"scaleDownStabilizationSeconds": "60"})]}}
+    values = {
+        "keda": {"enabled": True},
+        "scaling": {
+            "mappings": [
+                mapping("s/default", "d/md0", "p"),
+                mapping("s/quick", "d/md1", "p", keda={"scaleDownStabilizationSeconds": 0}),
+                mapping("s/minute", "d/md2", "p", keda={"scaleDownStabilizationSeconds": "60"}),
+            ]
+        },
+    }
     sos = {s["metadata"]["name"]: s["spec"] for s in by_kind(render(values), "ScaledObject")}
     assert "advanced" not in sos["default"]
-    window = {name: spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
-              for name, spec in sos.items() if name != "default"}
+    window = {
+        name: spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
+        for name, spec in sos.items()
+        if name != "default"
+    }
     assert window == {"quick": 0, "minute": 60}
 
 
 # ---------------------------------------------------------------- node demand (keda.demand=nodes)
 
-NODE_DEMAND = {"slurmrestd": "http://slurm-restapi.slurm:6820", "jwtSecret": {"name": "slurm-auth-jwths256", "namespace": "slurm"}}
+NODE_DEMAND = {
+    "slurmrestd": "http://slurm-restapi.slurm:6820",
+    "jwtSecret": {"name": "slurm-auth-jwths256", "namespace": "slurm"},
+}
 
 
 def test_node_demand_points_keda_at_the_scaling_webhook_and_the_mapping_publishes_it(render):
@@ -414,17 +536,29 @@ def test_node_demand_points_keda_at_the_scaling_webhook_and_the_mapping_publishe
     from scaling_webhook.mappings import parse_mappings
 
     safe = {"safeScaleIn": {"slurmrestd": "http://restapi.other:6820", "jwtSecret": "other/jwt"}}
-    values = {"keda": {"enabled": True, "demand": "nodes"},
-              "scaling": {"nodeDemand": NODE_DEMAND, "mappings": [
-                  mapping("s/batch", "d/md1", "batch"),
-                  mapping("s/gpu", "d/md2", "gpu", config=safe),  # shares its safeScaleIn endpoint
-                  mapping("s/jobs", "d/md3", "debug", keda={"demand": "jobs"}),
-              ]}}
+    values = {
+        "keda": {"enabled": True, "demand": "nodes"},
+        "scaling": {
+            "nodeDemand": NODE_DEMAND,
+            "mappings": [
+                mapping("s/batch", "d/md1", "batch"),
+                mapping("s/gpu", "d/md2", "gpu", config=safe),  # shares its safeScaleIn endpoint
+                mapping("s/jobs", "d/md3", "debug", keda={"demand": "jobs"}),
+            ],
+        },
+    }
     objs = render(values)
     sos = {s["metadata"]["name"]: s for s in by_kind(objs, "ScaledObject")}
     (trigger,) = sos["batch"]["spec"]["triggers"]
-    assert trigger == {"type": "metrics-api", "metadata": {
-        "url": f"http://{SCL}.{NAMESPACE}.svc:8081/demand/batch", "format": "json", "valueLocation": "nodes", "targetValue": "1"}}
+    assert trigger == {
+        "type": "metrics-api",
+        "metadata": {
+            "url": f"http://{SCL}.{NAMESPACE}.svc:8081/demand/batch",
+            "format": "json",
+            "valueLocation": "nodes",
+            "targetValue": "1",
+        },
+    }
     assert sos["jobs"]["spec"]["triggers"][0]["type"] == "prometheus"
     # The ConfigMap the chart renders is one the service accepts, with the partitions published.
     data = one(objs, "ConfigMap", "scaling-webhook-configmap")["data"]
@@ -432,26 +566,38 @@ def test_node_demand_points_keda_at_the_scaling_webhook_and_the_mapping_publishe
     batch, gpu, jobs = (table.get("s", n) for n in ("batch", "gpu", "jobs"))
     assert batch is not None and batch.node_demand is not None
     assert (batch.node_demand.partition, batch.node_demand.slurmrestd, batch.node_demand.jwt_secret) == (
-        "batch", "http://slurm-restapi.slurm:6820", ("slurm", "slurm-auth-jwths256"))
+        "batch",
+        "http://slurm-restapi.slurm:6820",
+        ("slurm", "slurm-auth-jwths256"),
+    )
     assert gpu is not None and gpu.node_demand is not None and gpu.node_demand.slurmrestd == "http://restapi.other:6820"
     assert jobs is not None and jobs.node_demand is None
     assert "nodeDemand" not in {i["mirror"]: i for i in yaml.safe_load(data["mappings"])}["s/jobs"]
     # The scaling webhook may read the one JWT Secret node demand needs.
     role = one(objs, "Role", f"{SCL}-jwt")
     assert role["metadata"]["namespace"] == "slurm"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["slurm-auth-jwths256"], "verbs": ["get"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["slurm-auth-jwths256"], "verbs": ["get"]}
+    ]
 
 
 def test_no_node_demand_no_jwt_secret_access(render):
-    values = {"keda": {"enabled": True}, "scaling": {"nodeDemand": NODE_DEMAND, "mappings": [mapping("s/m", "d/md", "p")]}}
+    values = {
+        "keda": {"enabled": True},
+        "scaling": {"nodeDemand": NODE_DEMAND, "mappings": [mapping("s/m", "d/md", "p")]},
+    }
     assert not [r for r in by_kind(render(values), "Role") if r["metadata"]["name"].endswith("-jwt")]
 
 
 # ---------------------------------------------------------------- NetworkPolicy
 
 APISERVER_PEERS = [{"ipBlock": {"cidr": "192.0.2.0/28"}}, {"ipBlock": {"cidr": "2001:db8::/64"}}]
-PROMETHEUS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-               "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+PROMETHEUS = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+]
 
 
 def test_no_network_policy_by_default(render):
@@ -477,8 +623,13 @@ def test_network_policy_per_webhook(render):
 
 
 def test_network_policy_without_metrics_peers_and_custom_ports(render):
-    objs = render({"injection": {"port": 9443, "metricsPort": 9090}, "scaling": {"enabled": False},
-                   "networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS}})
+    objs = render(
+        {
+            "injection": {"port": 9443, "metricsPort": 9090},
+            "scaling": {"enabled": False},
+            "networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS},
+        }
+    )
     (policy,) = by_kind(objs, "NetworkPolicy")
     assert policy["metadata"]["name"] == INJ
     # Only the admission rule: the metrics port answers nobody but the node (kubelet probes).
@@ -488,8 +639,10 @@ def test_network_policy_without_metrics_peers_and_custom_ports(render):
 def test_custom_ports_are_one_number_end_to_end(render):
     """<component>.port is the container port, SLIME_PORT, the Service port and clientConfig.service.port at once."""
     objs = render({"injection": {"port": 9443, "metricsPort": 9090}, "scaling": {"port": 9444, "metricsPort": 9091}})
-    configs = {**{c["metadata"]["name"]: c for c in by_kind(objs, "MutatingWebhookConfiguration")},
-               **{c["metadata"]["name"]: c for c in by_kind(objs, "ValidatingWebhookConfiguration")}}
+    configs = {
+        **{c["metadata"]["name"]: c for c in by_kind(objs, "MutatingWebhookConfiguration")},
+        **{c["metadata"]["name"]: c for c in by_kind(objs, "ValidatingWebhookConfiguration")},
+    }
     for svc, (port, metrics) in ((INJ, (9443, 9090)), (SCL, (9444, 9091))):
         (c,) = one(objs, "Deployment", svc)["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in c["env"]}
@@ -502,8 +655,10 @@ def test_custom_ports_are_one_number_end_to_end(render):
 
 def test_network_policy_never_renders_an_allow_all_rule(render):
     """An ingress rule whose `from` is empty or missing admits every source: never render one."""
-    for values in ({"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS}},
-                   {"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS, "metricsFrom": PROMETHEUS}}):
+    for values in (
+        {"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS}},
+        {"networkPolicy": {"enabled": True, "admissionFrom": APISERVER_PEERS, "metricsFrom": PROMETHEUS}},
+    ):
         for policy in by_kind(render(values), "NetworkPolicy"):
             for rule in policy["spec"]["ingress"]:
                 assert rule.get("from") and rule.get("ports"), rule

@@ -43,7 +43,9 @@ def apiserver_ca(tmp_path: Path) -> CertificateAuthority:
     return create_ca(tmp_path / "apiserver-client-ca", common_name="kube-apiserver-client-ca")
 
 
-def test_only_a_certificate_from_the_client_ca_is_answered(pki: Pki, tmp_path: Path, apiserver_ca: CertificateAuthority) -> None:
+def test_only_a_certificate_from_the_client_ca_is_answered(
+    pki: Pki, tmp_path: Path, apiserver_ca: CertificateAuthority
+) -> None:
     service = serve_handler(echo_allow, pki, client_ca_file=str(apiserver_ca.cert_file))
     try:
         good = client_pair(apiserver_ca, tmp_path, "apiserver")
@@ -60,7 +62,9 @@ def test_only_a_certificate_from_the_client_ca_is_answered(pki: Pki, tmp_path: P
         service.stop()
 
 
-def test_without_a_client_ca_no_certificate_is_asked(pki: Pki, tmp_path: Path, apiserver_ca: CertificateAuthority) -> None:
+def test_without_a_client_ca_no_certificate_is_asked(
+    pki: Pki, tmp_path: Path, apiserver_ca: CertificateAuthority
+) -> None:
     service = serve_handler(echo_allow, pki)
     try:
         assert post(service, None).json()["response"]["allowed"] is True

@@ -19,9 +19,21 @@ import pytest
 from injection_webhook.main import main as injection_main
 from scaling_webhook.main import main as scaling_main
 
-ENV = ("SLIME_PORT", "SLIME_METRICS_PORT", "SLIME_HOST", "SLIME_CONFIG_MAP", "POD_NAMESPACE", "NAMESPACE", "KUBECONFIG",
-       "SLIME_LOG_LEVEL", "SLIME_CONTROLLER_SELECTOR", "SLIME_CLIENT_CA_FILE", "SLIME_CONF_SERVER_POLICY",
-       "SLIME_CONF_SERVER_NODE_ADDRESSES", "SLIME_EXTRA_JOIN_DATA")
+ENV = (
+    "SLIME_PORT",
+    "SLIME_METRICS_PORT",
+    "SLIME_HOST",
+    "SLIME_CONFIG_MAP",
+    "POD_NAMESPACE",
+    "NAMESPACE",
+    "KUBECONFIG",
+    "SLIME_LOG_LEVEL",
+    "SLIME_CONTROLLER_SELECTOR",
+    "SLIME_CLIENT_CA_FILE",
+    "SLIME_CONF_SERVER_POLICY",
+    "SLIME_CONF_SERVER_NODE_ADDRESSES",
+    "SLIME_EXTRA_JOIN_DATA",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -55,36 +67,104 @@ def _kubeconfig_text(tmp_path: Path) -> str:
 CASES = [
     # (service, argv, env, the field named, a fragment of the reason)
     ("injection", ["--kubeconfig", "/etc/hostname"], {}, "--kubeconfig (env KUBECONFIG)", "is not a kubeconfig"),
-    ("injection", ["--kubeconfig", "/nonexistent/kubeconfig"], {}, "--kubeconfig (env KUBECONFIG)", "No such file or directory"),
+    (
+        "injection",
+        ["--kubeconfig", "/nonexistent/kubeconfig"],
+        {},
+        "--kubeconfig (env KUBECONFIG)",
+        "No such file or directory",
+    ),
     ("injection", ["--port", "0"], {}, "--port (env SLIME_PORT)", "greater than or equal to 1"),
     ("injection", ["--port", "65536"], {}, "--port (env SLIME_PORT)", "less than or equal to 65535"),
-    ("injection", ["--port", "8443", "--metrics-port", "8443"], {}, "--port and --metrics-port are both 8443", "must differ"),
+    (
+        "injection",
+        ["--port", "8443", "--metrics-port", "8443"],
+        {},
+        "--port and --metrics-port are both 8443",
+        "must differ",
+    ),
     ("injection", ["--host", "999.1.1.1"], {}, "--host (env SLIME_HOST)", "'999.1.1.1' is not an IP address"),
-    ("injection", ["--log-level", "loud"], {}, "--log-level (env SLIME_LOG_LEVEL)", "'DEBUG', 'INFO', 'WARNING' or 'ERROR'"),
-    ("injection", ["--controller-selector", "app name=x"], {}, "--controller-selector (env SLIME_CONTROLLER_SELECTOR)",
-     "not a valid label selector requirement"),
-    ("injection", ["--conf-server-policy", "slurm_ctld:6817"], {}, "--conf-server-policy (env SLIME_CONF_SERVER_POLICY)",
-     "'slurm_ctld:6817' is not a conf-server policy: the host is neither an IP address nor an RFC 1123 host name"),
-    ("injection", [], {"SLIME_CONF_SERVER_POLICY": "slurmctld:70000"}, "--conf-server-policy (env SLIME_CONF_SERVER_POLICY)",
-     "the port '70000' is not a number in 1-65535"),
-    ("injection", ["--conf-server-node-addresses", "192.0.2.1,node_2"], {},
-     "--conf-server-node-addresses (env SLIME_CONF_SERVER_NODE_ADDRESSES)", "node address 'node_2': the host is neither"),
-    ("injection", ["--extra-join-data", "jwt-key,munge-key"], {}, "--extra-join-data (env SLIME_EXTRA_JOIN_DATA)",
-     "unknown item 'munge-key'; the items are controller-name, jwt-key"),
+    (
+        "injection",
+        ["--log-level", "loud"],
+        {},
+        "--log-level (env SLIME_LOG_LEVEL)",
+        "'DEBUG', 'INFO', 'WARNING' or 'ERROR'",
+    ),
+    (
+        "injection",
+        ["--controller-selector", "app name=x"],
+        {},
+        "--controller-selector (env SLIME_CONTROLLER_SELECTOR)",
+        "not a valid label selector requirement",
+    ),
+    (
+        "injection",
+        ["--conf-server-policy", "slurm_ctld:6817"],
+        {},
+        "--conf-server-policy (env SLIME_CONF_SERVER_POLICY)",
+        "'slurm_ctld:6817' is not a conf-server policy: the host is neither an IP address nor an RFC 1123 host name",
+    ),
+    (
+        "injection",
+        [],
+        {"SLIME_CONF_SERVER_POLICY": "slurmctld:70000"},
+        "--conf-server-policy (env SLIME_CONF_SERVER_POLICY)",
+        "the port '70000' is not a number in 1-65535",
+    ),
+    (
+        "injection",
+        ["--conf-server-node-addresses", "192.0.2.1,node_2"],
+        {},
+        "--conf-server-node-addresses (env SLIME_CONF_SERVER_NODE_ADDRESSES)",
+        "node address 'node_2': the host is neither",
+    ),
+    (
+        "injection",
+        ["--extra-join-data", "jwt-key,munge-key"],
+        {},
+        "--extra-join-data (env SLIME_EXTRA_JOIN_DATA)",
+        "unknown item 'munge-key'; the items are controller-name, jwt-key",
+    ),
     ("injection", ["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag 1", ""),
     ("injection", [], {"SLIME_PORT": "https"}, "--port (env SLIME_PORT)", "valid integer"),
-    ("scaling", [], {"POD_NAMESPACE": "Bad_NS"}, "--namespace (env POD_NAMESPACE)", "'Bad_NS' is not a valid namespace name"),
-    ("scaling", [], {"SLIME_CONFIG_MAP": "Bad/Name"}, "--config-map (env SLIME_CONFIG_MAP)", "'Bad/Name' is not a valid object name"),
+    (
+        "scaling",
+        [],
+        {"POD_NAMESPACE": "Bad_NS"},
+        "--namespace (env POD_NAMESPACE)",
+        "'Bad_NS' is not a valid namespace name",
+    ),
+    (
+        "scaling",
+        [],
+        {"SLIME_CONFIG_MAP": "Bad/Name"},
+        "--config-map (env SLIME_CONFIG_MAP)",
+        "'Bad/Name' is not a valid object name",
+    ),
     ("scaling", ["--resync-seconds", "0"], {}, "--resync-seconds (env SLIME_RESYNC_SECONDS)", "greater than 0"),
-    ("scaling", ["--patch-timeout-seconds", "-1"], {}, "--patch-timeout-seconds (env SLIME_PATCH_TIMEOUT_SECONDS)", "greater than 0"),
+    (
+        "scaling",
+        ["--patch-timeout-seconds", "-1"],
+        {},
+        "--patch-timeout-seconds (env SLIME_PATCH_TIMEOUT_SECONDS)",
+        "greater than 0",
+    ),
     ("scaling", ["--config-map", ""], {}, "--config-map (env SLIME_CONFIG_MAP)", "is not a valid object name"),
 ]
 
 
-@pytest.mark.parametrize(("service", "argv", "env", "field", "reason"), CASES, ids=[f"{c[0]}:{' '.join(c[1]) or c[2]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("service", "argv", "env", "field", "reason"), CASES, ids=[f"{c[0]}:{' '.join(c[1]) or c[2]}" for c in CASES]
+)
 def test_bad_configuration_exits_2_with_one_line(
-    service: str, argv: list[str], env: dict[str, str], field: str, reason: str,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    service: str,
+    argv: list[str],
+    env: dict[str, str],
+    field: str,
+    reason: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -99,14 +179,18 @@ def test_bad_configuration_exits_2_with_one_line(
 
 
 @pytest.mark.parametrize("service", ["injection", "scaling"])
-def test_a_port_in_use_exits_2_naming_the_port(service: str, busy_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_port_in_use_exits_2_naming_the_port(
+    service: str, busy_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     main = injection_main if service == "injection" else scaling_main
     with pytest.raises(SystemExit) as exit_:
         main(["--host", "127.0.0.1", "--metrics-port", str(busy_port), "--kubeconfig", _kubeconfig_text(tmp_path)])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"{service}-webhook: invalid configuration: --metrics-port (env SLIME_METRICS_PORT): "
-                          f"cannot listen on 127.0.0.1:{busy_port}: Address already in use"), err
+    assert err.startswith(
+        f"{service}-webhook: invalid configuration: --metrics-port (env SLIME_METRICS_PORT): "
+        f"cannot listen on 127.0.0.1:{busy_port}: Address already in use"
+    ), err
     assert err.count("\n") == 1
 
 
@@ -115,16 +199,29 @@ def _free_port() -> str:
         return str(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["--kubeconfig", "/etc/hostname", "--host", "127.0.0.1"],
-     "injection-webhook: invalid configuration: --kubeconfig (env KUBECONFIG): kubeconfig /etc/hostname is not usable: "
-     "/etc/hostname is not a kubeconfig (its YAML is not a map)\n"),
-    (["--host", "999.1.1.1"], "injection-webhook: invalid configuration: --host (env SLIME_HOST): '999.1.1.1' is not an IP address\n"),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--kubeconfig", "/etc/hostname", "--host", "127.0.0.1"],
+            "injection-webhook: invalid configuration: --kubeconfig (env KUBECONFIG): kubeconfig /etc/hostname is not usable: "
+            "/etc/hostname is not a kubeconfig (its YAML is not a map)\n",
+        ),
+        (
+            ["--host", "999.1.1.1"],
+            "injection-webhook: invalid configuration: --host (env SLIME_HOST): '999.1.1.1' is not an IP address\n",
+        ),
+    ],
+)
 def test_the_process_prints_only_that_line(argv: list[str], expected: str) -> None:
     ports = ["--port", _free_port(), "--metrics-port", _free_port()]
-    result = subprocess.run([sys.executable, "-m", "injection_webhook.main", *argv, *ports], capture_output=True, text=True, timeout=60,
-                            env={"PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-m", "injection_webhook.main", *argv, *ports],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert (result.returncode, result.stderr, result.stdout) == (2, expected, "")
 
 
@@ -133,9 +230,23 @@ def test_help_names_every_environment_twin_and_readable_types(capsys: pytest.Cap
         scaling_main(["--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for env in ("SLIME_PORT", "SLIME_METRICS_PORT", "SLIME_HOST", "SLIME_CERT_FILE", "SLIME_KEY_FILE", "SLIME_CLIENT_CA_FILE",
-                "SLIME_CERT_POLL_SECONDS", "SLIME_MAX_BODY_BYTES", "SLIME_SHUTDOWN_DELAY_SECONDS", "SLIME_LOG_LEVEL",
-                "KUBECONFIG", "SLIME_CONFIG_MAP", "POD_NAMESPACE", "SLIME_RESYNC_SECONDS", "SLIME_PATCH_TIMEOUT_SECONDS"):
+    for env in (
+        "SLIME_PORT",
+        "SLIME_METRICS_PORT",
+        "SLIME_HOST",
+        "SLIME_CERT_FILE",
+        "SLIME_KEY_FILE",
+        "SLIME_CLIENT_CA_FILE",
+        "SLIME_CERT_POLL_SECONDS",
+        "SLIME_MAX_BODY_BYTES",
+        "SLIME_SHUTDOWN_DELAY_SECONDS",
+        "SLIME_LOG_LEVEL",
+        "KUBECONFIG",
+        "SLIME_CONFIG_MAP",
+        "POD_NAMESPACE",
+        "SLIME_RESYNC_SECONDS",
+        "SLIME_PATCH_TIMEOUT_SECONDS",
+    ):
         assert f"[env {env};" in text, env
     assert "--port PORT" in text and "--resync-seconds SECONDS" in text and "--kubeconfig FILE" in text
     assert "{str,null}" not in text and " str " not in text

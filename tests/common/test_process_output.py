@@ -40,25 +40,48 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
     dev_certs(["--out", str(certs), "--dns", "localhost"])
     port, metrics_port = _free_port(), _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "injection_webhook.main", "--kubeconfig", emulator.write_kubeconfig(tmp_path / "kubeconfig"),
-         "--cert-file", str(certs / "tls.crt"), "--key-file", str(certs / "tls.key"),
-         "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "injection_webhook.main",
+            "--kubeconfig",
+            emulator.write_kubeconfig(tmp_path / "kubeconfig"),
+            "--cert-file",
+            str(certs / "tls.crt"),
+            "--key-file",
+            str(certs / "tls.key"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
+
         def ready() -> bool:
             try:
                 return httpx.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return process.poll() is not None
+
         wait_for(ready, 30, "injection-webhook /readyz")
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
         # The dev certificate is valid for both names the README uses.
         context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         for host in ("localhost", "127.0.0.1"):
-            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                      "request": {"uid": f"uid-{host}", **secret_request(metadata_secret(data))}}
-            answer = httpx.post(f"https://{host}:{port}/mutate", json=review, verify=context, timeout=10).json()["response"]
+            review = {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {"uid": f"uid-{host}", **secret_request(metadata_secret(data))},
+            }
+            answer = httpx.post(f"https://{host}:{port}/mutate", json=review, verify=context, timeout=10).json()[
+                "response"
+            ]
             assert answer["patchType"] == "JSONPatch"
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     finally:
@@ -77,9 +100,12 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
     assert [a["uid"] for a in admissions] == ["uid-localhost", "uid-127.0.0.1"]
     for admission in admissions:
         assert admission["decision"] == "patched"
-        assert admission["reason"] == "added the Slurm join data for slurmctld 192.0.2.10:30817 to Secret metal3/m3m-0-metadata"
+        assert (
+            admission["reason"]
+            == "added the Slurm join data for slurmctld 192.0.2.10:30817 to Secret metal3/m3m-0-metadata"
+        )
     assert "_created" not in metrics
-    assert "slime_webhook_requests_total{outcome=\"patched\",webhook=\"injection\"} 2.0" in metrics
+    assert 'slime_webhook_requests_total{outcome="patched",webhook="injection"} 2.0' in metrics
 
 
 def test_http_client_requests_are_logged_only_at_debug() -> None:

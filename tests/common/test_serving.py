@@ -66,7 +66,10 @@ def test_tls_below_1_2_is_refused_and_http2_is_not_offered(pki: Pki) -> None:
             old.wrap_socket(raw, server_hostname="127.0.0.1")
         modern = ssl.create_default_context(cafile=str(pki.ca_file))
         modern.set_alpn_protocols(["h2", "http/1.1"])
-        with socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw, modern.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with (
+            socket.create_connection(("127.0.0.1", service.port), timeout=5) as raw,
+            modern.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             assert tls.selected_alpn_protocol() == "http/1.1"
             assert tls.version() in ("TLSv1.2", "TLSv1.3")
     finally:

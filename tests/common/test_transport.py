@@ -36,16 +36,36 @@ CASES = [
     ("empty body", b"", "application/json", 400, "request body is empty", ""),
     ("no content type", review({"uid": "u"}), None, 415, "contentType=, expected application/json", ""),
     ("text/plain", review({"uid": "u"}), "text/plain", 415, "contentType=text/plain, expected application/json", ""),
-    ("bad json", b"{", "application/json", 400, "couldn't decode AdmissionReview: Expecting property name enclosed in double quotes at position 1", ""),
+    (
+        "bad json",
+        b"{",
+        "application/json",
+        400,
+        "couldn't decode AdmissionReview: Expecting property name enclosed in double quotes at position 1",
+        "",
+    ),
     ("not utf-8", b"\x80{}", "application/json", 400, "request body is not UTF-8: invalid byte at position 0", ""),
     ("json array", b"[]", "application/json", 400, "AdmissionReview must be a JSON object", ""),
-    ("v1beta1 review", review({"uid": "u1"}, api_version="admission.k8s.io/v1beta1"), "application/json", 400,
-     "unsupported review apiVersion='admission.k8s.io/v1beta1' kind='AdmissionReview', expected admission.k8s.io/v1 AdmissionReview", "u1"),
+    (
+        "v1beta1 review",
+        review({"uid": "u1"}, api_version="admission.k8s.io/v1beta1"),
+        "application/json",
+        400,
+        "unsupported review apiVersion='admission.k8s.io/v1beta1' kind='AdmissionReview', expected admission.k8s.io/v1 AdmissionReview",
+        "u1",
+    ),
     ("no request", review(), "application/json", 400, "AdmissionReview has no request object", ""),
     ("request not object", review([1]), "application/json", 400, "AdmissionReview has no request object", ""),
     ("no uid", review({"operation": "CREATE"}), "application/json", 400, "request.uid must be a non-empty string", ""),
     ("uid not string", review({"uid": 7}), "application/json", 400, "request.uid must be a non-empty string", ""),
-    ("too large", review({"uid": "u", "pad": "x" * LIMIT}), "application/json", 413, f"request entity is too large; limit is {LIMIT} bytes", ""),
+    (
+        "too large",
+        review({"uid": "u", "pad": "x" * LIMIT}),
+        "application/json",
+        413,
+        f"request entity is too large; limit is {LIMIT} bytes",
+        "",
+    ),
 ]
 
 
@@ -87,8 +107,13 @@ def test_handler_exception_becomes_errored_response_with_uid(pki: Pki, capfd: py
     try:
         answer = running.post("/review", review({"uid": "u-42"})).json()
         assert answer["response"] == {
-            "uid": "u-42", "allowed": False,
-            "status": {"code": 500, "status": "Failure", "message": "internal error (RuntimeError) in test webhook; see its log for uid u-42"},
+            "uid": "u-42",
+            "allowed": False,
+            "status": {
+                "code": 500,
+                "status": "Failure",
+                "message": "internal error (RuntimeError) in test webhook; see its log for uid u-42",
+            },
         }
         metrics = httpx.get(f"{running.metrics_url}/metrics").text
         assert 'slime_webhook_requests_total{outcome="errored",webhook="test"} 1.0' in metrics
@@ -104,6 +129,8 @@ def test_patch_is_base64_jsonpatch(pki: Pki) -> None:
     try:
         response = running.review("/review", {"operation": "CREATE"})
         assert response["patchType"] == "JSONPatch"
-        assert json.loads(base64.b64decode(response["patch"])) == [{"op": "add", "path": "/metadata/labels/x", "value": "y"}]
+        assert json.loads(base64.b64decode(response["patch"])) == [
+            {"op": "add", "path": "/metadata/labels/x", "value": "y"}
+        ]
     finally:
         running.stop()

@@ -21,64 +21,121 @@ from testbed.pki import Pki, make_pki
 SCALE_KIND = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
 
 
-def attrs(resource: str = "deployments", subresource: str = "scale", operation: str = "UPDATE", group: str = "apps",
-          namespace: str = "slime", name: str = "mirror", obj: dict | None = None, kind: dict | None = None,
-          dry_run: bool = False) -> AdmissionAttributes:
+def attrs(
+    resource: str = "deployments",
+    subresource: str = "scale",
+    operation: str = "UPDATE",
+    group: str = "apps",
+    namespace: str = "slime",
+    name: str = "mirror",
+    obj: dict | None = None,
+    kind: dict | None = None,
+    dry_run: bool = False,
+) -> AdmissionAttributes:
     if obj is None:
-        obj = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": name, "namespace": namespace},
-               "spec": {"replicas": 3}}
-    return AdmissionAttributes(operation=operation, group=group, version="v1", resource=resource, subresource=subresource,
-                               kind=kind or SCALE_KIND, namespace=namespace, name=name, object=obj,
-                               old_object=None, dry_run=dry_run)
+        obj = {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": 3},
+        }
+    return AdmissionAttributes(
+        operation=operation,
+        group=group,
+        version="v1",
+        resource=resource,
+        subresource=subresource,
+        kind=kind or SCALE_KIND,
+        namespace=namespace,
+        name=name,
+        object=obj,
+        old_object=None,
+        dry_run=dry_run,
+    )
 
 
 def secret_attrs(namespace: str = "metal3", owned: bool = True) -> AdmissionAttributes:
     meta: dict[str, Any] = {"name": "m-metadata", "namespace": namespace}
     if owned:
-        meta["ownerReferences"] = [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Data",
-                                    "name": "d", "uid": "u"}]
+        meta["ownerReferences"] = [
+            {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Data", "name": "d", "uid": "u"}
+        ]
     obj = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": {"metaData": "e30K"}}
-    return attrs("secrets", "", "CREATE", "", namespace, "m-metadata", obj, {"group": "", "version": "v1", "kind": "Secret"})
+    return attrs(
+        "secrets", "", "CREATE", "", namespace, "m-metadata", obj, {"group": "", "version": "v1", "kind": "Secret"}
+    )
 
 
-def webhook(name: str, rules: list[dict], failure_policy: str = "Fail", url: str = "https://127.0.0.1:1/x",
-            ca: bytes = b"", **extra: Any) -> dict[str, Any]:
+def webhook(
+    name: str,
+    rules: list[dict],
+    failure_policy: str = "Fail",
+    url: str = "https://127.0.0.1:1/x",
+    ca: bytes = b"",
+    **extra: Any,
+) -> dict[str, Any]:
     client: dict[str, Any] = {"url": url}
     if ca:
         client["caBundle"] = base64.b64encode(ca).decode()
-    return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure_policy,
-            "timeoutSeconds": 2, "clientConfig": client, "rules": rules, **extra}
+    return {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "timeoutSeconds": 2,
+        "clientConfig": client,
+        "rules": rules,
+        **extra,
+    }
 
 
 def configuration(kind: str, *hooks: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": f"cfg-{kind}"},
-            "webhooks": list(hooks)}
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"name": f"cfg-{kind}"},
+        "webhooks": list(hooks),
+    }
 
 
-SCALE_RULE = {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments/scale"],
-              "operations": ["UPDATE"], "scope": "Namespaced"}
-SECRET_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["secrets"], "operations": ["CREATE", "UPDATE"],
-               "scope": "Namespaced"}
+SCALE_RULE = {
+    "apiGroups": ["apps"],
+    "apiVersions": ["v1"],
+    "resources": ["deployments/scale"],
+    "operations": ["UPDATE"],
+    "scope": "Namespaced",
+}
+SECRET_RULE = {
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "resources": ["secrets"],
+    "operations": ["CREATE", "UPDATE"],
+    "scope": "Namespaced",
+}
 
 
 # --- selection ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rule_resources", "resource", "subresource", "expected"), [
-    (["deployments/scale"], "deployments", "scale", True),
-    (["deployments/scale"], "deployments", "", False),        # the main resource is not the subresource
-    (["deployments"], "deployments", "scale", False),         # ... and vice versa: KEDA's /scale needs the explicit form
-    (["deployments/scale"], "statefulsets", "scale", False),
-    (["*"], "deployments", "scale", False),                    # "*" matches no subresource
-    (["*"], "deployments", "", True),
-    (["*/scale"], "statefulsets", "scale", True),
-    (["*/*"], "deployments", "scale", True),
-    (["deployments/*"], "deployments", "scale", True),
-    (["deployments/*"], "deployments", "status", True),
-    (["pods", "deployments/scale"], "deployments", "scale", True),
-])
-def test_resources_match_like_the_api_server(rule_resources: list[str], resource: str, subresource: str,
-                                              expected: bool) -> None:
+@pytest.mark.parametrize(
+    ("rule_resources", "resource", "subresource", "expected"),
+    [
+        (["deployments/scale"], "deployments", "scale", True),
+        (["deployments/scale"], "deployments", "", False),  # the main resource is not the subresource
+        (["deployments"], "deployments", "scale", False),  # ... and vice versa: KEDA's /scale needs the explicit form
+        (["deployments/scale"], "statefulsets", "scale", False),
+        (["*"], "deployments", "scale", False),  # "*" matches no subresource
+        (["*"], "deployments", "", True),
+        (["*/scale"], "statefulsets", "scale", True),
+        (["*/*"], "deployments", "scale", True),
+        (["deployments/*"], "deployments", "scale", True),
+        (["deployments/*"], "deployments", "status", True),
+        (["pods", "deployments/scale"], "deployments", "scale", True),
+    ],
+)
+def test_resources_match_like_the_api_server(
+    rule_resources: list[str], resource: str, subresource: str, expected: bool
+) -> None:
     assert resource_matches(rule_resources, resource, subresource) is expected
 
 
@@ -89,24 +146,32 @@ def test_rules_check_operations_groups_versions_and_scope() -> None:
     assert not rule_matches(SCALE_RULE, attrs(resource="statefulsets"))
     assert not rule_matches(SCALE_RULE, attrs(subresource=""))
     assert not rule_matches({**SCALE_RULE, "scope": "Cluster"}, attrs())
-    assert rule_matches({**SCALE_RULE, "operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"]}, attrs(operation="DELETE"))
+    assert rule_matches(
+        {**SCALE_RULE, "operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"]}, attrs(operation="DELETE")
+    )
 
 
 def test_label_selectors() -> None:
-    exempt = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}
+    exempt = {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]
+    }
     assert label_selector_matches(exempt, {"kubernetes.io/metadata.name": "metal3"})
     assert not label_selector_matches(exempt, {"kubernetes.io/metadata.name": "kube-system"})
     assert label_selector_matches(exempt, {})  # NotIn: an absent key matches
     assert label_selector_matches({}, {"a": "b"}) and label_selector_matches(None, None)
-    assert label_selector_matches({"matchLabels": {"a": "b"}, "matchExpressions": [{"key": "c", "operator": "Exists"}]},
-                                  {"a": "b", "c": ""})
+    assert label_selector_matches(
+        {"matchLabels": {"a": "b"}, "matchExpressions": [{"key": "c", "operator": "Exists"}]}, {"a": "b", "c": ""}
+    )
     assert not label_selector_matches({"matchExpressions": [{"key": "c", "operator": "DoesNotExist"}]}, {"c": "x"})
     assert not label_selector_matches({"matchExpressions": [{"key": "a", "operator": "In", "values": ["x"]}]}, {})
 
 
 def test_namespace_selector_exempts_namespaces_by_their_name_label() -> None:
-    selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                      "values": ["kube-system", "slime"]}]}
+    selector = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "slime"]}
+        ]
+    }
     hook = webhook("injection.test", [SECRET_RULE], namespaceSelector=selector)
     # the namespace lookup knows no labels: the chain adds kubernetes.io/metadata.name like the API server
     chain = AdmissionChain([configuration("MutatingWebhookConfiguration", hook)], namespace_labels=lambda ns: {})
@@ -115,15 +180,22 @@ def test_namespace_selector_exempts_namespaces_by_their_name_label() -> None:
     assert chain.matching(secret_attrs("kube-system")) == []
     # a selector on ordinary labels uses the namespace's own labels
     labelled = webhook("labelled.test", [SECRET_RULE], namespaceSelector={"matchLabels": {"team": "hpc"}})
-    chain = AdmissionChain([configuration("MutatingWebhookConfiguration", labelled)],
-                           namespace_labels=lambda ns: {"team": "hpc"} if ns == "metal3" else {})
+    chain = AdmissionChain(
+        [configuration("MutatingWebhookConfiguration", labelled)],
+        namespace_labels=lambda ns: {"team": "hpc"} if ns == "metal3" else {},
+    )
     assert len(chain.matching(secret_attrs("metal3"))) == 1
     assert chain.matching(secret_attrs("other")) == []
 
 
 def test_object_selector_and_match_conditions() -> None:
-    conditions = [{"name": "owned", "expression": "has(object.metadata.ownerReferences) && "
-                                                  "object.metadata.ownerReferences.exists(o, o.kind == 'Metal3Data')"}]
+    conditions = [
+        {
+            "name": "owned",
+            "expression": "has(object.metadata.ownerReferences) && "
+            "object.metadata.ownerReferences.exists(o, o.kind == 'Metal3Data')",
+        }
+    ]
     hook = webhook("injection.test", [SECRET_RULE], matchConditions=conditions)
     chain = AdmissionChain([configuration("MutatingWebhookConfiguration", hook)])
     assert len(chain.matching(secret_attrs(owned=True))) == 1
@@ -169,8 +241,13 @@ class FakeWebhook:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "content_type": self.headers["Content-Type"], **review})
                 time.sleep(outer.delay)
-                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                                   "response": outer.answer(review["request"])}).encode()
+                body = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": outer.answer(review["request"]),
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -207,14 +284,25 @@ def test_mutating_patch_then_validating_sees_the_patched_object(fake: FakeWebhoo
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         if request["object"]["metadata"].get("labels"):  # the validating call
             return {"uid": request["uid"], "allowed": True}
-        return {"uid": request["uid"], "allowed": True, "patchType": "JSONPatch",
-                "patch": base64.b64encode(json.dumps(patch).encode()).decode()}
+        return {
+            "uid": request["uid"],
+            "allowed": True,
+            "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+        }
 
     fake.answer = answer
-    chain = AdmissionChain([
-        configuration("ValidatingWebhookConfiguration", webhook("validate.test", [SECRET_RULE], url=fake.url + "/validate", ca=ca)),
-        configuration("MutatingWebhookConfiguration", webhook("mutate.test", [SECRET_RULE], url=fake.url + "/mutate", ca=ca)),
-    ])
+    chain = AdmissionChain(
+        [
+            configuration(
+                "ValidatingWebhookConfiguration",
+                webhook("validate.test", [SECRET_RULE], url=fake.url + "/validate", ca=ca),
+            ),
+            configuration(
+                "MutatingWebhookConfiguration", webhook("mutate.test", [SECRET_RULE], url=fake.url + "/mutate", ca=ca)
+            ),
+        ]
+    )
     stored = chain(secret_attrs())
     assert stored is not None and stored["metadata"]["labels"] == {"patched": "yes"}
     assert [r["path"].split("?")[0] for r in fake.requests] == ["/mutate", "/validate"]  # mutating first
@@ -228,8 +316,13 @@ def test_mutating_patch_then_validating_sees_the_patched_object(fake: FakeWebhoo
 
 
 def test_scale_request_has_the_subresource(fake: FakeWebhook, pki: Pki) -> None:
-    chain = AdmissionChain([configuration("ValidatingWebhookConfiguration",
-                                          webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem))])
+    chain = AdmissionChain(
+        [
+            configuration(
+                "ValidatingWebhookConfiguration", webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem)
+            )
+        ]
+    )
     assert chain(attrs()) is None
     request = fake.requests[0]["request"]
     assert request["subResource"] == "scale" and request["requestSubResource"] == "scale"
@@ -238,8 +331,13 @@ def test_scale_request_has_the_subresource(fake: FakeWebhook, pki: Pki) -> None:
 
 def test_denial_uses_the_api_server_message(fake: FakeWebhook, pki: Pki) -> None:
     fake.answer = lambda req: {"uid": req["uid"], "allowed": False, "status": {"code": 503, "message": "not now"}}
-    chain = AdmissionChain([configuration("ValidatingWebhookConfiguration",
-                                          webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem))])
+    chain = AdmissionChain(
+        [
+            configuration(
+                "ValidatingWebhookConfiguration", webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem)
+            )
+        ]
+    )
     with pytest.raises(AdmissionDenied) as denied:
         chain(attrs())
     assert denied.value.message == 'admission webhook "scale.test" denied the request: not now'
@@ -260,8 +358,13 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 def test_failure_policy_on_connection_refused(policy: str, pki: Pki) -> None:
     url = f"https://127.0.0.1:{_closed_port()}/validate"
-    chain = AdmissionChain([configuration("ValidatingWebhookConfiguration",
-                                          webhook("scale.test", [SCALE_RULE], policy, url=url, ca=pki.ca.pem))])
+    chain = AdmissionChain(
+        [
+            configuration(
+                "ValidatingWebhookConfiguration", webhook("scale.test", [SCALE_RULE], policy, url=url, ca=pki.ca.pem)
+            )
+        ]
+    )
     if policy == "Ignore":
         assert chain(attrs()) is None
         assert chain.calls[-1].outcome == "ignored"
@@ -269,8 +372,9 @@ def test_failure_policy_on_connection_refused(policy: str, pki: Pki) -> None:
     with pytest.raises(AdmissionDenied) as denied:
         chain(attrs())
     assert denied.value.code == 500
-    assert denied.value.message.startswith('Internal error occurred: failed calling webhook "scale.test": '
-                                           f'failed to call webhook: Post "{url}"')
+    assert denied.value.message.startswith(
+        f'Internal error occurred: failed calling webhook "scale.test": failed to call webhook: Post "{url}"'
+    )
     assert chain.calls[-1].outcome == "failed"
 
 
@@ -307,10 +411,19 @@ def test_failure_policy_on_timeout_wrong_uid_untrusted_ca_and_cel_error(fake: Fa
 
 
 def test_validating_webhook_must_not_patch_and_dry_run_needs_no_side_effects(fake: FakeWebhook, pki: Pki) -> None:
-    fake.answer = lambda req: {"uid": req["uid"], "allowed": True, "patchType": "JSONPatch",
-                               "patch": base64.b64encode(b"[]").decode()}
-    chain = AdmissionChain([configuration("ValidatingWebhookConfiguration",
-                                          webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem))])
+    fake.answer = lambda req: {
+        "uid": req["uid"],
+        "allowed": True,
+        "patchType": "JSONPatch",
+        "patch": base64.b64encode(b"[]").decode(),
+    }
+    chain = AdmissionChain(
+        [
+            configuration(
+                "ValidatingWebhookConfiguration", webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem)
+            )
+        ]
+    )
     with pytest.raises(AdmissionDenied, match="a validating webhook returned a patch"):
         chain(attrs())
     hook = webhook("scale.test", [SCALE_RULE], url=fake.url, ca=pki.ca.pem)
@@ -320,10 +433,17 @@ def test_validating_webhook_must_not_patch_and_dry_run_needs_no_side_effects(fak
 
 
 def test_point_to_local_keeps_the_service_path(pki: Pki) -> None:
-    config = configuration("MutatingWebhookConfiguration", {
-        "name": "injection.webhook.slime", "rules": [SECRET_RULE],
-        "clientConfig": {"service": {"name": "svc", "namespace": "slime", "path": "/mutate", "port": 443},
-                         "caBundle": "b2xk"}})
+    config = configuration(
+        "MutatingWebhookConfiguration",
+        {
+            "name": "injection.webhook.slime",
+            "rules": [SECRET_RULE],
+            "clientConfig": {
+                "service": {"name": "svc", "namespace": "slime", "path": "/mutate", "port": 443},
+                "caBundle": "b2xk",
+            },
+        },
+    )
     local = point_to_local(config, {"injection.webhook.slime": "https://127.0.0.1:9443/"}, pki.ca.pem)
     client = local["webhooks"][0]["clientConfig"]
     assert client == {"url": "https://127.0.0.1:9443/mutate", "caBundle": base64.b64encode(pki.ca.pem).decode()}

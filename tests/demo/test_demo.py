@@ -25,7 +25,13 @@ def test_demo_runs_the_whole_story_and_never_shows_the_key(audited: Callable[[De
     text = "\n".join(lines)
 
     # (1) the injected keys, with the key redacted
-    for key in ("slurm_controller_host:", "slurm_controller_port:", "slurm_conf_server:", "slurm_key_base64:", "slurm_controller_name:"):
+    for key in (
+        "slurm_controller_host:",
+        "slurm_controller_port:",
+        "slurm_conf_server:",
+        "slurm_key_base64:",
+        "slurm_controller_name:",
+    ):
         assert key in text
     assert "192.0.2.10:30817" in text
     assert re.search(r"slurm_key_base64:\s+<redacted: \d+ base64 characters, sha256 [0-9a-f]{12}\.\.\.>", text)
@@ -62,7 +68,9 @@ def test_demo_reports_a_failed_expectation_with_exit_1(monkeypatch, capsys, audi
 
     def seed_without_host_ip(emu):
         key, name = original(emu)
-        emu.patch("v1", "pods", cluster.SLURM_NAMESPACE, f"{cluster.CONTROLLER}-controller-0", {"status": {"hostIP": None}})
+        emu.patch(
+            "v1", "pods", cluster.SLURM_NAMESPACE, f"{cluster.CONTROLLER}-controller-0", {"status": {"hostIP": None}}
+        )
         return key, name
 
     monkeypatch.setattr(cluster, "seed_slinky", seed_without_host_ip)

@@ -13,16 +13,32 @@ from injection_webhook.metadata import JOIN_KEYS, MetaDataError, join_entries, m
 from testbed.reviews import secret_request
 from testbed.world import b64
 
-OWNER = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Data", "name": "tmpl-0", "uid": "u1", "controller": True}
-INFO = JoinInfo(host="192.0.2.10", port=30817, key_base64=b64(b"k" * 64), source="Controller slurm/slurm in cluster local",
-                metal3data_uid=OWNER["uid"])
+OWNER = {
+    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+    "kind": "Metal3Data",
+    "name": "tmpl-0",
+    "uid": "u1",
+    "controller": True,
+}
+INFO = JoinInfo(
+    host="192.0.2.10",
+    port=30817,
+    key_base64=b64(b"k" * 64),
+    source="Controller slurm/slurm in cluster local",
+    metal3data_uid=OWNER["uid"],
+)
 
 
 def secret(metadata_yaml: str = "providerid: metal3/bmh-0/m3m-0\n", owners: list | None = None, **data: str) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "m3m-0-metadata", "namespace": "metal3", "labels": {"cluster.x-k8s.io/cluster-name": "c1"},
-                     "ownerReferences": [OWNER] if owners is None else owners},
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "m3m-0-metadata",
+            "namespace": "metal3",
+            "labels": {"cluster.x-k8s.io/cluster-name": "c1"},
+            "ownerReferences": [OWNER] if owners is None else owners,
+        },
         "data": {"metaData": b64(metadata_yaml), **data},
     }
 
@@ -30,10 +46,17 @@ def secret(metadata_yaml: str = "providerid: metal3/bmh-0/m3m-0\n", owners: list
 def test_select_reads_the_metal3_facts() -> None:
     target = select(secret_request(secret()))
     assert target is not None
-    assert (target.namespace, target.name, target.metal3data, target.cluster_name) == ("metal3", "m3m-0-metadata", "tmpl-0", "c1")
+    assert (target.namespace, target.name, target.metal3data, target.cluster_name) == (
+        "metal3",
+        "m3m-0-metadata",
+        "tmpl-0",
+        "c1",
+    )
 
 
-@pytest.mark.parametrize("api_version", ["infrastructure.cluster.x-k8s.io/v1beta1", "infrastructure.cluster.x-k8s.io/v1beta2"])
+@pytest.mark.parametrize(
+    "api_version", ["infrastructure.cluster.x-k8s.io/v1beta1", "infrastructure.cluster.x-k8s.io/v1beta2"]
+)
 def test_select_matches_owner_by_kind_and_group_any_version(api_version: str) -> None:
     assert select(secret_request(secret(owners=[{**OWNER, "apiVersion": api_version}]))) is not None
 
@@ -63,9 +86,29 @@ def test_select_matches_owner_by_kind_and_group_any_version(api_version: str) ->
         lambda r: r.update(namespace="\ud800"),
         lambda r: r.update(namespace="Not_A_Namespace"),
     ],
-    ids=["delete", "connect", "configmap", "other-group", "no-object", "string-object", "no-data", "no-metaData",
-         "metaData-not-string", "no-owners", "other-owner-kind", "other-owner-group", "core-owner", "owners-not-list", "metadata-not-map",
-         "owners-number", "owners-bool", "owner-empty-name", "owner-surrogate-name", "namespace-surrogate", "namespace-invalid"],
+    ids=[
+        "delete",
+        "connect",
+        "configmap",
+        "other-group",
+        "no-object",
+        "string-object",
+        "no-data",
+        "no-metaData",
+        "metaData-not-string",
+        "no-owners",
+        "other-owner-kind",
+        "other-owner-group",
+        "core-owner",
+        "owners-not-list",
+        "metadata-not-map",
+        "owners-number",
+        "owners-bool",
+        "owner-empty-name",
+        "owner-surrogate-name",
+        "namespace-surrogate",
+        "namespace-invalid",
+    ],
 )
 def test_select_ignores_everything_else(mutate) -> None:  # type: ignore[no-untyped-def]
     request = secret_request(secret())
@@ -77,13 +120,21 @@ def test_respond_patches_one_replace_and_keeps_every_existing_key() -> None:
     original = secret("providerid: metal3/bmh-0/m3m-0\nlocal-hostname: node-0\nname: 'x: y'\n")
     response = respond(select(secret_request(original)), INFO)  # type: ignore[arg-type]
     assert response.allowed and response.outcome == "patched"
-    assert len(response.patch) == 1 and response.patch[0]["op"] == "replace" and response.patch[0]["path"] == "/data/metaData"
+    assert (
+        len(response.patch) == 1
+        and response.patch[0]["op"] == "replace"
+        and response.patch[0]["path"] == "/data/metaData"
+    )
     patched = jsonpatch.apply_patch(original, response.patch)
     content = yaml.safe_load(base64.b64decode(patched["data"]["metaData"]))
     assert content == {
-        "providerid": "metal3/bmh-0/m3m-0", "local-hostname": "node-0", "name": "x: y",
-        "slurm_controller_host": "192.0.2.10", "slurm_controller_port": "30817",
-        "slurm_conf_server": "192.0.2.10:30817", "slurm_key_base64": INFO.key_base64,
+        "providerid": "metal3/bmh-0/m3m-0",
+        "local-hostname": "node-0",
+        "name": "x: y",
+        "slurm_controller_host": "192.0.2.10",
+        "slurm_controller_port": "30817",
+        "slurm_conf_server": "192.0.2.10:30817",
+        "slurm_key_base64": INFO.key_base64,
     }
     # the original bytes are kept verbatim, the new keys appended
     assert base64.b64decode(patched["data"]["metaData"]).startswith(base64.b64decode(original["data"]["metaData"]))
@@ -112,7 +163,10 @@ def test_not_opted_in_allows_without_patch() -> None:
 def test_unresolved_denies_naming_the_secret_and_reason() -> None:
     response = respond(select(secret_request(secret())), Unresolved("no slurmctld pod in namespace slurm"))  # type: ignore[arg-type]
     assert not response.allowed and response.code == 403
-    assert response.message == "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: no slurmctld pod in namespace slurm"
+    assert (
+        response.message
+        == "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: no slurmctld pod in namespace slurm"
+    )
 
 
 @pytest.mark.parametrize(
@@ -181,5 +235,6 @@ def test_join_data_only_for_the_owner_uid_the_cluster_has(uid: str | None) -> No
     assert not response.allowed and response.patch is None and response.code == 403
     assert response.message == (
         "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: its owner reference names Metal3Data metal3/tmpl-0 "
-        "with a uid that Metal3Data does not have; CAPM3 creates this Secret with the uid of its Metal3Data")
+        "with a uid that Metal3Data does not have; CAPM3 creates this Secret with the uid of its Metal3Data"
+    )
     assert INFO.key_base64 not in response.message and OWNER["uid"] not in response.message

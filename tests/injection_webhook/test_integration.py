@@ -39,7 +39,9 @@ def denial(response: dict[str, Any]) -> str:
     return response["status"]["message"]
 
 
-@pytest.mark.parametrize("template_owner", [True, False], ids=["capm3<=1.13-template-owner", "capm3>=1.14-spec-template-name"])
+@pytest.mark.parametrize(
+    "template_owner", [True, False], ids=["capm3<=1.13-template-owner", "capm3>=1.14-spec-template-name"]
+)
 @pytest.mark.parametrize("served", [["v1beta1"], ["v1beta2"], ["v1beta1", "v1beta2"]], ids=lambda v: "+".join(v))
 def test_injects_join_data_for_both_capm3_chains_and_versions(
     emulator_factory: Any, start_injection: StartInjection, template_owner: bool, served: list[str]
@@ -84,12 +86,18 @@ def test_custom_slurm_key_ref(emulator: Emulator, start_injection: StartInjectio
 
 def test_v1alpha1_controller_and_custom_selector(emulator_factory: Any, start_injection: StartInjection) -> None:
     emu = emulator_factory(served={"slinky.slurm.net": ["v1alpha1"]})
-    old_labels = {"app.kubernetes.io/name": "slurm-ctld", "app.kubernetes.io/component": "controller", "app.kubernetes.io/instance": "slurm"}
+    old_labels = {
+        "app.kubernetes.io/name": "slurm-ctld",
+        "app.kubernetes.io/component": "controller",
+        "app.kubernetes.io/instance": "slurm",
+    }
     seed_slinky(emu, controller_version="v1alpha1", labels=old_labels)
     _, data = seed_metal3(emu, template_labels=OPT_IN)
     default = start_injection(emu)
     assert "no slurmctld pod matches app.kubernetes.io/name=slurmctld" in denial(mutate(default, metadata_secret(data)))
-    custom = start_injection(emu, controller_selector="app.kubernetes.io/name=slurm-ctld,app.kubernetes.io/component=controller")
+    custom = start_injection(
+        emu, controller_selector="app.kubernetes.io/name=slurm-ctld,app.kubernetes.io/component=controller"
+    )
     assert injected(mutate(custom, metadata_secret(data)))["slurm_controller_host"] == "192.0.2.10"
 
 
@@ -118,11 +126,19 @@ def test_workload_cluster_through_kubeconfig_secret(emulator_factory: Any, start
     slurm = seed_slinky(workload, host_ip="203.0.113.7")
     seed_nodeport(workload, "slurm", "slurm", node_port=32000)
     _, data = seed_metal3(management, cluster="bm-cluster", template_labels=OPT_IN)
-    management.create({
-        "apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
-        "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3", "labels": {"cluster.x-k8s.io/cluster-name": "bm-cluster"}},
-        "data": {"value": b64(yaml.safe_dump(workload.kubeconfig()))},
-    })
+    management.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "cluster.x-k8s.io/secret",
+            "metadata": {
+                "name": "bm-cluster-kubeconfig",
+                "namespace": "metal3",
+                "labels": {"cluster.x-k8s.io/cluster-name": "bm-cluster"},
+            },
+            "data": {"value": b64(yaml.safe_dump(workload.kubeconfig()))},
+        }
+    )
     service = start_injection(management)
     content = injected(mutate(service, metadata_secret(data)))
     assert content["slurm_conf_server"] == "203.0.113.7:32000"
@@ -134,9 +150,17 @@ def test_cluster_label_override_local(emulator_factory: Any, start_injection: St
     management: Emulator = emulator_factory()
     seed_slinky(management, host_ip="198.51.100.1")
     _, data = seed_metal3(management, template_labels={**OPT_IN, "slurm-controller-cluster": "local"})
-    management.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
-                       "data": {"value": b64("apiVersion: v1\nkind: Config\nclusters: []\n")}})
-    assert injected(mutate(start_injection(management), metadata_secret(data)))["slurm_controller_host"] == "198.51.100.1"
+    management.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
+            "data": {"value": b64("apiVersion: v1\nkind: Config\nclusters: []\n")},
+        }
+    )
+    assert (
+        injected(mutate(start_injection(management), metadata_secret(data)))["slurm_controller_host"] == "198.51.100.1"
+    )
 
 
 def test_cluster_label_override_names_missing_kubeconfig(emulator: Emulator, start_injection: StartInjection) -> None:
@@ -148,14 +172,22 @@ def test_cluster_label_override_names_missing_kubeconfig(emulator: Emulator, sta
     )
 
 
-def test_unreachable_workload_cluster_is_denied_within_budget(emulator_factory: Any, start_injection: StartInjection) -> None:
+def test_unreachable_workload_cluster_is_denied_within_budget(
+    emulator_factory: Any, start_injection: StartInjection
+) -> None:
     management: Emulator = emulator_factory()
     gone: Emulator = emulator_factory(workload=True)
     kubeconfig = gone.kubeconfig()
     gone.stop()
     _, data = seed_metal3(management, template_labels=OPT_IN)
-    management.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
-                       "data": {"value": b64(yaml.safe_dump(kubeconfig))}})
+    management.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
+            "data": {"value": b64(yaml.safe_dump(kubeconfig))},
+        }
+    )
     service = start_injection(management, cache_sync_timeout_seconds=2.0)
     started = time.monotonic()
     message = denial(mutate(service, metadata_secret(data)))
@@ -164,19 +196,33 @@ def test_unreachable_workload_cluster_is_denied_within_budget(emulator_factory: 
 
 
 CASES = {
-    "no Controller": (dict(with_controller=False), "Controller slurm/slurm (slinky.slurm.net) does not exist (namespace slurm of cluster local)"),
-    "pod pending": (dict(phase="Pending"), "slurmctld pod slurm/slurm-controller-0 is Pending, not Running (cluster local)"),
+    "no Controller": (
+        dict(with_controller=False),
+        "Controller slurm/slurm (slinky.slurm.net) does not exist (namespace slurm of cluster local)",
+    ),
+    "pod pending": (
+        dict(phase="Pending"),
+        "slurmctld pod slurm/slurm-controller-0 is Pending, not Running (cluster local)",
+    ),
     "no hostIP": (dict(host_ip=""), "slurmctld pod slurm/slurm-controller-0 has no status.hostIP yet (cluster local)"),
-    "no key Secret": (dict(with_key_secret=False), "Secret slurm/slurm-auth-slurm (slurm key of Controller slurm/slurm) does not exist in cluster local"),
+    "no key Secret": (
+        dict(with_key_secret=False),
+        "Secret slurm/slurm-auth-slurm (slurm key of Controller slurm/slurm) does not exist in cluster local",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_opted_in_but_unresolvable_is_denied_naming_what_is_missing(emulator: Emulator, start_injection: StartInjection, case: str) -> None:
+def test_opted_in_but_unresolvable_is_denied_naming_what_is_missing(
+    emulator: Emulator, start_injection: StartInjection, case: str
+) -> None:
     options, reason = CASES[case]
     seed_slinky(emulator, **options)  # type: ignore[arg-type]
     _, data = seed_metal3(emulator, template_labels=OPT_IN)
-    assert denial(mutate(start_injection(emulator), metadata_secret(data))) == f"cannot inject Slurm join data into Secret metal3/m3m-0-metadata: {reason}"
+    assert (
+        denial(mutate(start_injection(emulator), metadata_secret(data)))
+        == f"cannot inject Slurm join data into Secret metal3/m3m-0-metadata: {reason}"
+    )
 
 
 def test_no_slurmctld_pod_is_denied(emulator: Emulator, start_injection: StartInjection) -> None:
@@ -204,9 +250,13 @@ def test_several_controllers_need_a_name_label(emulator: Emulator, start_injecti
     seed_slinky(emulator, controller="alpha", host_ip="192.0.2.1")
     seed_slinky(emulator, controller="beta", host_ip="192.0.2.2")
     _, data = seed_metal3(emulator, template_labels=OPT_IN)
-    _, named = seed_metal3(emulator, template="beta-workers", template_labels={**OPT_IN, "slurm-controller-name": "beta"})
+    _, named = seed_metal3(
+        emulator, template="beta-workers", template_labels={**OPT_IN, "slurm-controller-name": "beta"}
+    )
     service = start_injection(emulator)
-    assert "runs several Slinky Controllers (alpha, beta); choose one with label slurm-controller-name" in denial(mutate(service, metadata_secret(data)))
+    assert "runs several Slinky Controllers (alpha, beta); choose one with label slurm-controller-name" in denial(
+        mutate(service, metadata_secret(data))
+    )
     assert injected(mutate(service, metadata_secret(named, machine="m3m-b")))["slurm_controller_host"] == "192.0.2.2"
 
 
@@ -245,16 +295,26 @@ def test_slurmctld_moving_host_is_picked_up_within_seconds(emulator: Emulator, s
 @pytest.mark.parametrize(
     "request_body",
     [
-        {"operation": "CREATE", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"}, "object": {"data": {"metaData": "eA=="}}},
+        {
+            "operation": "CREATE",
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "object": {"data": {"metaData": "eA=="}},
+        },
         {"operation": "DELETE", "kind": {"group": "", "version": "v1", "kind": "Secret"}, "object": None},
-        {"operation": "CREATE", "kind": {"group": "", "version": "v1", "kind": "Secret"}, "object": {"metadata": {}, "data": {}}},
+        {
+            "operation": "CREATE",
+            "kind": {"group": "", "version": "v1", "kind": "Secret"},
+            "object": {"metadata": {}, "data": {}},
+        },
         {"operation": "CREATE", "kind": "Secret", "object": []},
         {"operation": 7, "kind": None},
         {},
     ],
     ids=["configmap", "delete", "plain-secret", "kind-string", "wrong-types", "empty-request"],
 )
-def test_requests_that_are_not_ours_are_allowed_untouched(emulator: Emulator, start_injection: StartInjection, request_body: dict[str, Any]) -> None:
+def test_requests_that_are_not_ours_are_allowed_untouched(
+    emulator: Emulator, start_injection: StartInjection, request_body: dict[str, Any]
+) -> None:
     response = start_injection(emulator).review("/mutate", request_body)
     assert response["allowed"] is True and "patch" not in response and "status" not in response
 
@@ -273,7 +333,9 @@ def test_certificate_rotation_while_serving(emulator: Emulator, start_injection:
     injected(mutate(service, metadata_secret(data)))
 
 
-def test_the_key_never_reaches_logs_or_errors(emulator: Emulator, start_injection: StartInjection, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_key_never_reaches_logs_or_errors(
+    emulator: Emulator, start_injection: StartInjection, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     slurm = seed_slinky(emulator)
     _, data = seed_metal3(emulator, template_labels=OPT_IN)

@@ -30,13 +30,54 @@ from injection_webhook.metadata import MetaDataError, join_entries, merged_metad
 ENTRIES = join_entries("192.0.2.10", 30817, base64.b64encode(b"k" * 64).decode())
 SETTINGS = settings(max_examples=2500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
-ODD_SCALARS = ["~", "null", "Null", "", "yes", "no", "on", "off", "true", "1e3", "0x1F", "0o17", "1_000", "2026-11-22",
-               "2026-11-22T10:00:00Z", ".inf", "-.nan", "'quoted'", '"double"', "a: b", "- item", "# not a comment",
-               "{x}", "[y]", "&anchor", "*alias", "!tag", "%directive", "@at", "`back`", "|", ">", "?", "key:", "multi\nline",
-               "tab\there", "unicode é ✓", "\u2028sep", "trailing ", " leading"]
+ODD_SCALARS = [
+    "~",
+    "null",
+    "Null",
+    "",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "true",
+    "1e3",
+    "0x1F",
+    "0o17",
+    "1_000",
+    "2026-11-22",
+    "2026-11-22T10:00:00Z",
+    ".inf",
+    "-.nan",
+    "'quoted'",
+    '"double"',
+    "a: b",
+    "- item",
+    "# not a comment",
+    "{x}",
+    "[y]",
+    "&anchor",
+    "*alias",
+    "!tag",
+    "%directive",
+    "@at",
+    "`back`",
+    "|",
+    ">",
+    "?",
+    "key:",
+    "multi\nline",
+    "tab\there",
+    "unicode é ✓",
+    "\u2028sep",
+    "trailing ",
+    " leading",
+]
 
-keys = st.one_of(st.sampled_from(["providerid", "local-hostname", "local_hostname", "slurm_conf_server", "a", "b.c", "x-y"]),
-                 st.text(min_size=1, max_size=12), st.sampled_from(ODD_SCALARS))
+keys = st.one_of(
+    st.sampled_from(["providerid", "local-hostname", "local_hostname", "slurm_conf_server", "a", "b.c", "x-y"]),
+    st.text(min_size=1, max_size=12),
+    st.sampled_from(ODD_SCALARS),
+)
 values = st.one_of(st.text(max_size=30), st.sampled_from(ODD_SCALARS), st.sampled_from(list(ENTRIES.values())))
 flat_maps = st.dictionaries(keys, values, max_size=6)
 
@@ -46,13 +87,37 @@ def spellings(draw: st.DrawFn) -> str:
     """A flat map written the ways people and tools write YAML, then decorated."""
     data = draw(flat_maps)
     style = draw(st.sampled_from([None, "'", '"']))
-    text = yaml.safe_dump(data, default_flow_style=draw(st.booleans()), default_style=style, sort_keys=draw(st.booleans()),
-                          explicit_start=draw(st.booleans()), explicit_end=draw(st.booleans()), allow_unicode=draw(st.booleans()),
-                          width=draw(st.sampled_from([20, 80, 2**31 - 1])))
+    text = yaml.safe_dump(
+        data,
+        default_flow_style=draw(st.booleans()),
+        default_style=style,
+        sort_keys=draw(st.booleans()),
+        explicit_start=draw(st.booleans()),
+        explicit_end=draw(st.booleans()),
+        allow_unicode=draw(st.booleans()),
+        width=draw(st.sampled_from([20, 80, 2**31 - 1])),
+    )
     if data == {} and draw(st.booleans()):
         text = draw(st.sampled_from(["", "~", "null", "~\n", "# nothing yet\n", "---\n", "--- ~\n", "{}\n"]))
-    decorations = draw(st.lists(st.sampled_from(["comment", "crlf", "bom", "blank", "indent", "no-newline", "anchor",
-                                                 "second-document", "trailing-comment"]), max_size=3, unique=True))
+    decorations = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "comment",
+                    "crlf",
+                    "bom",
+                    "blank",
+                    "indent",
+                    "no-newline",
+                    "anchor",
+                    "second-document",
+                    "trailing-comment",
+                ]
+            ),
+            max_size=3,
+            unique=True,
+        )
+    )
     for decoration in decorations:
         if decoration == "comment":
             text = "# written by hand\n" + text
@@ -136,6 +201,8 @@ def test_a_metadata_over_a_secrets_limit_is_refused_before_parsing() -> None:
     try:
         merged_metadata(encoded, ENTRIES)
     except MetaDataError as exc:
-        assert str(exc).startswith("data.metaData holds about 1048") and "more than a Secret may hold (1048576 bytes)" in str(exc)
+        assert str(exc).startswith(
+            "data.metaData holds about 1048"
+        ) and "more than a Secret may hold (1048576 bytes)" in str(exc)
     else:
         raise AssertionError("a 1 MiB metaData was accepted")

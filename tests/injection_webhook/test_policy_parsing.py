@@ -22,26 +22,49 @@ from injection_webhook.handler import JoinInfo
 POD = {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": "slurm"}
 
 
-@pytest.mark.parametrize(("text", "policy"), [
-    ("hostIP", Policy("hostIP")),
-    (" service ", Policy("service")),
-    ("service/slurmctld-lb", Policy("service", service="slurmctld-lb")),
-    ("slurmctld", Policy("explicit", host="slurmctld")),
-    ("Slurmctld.HPC.example.org", Policy("explicit", host="Slurmctld.HPC.example.org")),
-    ("10.0.0.1:1", Policy("explicit", host="10.0.0.1", port=1)),
-    ("h:65535", Policy("explicit", host="h", port=65535)),
-    ("[::1]", Policy("explicit", host="::1")),
-    ("fe80::1", Policy("explicit", host="fe80::1")),
-    ("a" * 63 + "." + "b" * 63, Policy("explicit", host="a" * 63 + "." + "b" * 63)),
-])
+@pytest.mark.parametrize(
+    ("text", "policy"),
+    [
+        ("hostIP", Policy("hostIP")),
+        (" service ", Policy("service")),
+        ("service/slurmctld-lb", Policy("service", service="slurmctld-lb")),
+        ("slurmctld", Policy("explicit", host="slurmctld")),
+        ("Slurmctld.HPC.example.org", Policy("explicit", host="Slurmctld.HPC.example.org")),
+        ("10.0.0.1:1", Policy("explicit", host="10.0.0.1", port=1)),
+        ("h:65535", Policy("explicit", host="h", port=65535)),
+        ("[::1]", Policy("explicit", host="::1")),
+        ("fe80::1", Policy("explicit", host="fe80::1")),
+        ("a" * 63 + "." + "b" * 63, Policy("explicit", host="a" * 63 + "." + "b" * 63)),
+    ],
+)
 def test_valid_policies(text: str, policy: Policy) -> None:
     assert parse_policy(text) == policy
 
 
-@pytest.mark.parametrize("text", [
-    "HOSTIP", "hostip:", "Service", "service:6817", "service/", "service/a/b", "a..b", "a.-b", "a" * 64, ".".join(["a" * 63] * 4) + ".x",
-    "h:-1", "h:1.5", "h: 6817", "[::1]x", "[10.0.0.1]:6817", "1.2.3", "::g", "host name", "h:6817:1",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "HOSTIP",
+        "hostip:",
+        "Service",
+        "service:6817",
+        "service/",
+        "service/a/b",
+        "a..b",
+        "a.-b",
+        "a" * 64,
+        ".".join(["a" * 63] * 4) + ".x",
+        "h:-1",
+        "h:1.5",
+        "h: 6817",
+        "[::1]x",
+        "[10.0.0.1]:6817",
+        "1.2.3",
+        "::g",
+        "host name",
+        "h:6817:1",
+    ],
+)
 def test_invalid_policies_say_why(text: str) -> None:
     with pytest.raises(PolicyError) as caught:
         parse_policy(text)
@@ -65,16 +88,29 @@ def test_ipv6_is_bracketed_with_its_port() -> None:
     assert format_address("10.0.0.1", 6817) == "10.0.0.1:6817"
 
 
-def service(name: str, kind: str, *, port: int = 6817, node_port: int | None = 30817, target: Any = 6817,
-            selector: dict[str, str] | None = None, ingress: list[dict[str, str]] | None = None) -> dict[str, Any]:
+def service(
+    name: str,
+    kind: str,
+    *,
+    port: int = 6817,
+    node_port: int | None = 30817,
+    target: Any = 6817,
+    selector: dict[str, str] | None = None,
+    ingress: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     entry: dict[str, Any] = {"port": port, "targetPort": target}
     if node_port is not None:
         entry["nodePort"] = node_port
-    return {"metadata": {"name": name}, "spec": {"type": kind, "selector": POD if selector is None else selector, "ports": [entry]},
-            "status": {"loadBalancer": {"ingress": ingress}} if ingress else {}}
+    return {
+        "metadata": {"name": name},
+        "spec": {"type": kind, "selector": POD if selector is None else selector, "ports": [entry]},
+        "status": {"loadBalancer": {"ingress": ingress}} if ingress else {},
+    }
 
 
-def endpoint(policy: str, services: list[dict[str, Any]], nodes: tuple[str, ...] = ()) -> tuple[tuple[str, ...], int, str]:
+def endpoint(
+    policy: str, services: list[dict[str, Any]], nodes: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], int, str]:
     found = service_endpoint(parse_policy(policy), services, POD, "slurm/slurm-controller-0", "slurm", nodes)
     return found.hosts, found.port, found.conf_server
 
@@ -108,6 +144,12 @@ def test_hostip_port_is_the_nodeport_of_a_selecting_nodeport_service_else_6817()
 
 
 def test_join_info_repr_hides_both_keys() -> None:
-    info = JoinInfo(host="h", port=1, key_base64="c2x1cm0ta2V5LXNlY3JldA==", source="s", jwt_key_base64="and4LWtleS1zZWNyZXQ=",
-                    controller_name="slurm-controller-0")
+    info = JoinInfo(
+        host="h",
+        port=1,
+        key_base64="c2x1cm0ta2V5LXNlY3JldA==",
+        source="s",
+        jwt_key_base64="and4LWtleS1zZWNyZXQ=",
+        controller_name="slurm-controller-0",
+    )
     assert "c2x1cm0ta2V5LXNlY3JldA==" not in repr(info) and "and4LWtleS1zZWNyZXQ=" not in repr(info)

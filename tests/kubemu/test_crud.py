@@ -101,14 +101,15 @@ def test_noop_patch_keeps_resource_version(api: client.ApiClient, ns: str) -> No
 
 def test_json_merge_and_strategic_patches(api: client.ApiClient, ns: str) -> None:
     core = client.CoreV1Api(api)
-    core.create_namespaced_config_map(ns, {"metadata": {"name": "cm", "labels": {"keep": "1", "drop": "1"}},
-                                           "data": {"a": "1"}})
+    core.create_namespaced_config_map(
+        ns, {"metadata": {"name": "cm", "labels": {"keep": "1", "drop": "1"}}, "data": {"a": "1"}}
+    )
     path = f"/api/v1/namespaces/{ns}/configmaps/cm"
-    code, obj = raw(api, "PATCH", path, [{"op": "add", "path": "/data/b", "value": "2"}],
-                    "application/json-patch+json")
+    code, obj = raw(api, "PATCH", path, [{"op": "add", "path": "/data/b", "value": "2"}], "application/json-patch+json")
     assert code == 200 and obj["data"] == {"a": "1", "b": "2"}
-    code, obj = raw(api, "PATCH", path, {"metadata": {"labels": {"drop": None}}, "data": {"a": "9"}},
-                    "application/merge-patch+json")
+    code, obj = raw(
+        api, "PATCH", path, {"metadata": {"labels": {"drop": None}}, "data": {"a": "9"}}, "application/merge-patch+json"
+    )
     assert obj["metadata"]["labels"] == {"keep": "1"} and obj["data"] == {"a": "9", "b": "2"}
     # the typed client sends a dict body as a strategic merge patch
     patched = core.patch_namespaced_config_map("cm", ns, {"data": {"c": "3"}})
@@ -118,9 +119,13 @@ def test_json_merge_and_strategic_patches(api: client.ApiClient, ns: str) -> Non
 def test_json_patch_failed_test_op_is_422(api: client.ApiClient, ns: str) -> None:
     client.CoreV1Api(api).create_namespaced_config_map(ns, {"metadata": {"name": "cm"}, "data": {"a": "1"}})
     with pytest.raises(ApiException) as err:
-        raw(api, "PATCH", f"/api/v1/namespaces/{ns}/configmaps/cm",
+        raw(
+            api,
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/configmaps/cm",
             [{"op": "test", "path": "/data/a", "value": "2"}, {"op": "replace", "path": "/data/a", "value": "3"}],
-            "application/json-patch+json")
+            "application/json-patch+json",
+        )
     assert (err.value.status, _status(err.value)["reason"]) == (422, "Invalid")
 
 
@@ -137,8 +142,9 @@ def test_unsupported_patch_types_are_415(api: client.ApiClient, emu: Emulator, n
 def test_status_subresource_separates_spec_and_status(api: client.ApiClient, ns: str) -> None:
     co = client.CustomObjectsApi(api)
     args = ("cluster.x-k8s.io", "v1beta2", ns, "machinedeployments")
-    co.create_namespaced_custom_object(*args, {**machine_deployment("md", version="v1beta2"),
-                                               "status": {"replicas": 7}})
+    co.create_namespaced_custom_object(
+        *args, {**machine_deployment("md", version="v1beta2"), "status": {"replicas": 7}}
+    )
     md = co.get_namespaced_custom_object(*args, "md")
     assert "status" not in md  # status is reset on create
     co.patch_namespaced_custom_object_status(*args, "md", {"status": {"replicas": 2}, "spec": {"replicas": 9}})

@@ -28,11 +28,30 @@ def test_request_records_map_to_rbac_verbs(api: client.ApiClient, emu: Emulator,
     client.CoreV1Api(api).get_api_resources()
     client.AppsV1Api(api).list_deployment_for_all_namespaces()
     records = emu.requests
-    assert [r.verb for r in records] == ["create", "get", "list", "watch", "patch", "get", "update", "delete",
-                                         "get", "list"]
+    assert [r.verb for r in records] == [
+        "create",
+        "get",
+        "list",
+        "watch",
+        "patch",
+        "get",
+        "update",
+        "delete",
+        "get",
+        "list",
+    ]
     get = records[1]
-    assert (get.api_group, get.version, get.resource, get.subresource, get.namespace, get.name, get.method,
-            get.status_code, get.non_resource) == ("", "v1", "pods", "", ns, "p", "GET", 200, False)
+    assert (
+        get.api_group,
+        get.version,
+        get.resource,
+        get.subresource,
+        get.namespace,
+        get.name,
+        get.method,
+        get.status_code,
+        get.non_resource,
+    ) == ("", "v1", "pods", "", ns, "p", "GET", 200, False)
     assert get.path == f"/api/v1/namespaces/{ns}/pods/p" and get.user_agent.startswith("OpenAPI-Generator")
     assert records[3].query.count("watch=true") == 1
     discovery = records[8]
@@ -48,9 +67,14 @@ def test_scale_patch_is_recorded_as_subresource(api: client.ApiClient, emu: Emul
     emu.create(machine_deployment("md"), namespace=ns)
     emu.clear_requests()
     client.CustomObjectsApi(api).patch_namespaced_custom_object_scale(
-        "cluster.x-k8s.io", "v1beta1", ns, "machinedeployments", "md", {"spec": {"replicas": 2}})
-    assert emu.count_requests(verb="patch", api_group="cluster.x-k8s.io", resource="machinedeployments",
-                              subresource="scale", name="md") == 1
+        "cluster.x-k8s.io", "v1beta1", ns, "machinedeployments", "md", {"spec": {"replicas": 2}}
+    )
+    assert (
+        emu.count_requests(
+            verb="patch", api_group="cluster.x-k8s.io", resource="machinedeployments", subresource="scale", name="md"
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize("status, reason", [(500, "InternalError"), (403, "Forbidden"), (409, "Conflict")])
@@ -141,10 +165,21 @@ def test_admission_hook_mutates_and_denies() -> None:
         assert emu.get("apps/v1", "deployments", "default", "d")["spec"]["replicas"] == 3
 
     scale = [a for a in seen if a.subresource == "scale"]
-    assert [(a.operation, a.resource, a.kind["kind"], a.object["spec"]["replicas"], a.old_object["spec"]["replicas"],
-             a.dry_run) for a in scale] == [("UPDATE", "deployments", "Scale", 3, 1, False),
-                                            ("UPDATE", "deployments", "Scale", 11, 3, False),
-                                            ("UPDATE", "deployments", "Scale", 4, 3, True)]
+    assert [
+        (
+            a.operation,
+            a.resource,
+            a.kind["kind"],
+            a.object["spec"]["replicas"],
+            a.old_object["spec"]["replicas"],
+            a.dry_run,
+        )
+        for a in scale
+    ] == [
+        ("UPDATE", "deployments", "Scale", 3, 1, False),
+        ("UPDATE", "deployments", "Scale", 11, 3, False),
+        ("UPDATE", "deployments", "Scale", 4, 3, True),
+    ]
     assert seen[0].user_info == {"username": "system:admin"} and seen[0].group == "" and seen[0].version == "v1"
 
 
@@ -156,8 +191,9 @@ def test_slow_admission_hook_does_not_block_other_requests() -> None:
 
     with Emulator(admission=hook) as emu:
         core = client.CoreV1Api(emu.api_client())
-        writer = threading.Thread(target=core.create_namespaced_config_map,
-                                  args=("default", {"metadata": {"name": "slow"}}))
+        writer = threading.Thread(
+            target=core.create_namespaced_config_map, args=("default", {"metadata": {"name": "slow"}})
+        )
         writer.start()
         time.sleep(0.1)
         started = time.monotonic()

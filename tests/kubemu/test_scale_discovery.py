@@ -29,14 +29,14 @@ def test_deployment_scale_get_and_patch(api: client.ApiClient, emu: Emulator, ns
 
 
 def test_machine_deployment_scale_via_custom_objects_api(api: client.ApiClient, emu: Emulator, ns: str) -> None:
-    emu.create({**machine_deployment("md", replicas=1), "status": {"replicas": 1, "selector": "md=md"}},
-               namespace=ns)
+    emu.create({**machine_deployment("md", replicas=1), "status": {"replicas": 1, "selector": "md=md"}}, namespace=ns)
     co = client.CustomObjectsApi(api)
     scale = co.get_namespaced_custom_object_scale("cluster.x-k8s.io", "v1beta1", ns, "machinedeployments", "md")
     assert scale["apiVersion"] == "autoscaling/v1" and scale["kind"] == "Scale"
     assert scale["spec"] == {"replicas": 1} and scale["status"] == {"replicas": 1, "selector": "md=md"}
-    patched = co.patch_namespaced_custom_object_scale("cluster.x-k8s.io", "v1beta2", ns, "machinedeployments",
-                                                      "md", {"spec": {"replicas": 4}})
+    patched = co.patch_namespaced_custom_object_scale(
+        "cluster.x-k8s.io", "v1beta2", ns, "machinedeployments", "md", {"spec": {"replicas": 4}}
+    )
     assert patched["spec"]["replicas"] == 4
     assert emu.get("cluster.x-k8s.io/v1beta1", "MachineDeployment", ns, "md")["spec"]["replicas"] == 4
 
@@ -47,9 +47,18 @@ def test_scale_via_raw_merge_patch_emits_modified_on_parent(api: client.ApiClien
     path = f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{ns}/machinedeployments/md/scale"
     code, scale = raw(api, "PATCH", path, {"spec": {"replicas": 3}}, "application/merge-patch+json")
     assert code == 200 and scale["spec"]["replicas"] == 3
-    events = [(e["type"], e["raw_object"]["spec"]["replicas"]) for e in watch.Watch().stream(
-        client.CustomObjectsApi(api).list_namespaced_custom_object, "cluster.x-k8s.io", "v1beta2", ns,
-        "machinedeployments", resource_version=rv, timeout_seconds=1)]
+    events = [
+        (e["type"], e["raw_object"]["spec"]["replicas"])
+        for e in watch.Watch().stream(
+            client.CustomObjectsApi(api).list_namespaced_custom_object,
+            "cluster.x-k8s.io",
+            "v1beta2",
+            ns,
+            "machinedeployments",
+            resource_version=rv,
+            timeout_seconds=1,
+        )
+    ]
     assert events == [("MODIFIED", 3)]
 
 
@@ -102,8 +111,10 @@ def test_served_versions_control_paths_and_discovery() -> None:
         _, group = raw(api, "GET", "/apis/cluster.x-k8s.io")
         assert [v["version"] for v in group["versions"]] == ["v1beta2"]
         _, infra = raw(api, "GET", "/apis/infrastructure.cluster.x-k8s.io")
-        assert infra["preferredVersion"] == {"groupVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                                             "version": "v1beta1"}
+        assert infra["preferredVersion"] == {
+            "groupVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+            "version": "v1beta1",
+        }
         with pytest.raises(ApiException) as err:
             raw(api, "GET", "/apis/infrastructure.cluster.x-k8s.io/v1beta2")
         assert err.value.status == 404

@@ -22,18 +22,21 @@ def labelled(emu: Emulator, ns: str) -> str:
     return ns
 
 
-@pytest.mark.parametrize("selector, expected", [
-    ("app=slurm", ["a", "b"]),
-    ("app==slurm", ["a", "b"]),
-    ("app!=slurm", ["c", "d"]),
-    ("tier in (ctl,db)", ["a"]),
-    ("tier notin (ctl)", ["b", "c", "d"]),
-    ("tier", ["a", "b"]),
-    ("!tier", ["c", "d"]),
-    ("app=slurm,tier!=ctl", ["b"]),
-    ("app in (slurm, web),!tier", ["c"]),
-    ("", ["a", "b", "c", "d"]),
-])
+@pytest.mark.parametrize(
+    "selector, expected",
+    [
+        ("app=slurm", ["a", "b"]),
+        ("app==slurm", ["a", "b"]),
+        ("app!=slurm", ["c", "d"]),
+        ("tier in (ctl,db)", ["a"]),
+        ("tier notin (ctl)", ["b", "c", "d"]),
+        ("tier", ["a", "b"]),
+        ("!tier", ["c", "d"]),
+        ("app=slurm,tier!=ctl", ["b"]),
+        ("app in (slurm, web),!tier", ["c"]),
+        ("", ["a", "b", "c", "d"]),
+    ],
+)
 def test_label_selector_operators(api: client.ApiClient, labelled: str, selector: str, expected: list[str]) -> None:
     pods = client.CoreV1Api(api).list_namespaced_pod(labelled, label_selector=selector)
     assert [p.metadata.name for p in pods.items] == expected
@@ -51,8 +54,9 @@ def test_malformed_label_selector_is_400(api: client.ApiClient, ns: str, selecto
 
 def test_field_selectors(api: client.ApiClient, emu: Emulator, ns: str) -> None:
     core = client.CoreV1Api(api)
-    emu.create({**pod("run"), "status": {"phase": "Running"}, "spec": {"nodeName": "n1", "containers": []}},
-               namespace=ns)
+    emu.create(
+        {**pod("run"), "status": {"phase": "Running"}, "spec": {"nodeName": "n1", "containers": []}}, namespace=ns
+    )
     emu.create({**pod("pend"), "status": {"phase": "Pending"}}, namespace=ns)
 
     def names(selector: str) -> list[str]:
@@ -61,10 +65,11 @@ def test_field_selectors(api: client.ApiClient, emu: Emulator, ns: str) -> None:
     assert names("metadata.name=run") == ["run"]
     assert names("status.phase!=Running") == ["pend"]
     assert names("spec.nodeName==n1,metadata.namespace=" + ns) == ["run"]
-    emu.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kc"},
-                "type": "cluster.x-k8s.io/secret"}, namespace=ns)
-    emu.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "other"}, "type": "Opaque"},
-               namespace=ns)
+    emu.create(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kc"}, "type": "cluster.x-k8s.io/secret"},
+        namespace=ns,
+    )
+    emu.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "other"}, "type": "Opaque"}, namespace=ns)
     secrets = core.list_namespaced_secret(ns, field_selector="type=cluster.x-k8s.io/secret")
     assert [s.metadata.name for s in secrets.items] == ["kc"]
 
@@ -73,7 +78,10 @@ def test_unsupported_field_is_400(api: client.ApiClient, ns: str) -> None:
     with pytest.raises(ApiException) as err:
         client.CoreV1Api(api).list_namespaced_config_map(ns, field_selector="data.x=1")
     body = json.loads(err.value.body)
-    assert (err.value.status, body["message"]) == (400, '"data.x" is not a known field selector: only "metadata.name", "metadata.namespace"')
+    assert (err.value.status, body["message"]) == (
+        400,
+        '"data.x" is not a known field selector: only "metadata.name", "metadata.namespace"',
+    )
 
 
 def test_selector_parser_and_rendering() -> None:
@@ -81,7 +89,11 @@ def test_selector_parser_and_rendering() -> None:
     assert sel.matches({"example.com/role": "b"})
     assert not sel.matches({"example.com/role": "b", "gone": ""})
     assert not sel.matches({})
-    rendered = match_labels_to_string({"matchLabels": {"b": "2", "a": "1"},
-                                       "matchExpressions": [{"key": "t", "operator": "In", "values": ["y", "x"]}]})
+    rendered = match_labels_to_string(
+        {
+            "matchLabels": {"b": "2", "a": "1"},
+            "matchExpressions": [{"key": "t", "operator": "In", "values": ["y", "x"]}],
+        }
+    )
     assert rendered == "a=1,b=2,t in (x,y)"
     assert LabelSelector(rendered).matches({"a": "1", "b": "2", "t": "x"})

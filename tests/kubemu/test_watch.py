@@ -68,8 +68,9 @@ def test_watch_event_is_prompt(api: client.ApiClient, emu: Emulator, ns: str) ->
 
 def test_selector_leave_and_enter(api: client.ApiClient, emu: Emulator, ns: str) -> None:
     emu.create(pod("p", {"role": "ctl"}), namespace=ns)
-    events, w = _watch_in_thread(client.CoreV1Api(api).list_namespaced_pod, namespace=ns,
-                                 label_selector="role=ctl", timeout_seconds=5)
+    events, w = _watch_in_thread(
+        client.CoreV1Api(api).list_namespaced_pod, namespace=ns, label_selector="role=ctl", timeout_seconds=5
+    )
     assert _next(events) == ("ADDED", "p")
     emu.patch("v1", "pods", ns, "p", {"metadata": {"labels": {"role": "worker"}}})
     type_, obj = events.get(timeout=2)
@@ -84,9 +85,12 @@ def test_resume_from_resource_version_replays_history(api: client.ApiClient, emu
     listed = core.list_namespaced_pod(ns)
     emu.create(pod("a"), namespace=ns)
     emu.delete("v1", "pods", ns, "a")
-    seen = [(e["type"], e["raw_object"]["metadata"]["name"]) for e in watch.Watch().stream(
-        core.list_namespaced_pod, namespace=ns, resource_version=listed.metadata.resource_version,
-        timeout_seconds=1)]
+    seen = [
+        (e["type"], e["raw_object"]["metadata"]["name"])
+        for e in watch.Watch().stream(
+            core.list_namespaced_pod, namespace=ns, resource_version=listed.metadata.resource_version, timeout_seconds=1
+        )
+    ]
     assert seen == [("ADDED", "a"), ("DELETED", "a")]
 
 
@@ -96,15 +100,19 @@ def test_expired_resource_version_is_410() -> None:
         for i in range(5):
             emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm{i}"}}, namespace="default")
         with pytest.raises(ApiException) as err:
-            list(watch.Watch().stream(core.list_namespaced_config_map, namespace="default",
-                                      resource_version="1", timeout_seconds=1))
+            list(
+                watch.Watch().stream(
+                    core.list_namespaced_config_map, namespace="default", resource_version="1", timeout_seconds=1
+                )
+            )
         assert err.value.status == 410 and "Expired" in err.value.reason
 
 
 def test_watch_custom_objects_cluster_wide_across_versions(api: client.ApiClient, emu: Emulator, ns: str) -> None:
     co = client.CustomObjectsApi(api)
-    events, w = _watch_in_thread(co.list_cluster_custom_object, "cluster.x-k8s.io", "v1beta2",
-                                 "machinedeployments", timeout_seconds=5)
+    events, w = _watch_in_thread(
+        co.list_cluster_custom_object, "cluster.x-k8s.io", "v1beta2", "machinedeployments", timeout_seconds=5
+    )
     emu.create(machine_deployment("md", version="v1beta1"), namespace=ns)
     type_, obj = events.get(timeout=2)
     assert (type_, obj["metadata"]["name"], obj["apiVersion"]) == ("ADDED", "md", "cluster.x-k8s.io/v1beta2")
@@ -115,16 +123,19 @@ def test_watch_times_out_and_sends_bookmark(api: client.ApiClient, ns: str) -> N
     core = client.CoreV1Api(api)
     started = time.monotonic()
     w = watch.Watch()
-    seen = [e["type"] for e in w.stream(core.list_namespaced_pod, namespace=ns, timeout_seconds=1,
-                                        allow_watch_bookmarks=True)]
+    seen = [
+        e["type"]
+        for e in w.stream(core.list_namespaced_pod, namespace=ns, timeout_seconds=1, allow_watch_bookmarks=True)
+    ]
     assert 0.9 < time.monotonic() - started < 3
     assert seen == ["BOOKMARK"] and w.resource_version is not None
 
 
 def test_stop_ends_open_watches() -> None:
     emu = Emulator().start()
-    events, _ = _watch_in_thread(client.CoreV1Api(emu.api_client()).list_namespaced_pod, namespace="default",
-                                 timeout_seconds=30)
+    events, _ = _watch_in_thread(
+        client.CoreV1Api(emu.api_client()).list_namespaced_pod, namespace="default", timeout_seconds=30
+    )
     time.sleep(0.2)
     emu.stop()
     assert events.get(timeout=3) is None

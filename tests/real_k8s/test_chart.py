@@ -19,14 +19,21 @@ from testbed.world import SLIME_NAMESPACE, ensure_namespace
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.timeout(300)]
 
-MAPPING = [{"mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE},
-            "machineDeployment": {"name": "md-a", "namespace": "metal3"}, "partition": "batch"}]
+MAPPING = [
+    {
+        "mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE},
+        "machineDeployment": {"name": "md-a", "namespace": "metal3"},
+        "partition": "batch",
+    }
+]
 
 
 @pytest.fixture(scope="module")
 def release(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Release:
     ensure_namespace(RealApi(control_plane), "metal3")
-    return Release(control_plane, SLIME_NAMESPACE, tier_values("localhost/slime:unused", MAPPING), tmp_path_factory.mktemp("chart"))
+    return Release(
+        control_plane, SLIME_NAMESPACE, tier_values("localhost/slime:unused", MAPPING), tmp_path_factory.mktemp("chart")
+    )
 
 
 def tls_secrets(release: Release) -> dict[str, dict[str, bytes]]:
@@ -37,18 +44,43 @@ def tls_secrets(release: Release) -> dict[str, dict[str, bytes]]:
 def test_install_validates_and_compiles_every_object(release: Release) -> None:
     release.install()
     kinds = sorted({f"{o['kind']}" for o in release.manifest()})
-    assert {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Deployment", "Role", "ClusterRole", "Secret"} <= set(kinds)
+    assert {
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "Deployment",
+        "Role",
+        "ClusterRole",
+        "Secret",
+    } <= set(kinds)
     # Stored as rendered: the API server accepted (and compiled) the matchConditions.
-    mutating = release.cp.request("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/slime-injection-webhook")
-    assert [c["name"] for c in mutating["webhooks"][0]["matchConditions"]] == ["owned-by-metal3data", "has-metadata-key"]
-    validating = release.cp.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/slime-scaling-webhook")
-    assert [c["name"] for c in validating["webhooks"][0]["matchConditions"]] == ["is-scale", "is-deployments", "is-mapped-mirror"]
+    mutating = release.cp.request(
+        "GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/slime-injection-webhook"
+    )
+    assert [c["name"] for c in mutating["webhooks"][0]["matchConditions"]] == [
+        "owned-by-metal3data",
+        "has-metadata-key",
+    ]
+    validating = release.cp.request(
+        "GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/slime-scaling-webhook"
+    )
+    assert [c["name"] for c in validating["webhooks"][0]["matchConditions"]] == [
+        "is-scale",
+        "is-deployments",
+        "is-mapped-mirror",
+    ]
 
 
 def test_the_api_server_compiles_match_conditions(release: Release, tmp_path: Path) -> None:
     """The same configuration with one expression misspelled is refused at create: CEL really is compiled."""
-    broken = release.cp.request("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/slime-injection-webhook")
-    broken = {"apiVersion": broken["apiVersion"], "kind": broken["kind"], "metadata": {"name": "broken-cel"}, "webhooks": broken["webhooks"]}
+    broken = release.cp.request(
+        "GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/slime-injection-webhook"
+    )
+    broken = {
+        "apiVersion": broken["apiVersion"],
+        "kind": broken["kind"],
+        "metadata": {"name": "broken-cel"},
+        "webhooks": broken["webhooks"],
+    }
     broken["webhooks"][0]["matchConditions"][1]["expression"] = "has(object.data) && 'metaData' in objekt.data"
     proc = release.cp.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(broken), check=False)
     assert proc.returncode != 0 and "compilation failed" in proc.stderr and "objekt" in proc.stderr, proc.stderr
@@ -56,17 +88,28 @@ def test_the_api_server_compiles_match_conditions(release: Release, tmp_path: Pa
 
 def test_upgrade_reuses_the_generated_certificates(release: Release) -> None:
     before = tls_secrets(release)
-    bundles = {c["metadata"]["name"]: c["webhooks"][0]["clientConfig"]["caBundle"]
-               for c in (release.cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}")
-                         for kind, name in (("mutatingwebhookconfigurations", "slime-injection-webhook"),
-                                            ("validatingwebhookconfigurations", "slime-scaling-webhook")))}
+    bundles = {
+        c["metadata"]["name"]: c["webhooks"][0]["clientConfig"]["caBundle"]
+        for c in (
+            release.cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}")
+            for kind, name in (
+                ("mutatingwebhookconfigurations", "slime-injection-webhook"),
+                ("validatingwebhookconfigurations", "slime-scaling-webhook"),
+            )
+        )
+    }
     release.values["logLevel"] = "DEBUG"  # a real change, so helm has something to upgrade
     release.upgrade()
     assert tls_secrets(release) == before, "helm upgrade must read the Secrets back (lookup) and reuse them"
-    for kind, name in (("mutatingwebhookconfigurations", "slime-injection-webhook"), ("validatingwebhookconfigurations", "slime-scaling-webhook")):
+    for kind, name in (
+        ("mutatingwebhookconfigurations", "slime-injection-webhook"),
+        ("validatingwebhookconfigurations", "slime-scaling-webhook"),
+    ):
         config = release.cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}")
         assert config["webhooks"][0]["clientConfig"]["caBundle"] == bundles[name]
-    deployment = release.cp.request("GET", f"/apis/apps/v1/namespaces/{release.namespace}/deployments/slime-scaling-webhook")
+    deployment = release.cp.request(
+        "GET", f"/apis/apps/v1/namespaces/{release.namespace}/deployments/slime-scaling-webhook"
+    )
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["SLIME_LOG_LEVEL"] == "DEBUG"
 
@@ -75,5 +118,9 @@ def test_uninstall_leaves_no_webhook_configuration(release: Release) -> None:
     assert len(webhook_configurations(release.cp, release.name)) == 2
     release.uninstall()
     assert webhook_configurations(release.cp, release.name) == []
-    left = [o for o in RealApi(release.cp).list("v1", "Secret", release.namespace) if o["metadata"]["name"].startswith("slime-")]
+    left = [
+        o
+        for o in RealApi(release.cp).list("v1", "Secret", release.namespace)
+        if o["metadata"]["name"].startswith("slime-")
+    ]
     assert left == [], [o["metadata"]["name"] for o in left]

@@ -23,13 +23,20 @@ NS = "conformance"
 
 
 class Target(Protocol):
-    def __call__(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]: ...
+    def __call__(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, dict[str, Any]]: ...
 
 
 def _target(client: httpx.Client) -> Target:
-    def send(method: str, path: str, body: Any = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
-        answer = client.request(method, path, content=None if body is None else json.dumps(body), headers={"Content-Type": content_type})
+    def send(
+        method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, dict[str, Any]]:
+        answer = client.request(
+            method, path, content=None if body is None else json.dumps(body), headers={"Content-Type": content_type}
+        )
         return answer.status_code, answer.json() if answer.content else {}
+
     return send
 
 
@@ -63,26 +70,55 @@ def same(targets: dict[str, Target], case: Any) -> Any:
     return results["kube-apiserver"]
 
 
-def test_string_data_is_folded_into_data_before_admission(targets: dict[str, Target], seen_by_admission: list[dict[str, Any]]) -> None:
+def test_string_data_is_folded_into_data_before_admission(
+    targets: dict[str, Target], seen_by_admission: list[dict[str, Any]]
+) -> None:
     def case(send: Target) -> Any:
-        code, stored = send("POST", f"/api/v1/namespaces/{NS}/secrets", {
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "folded"},
-            "data": {"a": "YQ==", "b": "Yg=="}, "stringData": {"b": "B", "metaData": "local-hostname: m3m-0\n"}})
+        code, stored = send(
+            "POST",
+            f"/api/v1/namespaces/{NS}/secrets",
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "folded"},
+                "data": {"a": "YQ==", "b": "Yg=="},
+                "stringData": {"b": "B", "metaData": "local-hostname: m3m-0\n"},
+            },
+        )
         return code, sorted(stored.get("data", {}).items()), "stringData" in stored
 
-    assert same(targets, case) == (201, [("a", "YQ=="), ("b", "Qg=="), ("metaData", "bG9jYWwtaG9zdG5hbWU6IG0zbS0wCg==")], False)
+    assert same(targets, case) == (
+        201,
+        [("a", "YQ=="), ("b", "Qg=="), ("metaData", "bG9jYWwtaG9zdG5hbWU6IG0zbS0wCg==")],
+        False,
+    )
     # kubemu's admission hook saw the folded object, as a webhook does behind kube-apiserver (the
     # real side of this is the stringData case of test_story.py: the chart's matchCondition
     # `'metaData' in object.data` only matches a folded Secret).
-    assert seen_by_admission and "stringData" not in seen_by_admission[-1] and "metaData" in seen_by_admission[-1]["data"]
+    assert (
+        seen_by_admission and "stringData" not in seen_by_admission[-1] and "metaData" in seen_by_admission[-1]["data"]
+    )
 
 
 def test_scale_subresources(targets: dict[str, Target]) -> None:
     def case(send: Target) -> Any:
-        send("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mirror"},
-            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "mirror"}},
-                     "template": {"metadata": {"labels": {"app": "mirror"}}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}}})
+        send(
+            "POST",
+            f"/apis/apps/v1/namespaces/{NS}/deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "mirror"},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": {"app": "mirror"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "mirror"}},
+                        "spec": {"containers": [{"name": "c", "image": "pause"}]},
+                    },
+                },
+            },
+        )
         md = machine_deployment("md", NS, replicas=4, version="v1beta2", cluster="c1", full=True)
         status = md.pop("status")
         base = f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{NS}/machinedeployments"
@@ -91,7 +127,16 @@ def test_scale_subresources(targets: dict[str, Target]) -> None:
         out = []
         for path in (f"/apis/apps/v1/namespaces/{NS}/deployments/mirror/scale", f"{base}/md/scale"):
             code, scale = send("GET", path)
-            out.append((code, scale["apiVersion"], scale["kind"], scale["metadata"]["name"], scale["spec"]["replicas"], scale["status"]["selector"]))
+            out.append(
+                (
+                    code,
+                    scale["apiVersion"],
+                    scale["kind"],
+                    scale["metadata"]["name"],
+                    scale["spec"]["replicas"],
+                    scale["status"]["selector"],
+                )
+            )
         code, patched = send("PATCH", f"{base}/md/scale", {"spec": {"replicas": 5}}, "application/merge-patch+json")
         out.append((code, patched["spec"]["replicas"]))
         code, invalid = send("PATCH", f"{base}/md/scale", {"spec": {"replicas": -1}}, "application/merge-patch+json")
@@ -105,16 +150,31 @@ def test_a_scale_at_zero_is_served_without_spec_replicas(targets: dict[str, Targ
     # autoscaling/v1 ScaleSpec.Replicas is an int32 with omitempty: at 0 kube-apiserver leaves it out, in what it
     # serves and in the AdmissionReview's object and oldObject (the scaling webhook once refused every scale from or to 0).
     def case(send: Target) -> Any:
-        send("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "zero"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "zero"}},
-                     "template": {"metadata": {"labels": {"app": "zero"}}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}}})
+        send(
+            "POST",
+            f"/apis/apps/v1/namespaces/{NS}/deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "zero"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "zero"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "zero"}},
+                        "spec": {"containers": [{"name": "c", "image": "pause"}]},
+                    },
+                },
+            },
+        )
         path = f"/apis/apps/v1/namespaces/{NS}/deployments/zero/scale"
         code, patched = send("PATCH", path, {"spec": {"replicas": 0}}, "application/merge-patch+json")
         out: list[Any] = [(code, patched["spec"]), send("GET", path)[1]["spec"]]
         code, again = send("PATCH", path, {"spec": {"replicas": 2}}, "application/merge-patch+json")
         out.append((code, again["spec"]))
-        code, nulled = send("PATCH", path, {"spec": {"replicas": None}}, "application/merge-patch+json")  # the key removed: 0
+        code, nulled = send(
+            "PATCH", path, {"spec": {"replicas": None}}, "application/merge-patch+json"
+        )  # the key removed: 0
         out.append((code, nulled.get("spec")))
         return out
 
@@ -124,15 +184,31 @@ def test_a_scale_at_zero_is_served_without_spec_replicas(targets: dict[str, Targ
 def test_field_selectors(targets: dict[str, Target]) -> None:
     def case(send: Target) -> Any:
         for name in ("s1", "s2"):
-            send("POST", f"/api/v1/namespaces/{NS}/secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}})
+            send(
+                "POST",
+                f"/api/v1/namespaces/{NS}/secrets",
+                {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}},
+            )
         for name, kind in (("e1", "MachineDeployment"), ("e2", "Deployment")):
-            send("POST", f"/api/v1/namespaces/{NS}/events", {
-                "apiVersion": "v1", "kind": "Event", "metadata": {"name": name}, "reason": "ScaledFromMirror", "type": "Normal",
-                "involvedObject": {"kind": kind, "name": "md", "namespace": NS}, "message": "m"})
+            send(
+                "POST",
+                f"/api/v1/namespaces/{NS}/events",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": name},
+                    "reason": "ScaledFromMirror",
+                    "type": "Normal",
+                    "involvedObject": {"kind": kind, "name": "md", "namespace": NS},
+                    "message": "m",
+                },
+            )
         out = []
-        for path in (f"/api/v1/namespaces/{NS}/secrets?fieldSelector=metadata.name%3Ds1",
-                     f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.kind%3DMachineDeployment,involvedObject.name%3Dmd",
-                     f"/api/v1/namespaces/{NS}/events?fieldSelector=reason%3DScaledFromMirror"):
+        for path in (
+            f"/api/v1/namespaces/{NS}/secrets?fieldSelector=metadata.name%3Ds1",
+            f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.kind%3DMachineDeployment,involvedObject.name%3Dmd",
+            f"/api/v1/namespaces/{NS}/events?fieldSelector=reason%3DScaledFromMirror",
+        ):
             code, listed = send("GET", path)
             out.append((code, sorted(i["metadata"]["name"] for i in listed.get("items", []))))
         code, refused = send("GET", f"/api/v1/namespaces/{NS}/configmaps?fieldSelector=data.x%3Dy")
@@ -144,13 +220,30 @@ def test_field_selectors(targets: dict[str, Target]) -> None:
 
 def test_server_side_dry_run(targets: dict[str, Target]) -> None:
     def case(send: Target) -> Any:
-        code, created = send("POST", f"/api/v1/namespaces/{NS}/configmaps?dryRun=All",
-                             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dry"}, "data": {"k": "v"}})
+        code, created = send(
+            "POST",
+            f"/api/v1/namespaces/{NS}/configmaps?dryRun=All",
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dry"}, "data": {"k": "v"}},
+        )
         out: list[Any] = [(code, created["data"]), send("GET", f"/api/v1/namespaces/{NS}/configmaps/dry")[0]]
-        code, scaled = send("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/mirror/scale?dryRun=All",
-                            {"spec": {"replicas": 9}}, "application/merge-patch+json")
-        out.append((code, scaled["spec"]["replicas"], send("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/mirror")[1]["spec"]["replicas"]))
-        code, bad = send("POST", f"/api/v1/namespaces/{NS}/configmaps?dryRun=Sometimes", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
+        code, scaled = send(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{NS}/deployments/mirror/scale?dryRun=All",
+            {"spec": {"replicas": 9}},
+            "application/merge-patch+json",
+        )
+        out.append(
+            (
+                code,
+                scaled["spec"]["replicas"],
+                send("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/mirror")[1]["spec"]["replicas"],
+            )
+        )
+        code, bad = send(
+            "POST",
+            f"/api/v1/namespaces/{NS}/configmaps?dryRun=Sometimes",
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}},
+        )
         out.append(code)
         return out
 

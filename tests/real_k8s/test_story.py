@@ -40,7 +40,9 @@ def check_join_data(stack: Stack, metadata: dict[str, str]) -> None:
     assert str(metadata["slurm_controller_port"]) == "30817"  # the NodePort Service's nodePort
     assert metadata["slurm_conf_server"] == f"{stack.slurm.host_ip}:30817"
     # Compared, never printed: a mismatch says only that it differs.
-    assert base64.b64decode(metadata["slurm_key_base64"]) == stack.slurm.key, "slurm_key_base64 is not the Controller's slurm.key"
+    assert base64.b64decode(metadata["slurm_key_base64"]) == stack.slurm.key, (
+        "slurm_key_base64 is not the Controller's slurm.key"
+    )
 
 
 def test_the_chart_is_installed_and_routed_to_the_pods(stack: Stack) -> None:
@@ -49,20 +51,30 @@ def test_the_chart_is_installed_and_routed_to_the_pods(stack: Stack) -> None:
         spec = services[stack.release.service_name(component)]
         assert (spec["type"], spec["externalName"]) == ("ExternalName", "localhost")
         assert stack.pods[component].ready()
-    hooks = stack.cp.kubectl("get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name").stdout.split()
-    assert sorted(hooks) == ["mutatingwebhookconfiguration.admissionregistration.k8s.io/slime-injection-webhook",
-                             "validatingwebhookconfiguration.admissionregistration.k8s.io/slime-scaling-webhook"]
+    hooks = stack.cp.kubectl(
+        "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name"
+    ).stdout.split()
+    assert sorted(hooks) == [
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/slime-injection-webhook",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/slime-scaling-webhook",
+    ]
     # The pods run as the chart says: uid 65532, read-only root filesystem (the image's user is the same).
     env = {e["name"] for e in stack.release.deployment("injection")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "SLIME_CLIENT_CA_FILE" in env, "admissionAuth enforced: the webhooks require kube-apiserver's client certificate"
+    assert "SLIME_CLIENT_CA_FILE" in env, (
+        "admissionAuth enforced: the webhooks require kube-apiserver's client certificate"
+    )
 
 
 def test_a_new_mapping_adopts_the_machine_deployment_into_the_mirror(stack: Stack) -> None:
     """The chart's mirror starts at the API server's default of 1; the leader sets it to the MachineDeployment's 2."""
+
     def adopted() -> bool:
         mirror = stack.mirror() or {}
         annotations = mirror.get("metadata", {}).get("annotations") or {}
-        return mirror.get("spec", {}).get("replicas") == MD_START and annotations.get("slime/machine-deployment") == f"{MD_NAMESPACE}/{MD_NAME}"
+        return (
+            mirror.get("spec", {}).get("replicas") == MD_START
+            and annotations.get("slime/machine-deployment") == f"{MD_NAMESPACE}/{MD_NAME}"
+        )
 
     stack.wait_for(adopted, 30, "the mirror to adopt the MachineDeployment's replicas")
     assert stack.md_replicas() == MD_START, "adoption must never change the MachineDeployment"
@@ -103,12 +115,16 @@ def test_a_secret_whose_owner_does_not_match_is_refused(stack: Stack, mismatch: 
 
 def test_a_denied_injection_surfaces_in_kubectls_error(stack: Stack) -> None:
     """A template opted in to a namespace without slurmctld: the Secret is refused, and kubectl prints why."""
-    _, data = seed_metal3(stack.api, template="lost-template", template_labels={"slurm-controller-namespace": "no-slurm-here"}, index=4)
+    _, data = seed_metal3(
+        stack.api, template="lost-template", template_labels={"slurm-controller-namespace": "no-slurm-here"}, index=4
+    )
     secret = metadata_secret(data, machine="m3m-lost")
     proc = stack.cp.kubectl("create", "-f", "-", stdin=yaml.safe_dump(secret), check=False)
     assert proc.returncode != 0
-    assert f'admission webhook "{INJECTION}" denied the request: cannot inject Slurm join data into Secret metal3/m3m-lost-metadata' \
-        in proc.stderr, proc.stderr
+    assert (
+        f'admission webhook "{INJECTION}" denied the request: cannot inject Slurm join data into Secret metal3/m3m-lost-metadata'
+        in proc.stderr
+    ), proc.stderr
 
 
 def test_kubectl_scale_moves_the_machine_deployment(stack: Stack) -> None:
@@ -116,7 +132,9 @@ def test_kubectl_scale_moves_the_machine_deployment(stack: Stack) -> None:
     before = apiserver_webhook_calls(stack.cp, SCALING).get("200", 0)
     stack.cp.kubectl("-n", stack.namespace, "scale", "deployment", MIRROR, "--replicas=3")
     stack.wait_for(lambda: stack.md_replicas() == 3, 15, "the MachineDeployment to follow the mirror to 3")
-    assert apiserver_webhook_calls(stack.cp, SCALING).get("200", 0) > before, "kube-apiserver called the scaling webhook"
+    assert apiserver_webhook_calls(stack.cp, SCALING).get("200", 0) > before, (
+        "kube-apiserver called the scaling webhook"
+    )
     scale = stack.api.get("cluster.x-k8s.io/v1beta2", "machinedeployments", MD_NAMESPACE, f"{MD_NAME}/scale")
     assert scale is not None and scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
 
@@ -149,7 +167,9 @@ def test_a_forged_review_sent_to_the_webhook_moves_nothing(stack: Stack) -> None
     stale = send_review(stack, "scaling", scale_request(stack.namespace, MIRROR, 9, old_replicas=1))
     assert stale["allowed"] is False and stale["status"]["code"] == 409
     time.sleep(3)
-    assert stack.md_replicas() == 3 and (stack.mirror() or {})["spec"]["replicas"] == 3, "a review is not a stored scale"
+    assert stack.md_replicas() == 3 and (stack.mirror() or {})["spec"]["replicas"] == 3, (
+        "a review is not a stored scale"
+    )
 
 
 def test_a_forged_injection_review_gets_no_join_data(stack: Stack) -> None:

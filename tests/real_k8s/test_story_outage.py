@@ -26,18 +26,26 @@ OPT_IN = {"slurm-controller-namespace": "slurm"}
 
 def test_kill_and_restart_the_api_server_and_etcd(stack: Stack) -> None:
     _, data = seed_metal3(stack.api, template_labels=OPT_IN, index=20)
-    stack.wait_for(lambda: stack.md_replicas() == (stack.mirror() or {}).get("spec", {}).get("replicas"), 15, "mirror and MachineDeployment agree")
+    stack.wait_for(
+        lambda: stack.md_replicas() == (stack.mirror() or {}).get("spec", {}).get("replicas"),
+        15,
+        "mirror and MachineDeployment agree",
+    )
     replicas = stack.md_replicas()
     assert replicas is not None
     time.sleep(1)  # the new Metal3Data reaches the injection webhook's cache through its watch
-    send_review(stack, "scaling", scale_request(stack.namespace, MIRROR, replicas, old_replicas=replicas))  # TLS material read now
+    send_review(
+        stack, "scaling", scale_request(stack.namespace, MIRROR, replicas, old_replicas=replicas)
+    )  # TLS material read now
 
     stack.cp.kill("kube-apiserver")
     stack.cp.kill("etcd")
     # Down: the webhooks still answer, from their caches.
     answer = send_review(stack, "injection", secret_request(metadata_secret(data, machine="m3m-outage")))
     assert answer["allowed"] is True and answer.get("patchType") == "JSONPatch", answer.get("status")
-    patched = yaml.safe_load(base64.b64decode(base64.b64decode(answer["patch"]).decode().split('"value":"', 1)[1].split('"', 1)[0]))
+    patched = yaml.safe_load(
+        base64.b64decode(base64.b64decode(answer["patch"]).decode().split('"value":"', 1)[1].split('"', 1)[0])
+    )
     assert patched["slurm_controller_host"] == stack.slurm.host_ip
     scale = send_review(stack, "scaling", scale_request(stack.namespace, MIRROR, replicas, old_replicas=replicas))
     assert scale["allowed"] is True
@@ -48,8 +56,12 @@ def test_kill_and_restart_the_api_server_and_etcd(stack: Stack) -> None:
     stack.cp.start_apiserver()
     # Up again: the same services, their watches reconnected; the next changes go through and converge.
     stack.cp.kubectl("-n", stack.namespace, "scale", "deployment", MIRROR, f"--replicas={replicas + 1}")
-    stack.wait_for(lambda: stack.md_replicas() == replicas + 1, 30, "the MachineDeployment to follow the mirror after the restart")
-    stack.api.patch("v1", "Pod", "slurm", "slurm-controller-0", {"status": {"hostIP": "192.0.2.99"}}, subresource="status")
+    stack.wait_for(
+        lambda: stack.md_replicas() == replicas + 1, 30, "the MachineDeployment to follow the mirror after the restart"
+    )
+    stack.api.patch(
+        "v1", "Pod", "slurm", "slurm-controller-0", {"status": {"hostIP": "192.0.2.99"}}, subresource="status"
+    )
     _, after = seed_metal3(stack.api, template_labels=OPT_IN, index=21)
     secret = metadata_secret(after, machine="m3m-after")
 
@@ -57,22 +69,45 @@ def test_kill_and_restart_the_api_server_and_etcd(stack: Stack) -> None:
         stack.api.delete("v1", "Secret", secret["metadata"]["namespace"], secret["metadata"]["name"])
         stack.api.create(secret)
         stored = stack.api.get("v1", "Secret", secret["metadata"]["namespace"], secret["metadata"]["name"]) or {}
-        return bool(yaml.safe_load(base64.b64decode(stored["data"]["metaData"])).get("slurm_controller_host") == "192.0.2.99")
+        return bool(
+            yaml.safe_load(base64.b64decode(stored["data"]["metaData"])).get("slurm_controller_host") == "192.0.2.99"
+        )
 
-    stack.wait_for(injected_with_the_new_host, 30, "a Secret injected with slurmctld's new hostIP (the pod watch reconnected)")
+    stack.wait_for(
+        injected_with_the_new_host, 30, "a Secret injected with slurmctld's new hostIP (the pod watch reconnected)"
+    )
     stack.api.patch("cluster.x-k8s.io/v1beta2", "MachineDeployment", MD_NAMESPACE, MD_NAME, {"spec": {"replicas": 0}})
-    stack.wait_for(lambda: stack.md_replicas() == replicas + 1, 30, "a hand edit after the restart healed (the MachineDeployment watch reconnected)")
+    stack.wait_for(
+        lambda: stack.md_replicas() == replicas + 1,
+        30,
+        "a hand edit after the restart healed (the MachineDeployment watch reconnected)",
+    )
 
 
 def test_the_services_never_needed_a_permission_the_chart_does_not_grant(stack: Stack) -> None:
-    calls = [e for e in stack.cp.audit_events() if e["user"]["username"].startswith(f"system:serviceaccount:{stack.namespace}:")]
+    calls = [
+        e
+        for e in stack.cp.audit_events()
+        if e["user"]["username"].startswith(f"system:serviceaccount:{stack.namespace}:")
+    ]
     assert calls, "the audit log has no call by the chart's ServiceAccounts"
     refused = [e for e in calls if e.get("responseStatus", {}).get("code") == 403]
     # While kube-apiserver starts (spawn to /readyz) its RBAC authorizer may not have synced and
     # refuses everything; clients retry. Those refusals say nothing about the chart's rules.
-    forbidden = Counter(f"{e['user']['username'].rsplit(':', 1)[1]} {e['verb']} {e['requestURI'].split('?', 1)[0]}"
-                        for e in refused if not stack.cp.during_startup(e["requestReceivedTimestamp"]))
-    assert not forbidden, "calls the chart's RBAC refused:\n" + "\n".join(f"{call} ({n}x)" for call, n in sorted(forbidden.items()))
-    distinct = Counter((e["user"]["username"].rsplit(":", 1)[1], e["verb"], (e.get("objectRef") or {}).get("resource", e["requestURI"]))
-                       for e in calls)
+    forbidden = Counter(
+        f"{e['user']['username'].rsplit(':', 1)[1]} {e['verb']} {e['requestURI'].split('?', 1)[0]}"
+        for e in refused
+        if not stack.cp.during_startup(e["requestReceivedTimestamp"])
+    )
+    assert not forbidden, "calls the chart's RBAC refused:\n" + "\n".join(
+        f"{call} ({n}x)" for call, n in sorted(forbidden.items())
+    )
+    distinct = Counter(
+        (
+            e["user"]["username"].rsplit(":", 1)[1],
+            e["verb"],
+            (e.get("objectRef") or {}).get("resource", e["requestURI"]),
+        )
+        for e in calls
+    )
     assert {who for who, _, _ in distinct} == {"slime-injection-webhook", "slime-scaling-webhook"}

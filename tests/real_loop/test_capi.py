@@ -52,8 +52,11 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     assert s.md_replicas() == 0 and s.machines() == []
     # KEDA's part, by hand: the mirror through kube-apiserver; the scaling webhook's leader moves the MachineDeployment.
     s.wait_for(lambda: s.api.get("apps/v1", "Deployment", "slime", "mirror-a") is not None, 60, "the chart's mirror")
-    s.wait_for(lambda: (s.api.get("apps/v1", "Deployment", "slime", "mirror-a") or {}).get("spec", {}).get("replicas") == 0, 60,
-               "the mirror adopted at the MachineDeployment's 0")
+    s.wait_for(
+        lambda: (s.api.get("apps/v1", "Deployment", "slime", "mirror-a") or {}).get("spec", {}).get("replicas") == 0,
+        60,
+        "the mirror adopted at the MachineDeployment's 0",
+    )
     started = time.monotonic()
     s.scale_mirror(2)
     s.wait_for(lambda: s.md_replicas() == 2, 60, "the MachineDeployment to follow the mirror to 2")
@@ -67,16 +70,24 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
         metadata = s.metadata(machine["metadata"]["name"])
         assert set(metadata) >= JOIN_KEYS, sorted(metadata)
         assert metadata["slurm_conf_server"] == s.slurm.conf_server  # injected by the chart's webhook, as stored
-        assert base64.b64decode(metadata["slurm_key_base64"]) == s.slinky.key, "the injected key is not Slinky's slurm.key"
-    states = s.wait_for(lambda: s.idle_nodes(names), 120,
-                        "both nodes to join slurmctld")
+        assert base64.b64decode(metadata["slurm_key_base64"]) == s.slinky.key, (
+            "the injected key is not Slinky's slurm.key"
+        )
+    states = s.wait_for(lambda: s.idle_nodes(names), 120, "both nodes to join slurmctld")
     assert set(states) == set(names)
     joined = time.monotonic()
-    print(f"\n[capi] mirror scaled 0 -> 2: MachineDeployment followed after {followed - started:.1f} s, "
-          f"both Machines Running and both slurmd joined after {joined - started:.1f} s")
+    print(
+        f"\n[capi] mirror scaled 0 -> 2: MachineDeployment followed after {followed - started:.1f} s, "
+        f"both Machines Running and both slurmd joined after {joined - started:.1f} s"
+    )
     for machine in running:  # SliMe's pre-drain hook is on every Machine of the opted-in pool before any deletion
-        s.wait_for(lambda m=machine: PRE_DRAIN in (s.machine(m["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {}), 60,
-                   f"SliMe's pre-drain hook on {machine['metadata']['name']}")
+        s.wait_for(
+            lambda m=machine: (
+                PRE_DRAIN in (s.machine(m["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {})
+            ),
+            60,
+            f"SliMe's pre-drain hook on {machine['metadata']['name']}",
+        )
     # A real job on one node; the other stays idle.
     busy, idle = names
     job = s.job_on(busy, "release-busy")
@@ -89,15 +100,23 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     s.wait_for(lambda: s.md_replicas() == 1, 60, "the MachineDeployment to follow the mirror to 1")
     s.wait_for(lambda: s.machine(idle) is None, 180, f"Machine {idle} (the idle node's) to be deleted and gone")
     host = s.host(idle_host)  # deprovisioned and released before CAPI let the Machine go
-    assert (host["status"]["provisioning"]["state"], host["spec"].get("consumerRef"), host["spec"]["online"]) == ("available", None, False)
+    assert (host["status"]["provisioning"]["state"], host["spec"].get("consumerRef"), host["spec"]["online"]) == (
+        "available",
+        None,
+        False,
+    )
     log = s.manager.log.read_text(errors="replace")
     # CAPI's own choice, from its log: the MachineSet scaled down by deleting exactly the Machine SliMe annotated
     # (cluster.x-k8s.io/delete-machine, whatever the Random deletion order). Its node was drained and idle, so
     # SliMe may take the hook off before CAPI's first look at the deleting Machine: no wait need show here.
-    assert f'"Machine {SPEC.namespace}/{idle} deleting (scale down, deleting 1 of 1)"' in log, "CAPI did not scale down by the marked Machine"
+    assert f'"Machine {SPEC.namespace}/{idle} deleting (scale down, deleting 1 of 1)"' in log, (
+        "CAPI did not scale down by the marked Machine"
+    )
     assert f'"Machine {SPEC.namespace}/{busy} deleting (scale down' not in log
     assert s.machine(busy) is not None and not s.machine(busy)["metadata"].get("deletionTimestamp")  # type: ignore[index]
-    assert idle not in s.slurm.nodes(), "SliMe returns the drained node to FUTURE (hidden from the node list) before releasing the hook"
+    assert idle not in s.slurm.nodes(), (
+        "SliMe returns the drained node to FUTURE (hidden from the node list) before releasing the hook"
+    )
     assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"]
     assert len(s.events("SlurmNodeReturnedToFuture")) >= 1
     assert s.sim.violations == []
@@ -111,17 +130,28 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
         machine = s.machine(busy) or {}
         conditions = {c["type"]: c for c in (machine.get("status") or {}).get("conditions") or []}
         deleting = conditions.get("Deleting") or {}
-        return (bool(machine.get("metadata", {}).get("deletionTimestamp")) and deleting.get("reason") == "WaitingForPreDrainHook"
-                and "DRAIN" in s.slurm.node_states().get(busy, set()))
+        return (
+            bool(machine.get("metadata", {}).get("deletionTimestamp"))
+            and deleting.get("reason") == "WaitingForPreDrainHook"
+            and "DRAIN" in s.slurm.node_states().get(busy, set())
+        )
 
     s.wait_for(held, 120, f"CAPI to hold Machine {busy} on the pre-drain hook, SliMe to drain {busy}")
-    assert any('"Waiting for pre-drain hooks to succeed"' in line and f'Machine="{SPEC.namespace}/{busy}"' in line and PRE_DRAIN in line
-               for line in s.manager.log.read_text(errors="replace").splitlines()), "CAPI's own log says it waits for SliMe's hook"
-    watched_until = time.monotonic() + 5  # it stays so while the job runs (CAPI and SliMe reconcile on every Machine change)
+    assert any(
+        '"Waiting for pre-drain hooks to succeed"' in line
+        and f'Machine="{SPEC.namespace}/{busy}"' in line
+        and PRE_DRAIN in line
+        for line in s.manager.log.read_text(errors="replace").splitlines()
+    ), "CAPI's own log says it waits for SliMe's hook"
+    watched_until = (
+        time.monotonic() + 5
+    )  # it stays so while the job runs (CAPI and SliMe reconcile on every Machine change)
     while time.monotonic() < watched_until:
         time.sleep(0.5)
         machine = s.machine(busy)
-        assert machine is not None and PRE_DRAIN in machine["metadata"]["annotations"], "the hook holds the busy Machine"
+        assert machine is not None and PRE_DRAIN in machine["metadata"]["annotations"], (
+            "the hook holds the busy Machine"
+        )
         assert [m["metadata"]["name"] for m in s.machines()] == [busy]
         assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"] and s.sim.violations == []
     # The job ends by itself: SliMe returns the node to FUTURE in Slurm, takes the hook off; CAPI drains, the host goes.

@@ -33,7 +33,14 @@ import pytest
 import yaml
 
 from testbed.real import story as k8s
-from testbed.real.certmanager import CertManager, CertManagerBuild, certificate_ready, renew, secret_serial, served_serial
+from testbed.real.certmanager import (
+    CertManager,
+    CertManagerBuild,
+    certificate_ready,
+    renew,
+    secret_serial,
+    served_serial,
+)
 from testbed.real.components import component
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.objects import RealApi
@@ -62,8 +69,12 @@ class CertStack:
     manager: CertManager
     volume_sync: VolumeSync
     metal3_data: dict[str, Any]
-    certificates: dict[str, str] = field(default_factory=dict)  # role -> Certificate name (ca, injection, scaling, client-ca, client)
-    setup_seconds: dict[str, float] = field(default_factory=dict)  # cert-manager start, helm install -> every Certificate Ready
+    certificates: dict[str, str] = field(
+        default_factory=dict
+    )  # role -> Certificate name (ca, injection, scaling, client-ca, client)
+    setup_seconds: dict[str, float] = field(
+        default_factory=dict
+    )  # cert-manager start, helm install -> every Certificate Ready
 
     @property
     def cp(self) -> ControlPlane:
@@ -74,14 +85,21 @@ class CertStack:
         return self.stack.release
 
     def secret_of(self, role: str) -> dict[str, bytes]:
-        cert = self.cp.request("GET", f"/apis/cert-manager.io/v1/namespaces/{self.stack.namespace}/certificates/{self.certificates[role]}")
+        cert = self.cp.request(
+            "GET", f"/apis/cert-manager.io/v1/namespaces/{self.stack.namespace}/certificates/{self.certificates[role]}"
+        )
         return self.release.secret_data(cert["spec"]["secretName"])
 
     def ca_bundles(self) -> dict[str, bytes]:
         """Each webhook configuration's caBundle (all of its webhooks carry the same), by component."""
         bundles: dict[str, bytes] = {}
-        for component_name, kind in (("injection", "mutatingwebhookconfigurations"), ("scaling", "validatingwebhookconfigurations")):
-            obj = self.cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.release.service_name(component_name)}")
+        for component_name, kind in (
+            ("injection", "mutatingwebhookconfigurations"),
+            ("scaling", "validatingwebhookconfigurations"),
+        ):
+            obj = self.cp.request(
+                "GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.release.service_name(component_name)}"
+            )
             found = {base64.b64decode(w["clientConfig"].get("caBundle") or "") for w in obj["webhooks"]}
             assert len(found) == 1, f"{kind}: the webhooks carry different caBundles"
             bundles[component_name] = found.pop()
@@ -130,12 +148,23 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
         for namespace in (k8s.MD_NAMESPACE, "slurm"):
             ensure_namespace(api, namespace)
         slurm = k8s.seed_management_cluster(api)
-        api.create(machine_deployment(k8s.MD_NAME, k8s.MD_NAMESPACE, replicas=k8s.MD_START, version="v1beta2", cluster=k8s.CLUSTER, full=True))
+        api.create(
+            machine_deployment(
+                k8s.MD_NAME, k8s.MD_NAMESPACE, replicas=k8s.MD_START, version="v1beta2", cluster=k8s.CLUSTER, full=True
+            )
+        )
         _, data = seed_metal3(api, template_labels=OPT_IN, index=40)
-        values = tier_values(k8s.PREPARED.image or "localhost/slime:process", [
-            {"mirror": {"name": k8s.MIRROR, "namespace": SLIME_NAMESPACE},
-             "machineDeployment": {"name": k8s.MD_NAME, "namespace": k8s.MD_NAMESPACE}, "partition": "batch"}],
-            certManager={"enabled": True})
+        values = tier_values(
+            k8s.PREPARED.image or "localhost/slime:process",
+            [
+                {
+                    "mirror": {"name": k8s.MIRROR, "namespace": SLIME_NAMESPACE},
+                    "machineDeployment": {"name": k8s.MD_NAME, "namespace": k8s.MD_NAMESPACE},
+                    "partition": "batch",
+                }
+            ],
+            certManager={"enabled": True},
+        )
         release = Release(cp, SLIME_NAMESPACE, values, workdir)
         started = time.monotonic()
         release.install()
@@ -143,16 +172,25 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
         assert set(roles) == {"ca", "injection", "scaling", "client-ca", "client"}, roles
         for name in roles.values():
             try:
-                cp.wait_for(lambda name=name: certificate_ready(cp, SLIME_NAMESPACE, name), 120, f"Certificate {name} Ready")
+                cp.wait_for(
+                    lambda name=name: certificate_ready(cp, SLIME_NAMESPACE, name), 120, f"Certificate {name} Ready"
+                )
             except ControlPlaneError as exc:
-                raise ControlPlaneError(f"{exc}\n--- cert-manager-controller ---\n{manager.log_tail('cert-manager-controller')}") from None
+                raise ControlPlaneError(
+                    f"{exc}\n--- cert-manager-controller ---\n{manager.log_tail('cert-manager-controller')}"
+                ) from None
         setup["install_to_all_ready"] = time.monotonic() - started
         # kube-apiserver gets the client certificate cert-manager issued (docs/install.md "Authenticated admission").
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
         # /readyz comes before each custom resource's storage is initialized: until then it answers 429.
         for resource in ("certificates", "issuers", "certificaterequests"):
-            cp.wait_for(lambda resource=resource: cp.request("GET", f"/apis/cert-manager.io/v1/namespaces/{SLIME_NAMESPACE}/{resource}") is not None,
-                        60, f"cert-manager.io {resource} served again after the API server restart")
+            cp.wait_for(
+                lambda resource=resource: (
+                    cp.request("GET", f"/apis/cert-manager.io/v1/namespaces/{SLIME_NAMESPACE}/{resource}") is not None
+                ),
+                60,
+                f"cert-manager.io {resource} served again after the API server restart",
+            )
         stack = k8s.Stack(cp, release, api, slurm, workdir)
         for component_name in ("injection", "scaling"):
             stack.pods[component_name] = _start_pod(cp, release, component_name, workdir)
@@ -183,7 +221,9 @@ def test_the_chain_is_issued(cm: CertStack) -> None:
         leaf = x509.load_pem_x509_certificate(secret["tls.crt"])
         leaf.verify_directly_issued_by(ca)
         assert secret["ca.crt"] == cm.secret_of("ca")["tls.crt"], "the Secret's ca.crt is the chart's CA"
-        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName
+        )
         svc = f"{cm.release.service_name(component_name)}.{ns}.svc"
         assert sans == [svc, f"{svc}.cluster.local"]
     client = x509.load_pem_x509_certificate(cm.secret_of("client")["tls.crt"])
@@ -192,9 +232,15 @@ def test_the_chain_is_issued(cm: CertStack) -> None:
 
 def test_cainjector_writes_the_ca_bundle_into_both_webhook_configurations(cm: CertStack) -> None:
     ca = cm.secret_of("ca")["tls.crt"]
-    cm.cp.wait_for(lambda: set(cm.ca_bundles().values()) == {ca}, 30, "cainjector to inject the CA into both webhook configurations")
-    hooks = [cm.cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{cm.release.service_name(c)}")
-             for c, kind in (("injection", "mutatingwebhookconfigurations"), ("scaling", "validatingwebhookconfigurations"))]
+    cm.cp.wait_for(
+        lambda: set(cm.ca_bundles().values()) == {ca},
+        30,
+        "cainjector to inject the CA into both webhook configurations",
+    )
+    hooks = [
+        cm.cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{cm.release.service_name(c)}")
+        for c, kind in (("injection", "mutatingwebhookconfigurations"), ("scaling", "validatingwebhookconfigurations"))
+    ]
     for hook, component_name in zip(hooks, ("injection", "scaling"), strict=True):
         annotation = hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
         assert annotation == f"{cm.stack.namespace}/{cm.certificates[component_name]}"
@@ -203,7 +249,9 @@ def test_cainjector_writes_the_ca_bundle_into_both_webhook_configurations(cm: Ce
 def test_the_pods_serve_the_issued_certificates(cm: CertStack) -> None:
     context = cm.tls_context()
     for component_name in ("injection", "scaling"):
-        assert served_serial(cm.release.port(component_name), context) == secret_serial(cm.secret_of(component_name)["tls.crt"])
+        assert served_serial(cm.release.port(component_name), context) == secret_serial(
+            cm.secret_of(component_name)["tls.crt"]
+        )
 
 
 @dataclass
@@ -227,8 +275,11 @@ class Load:
             self.failures.append("injection: admitted without the join data")
 
     def scaling(self, client: Any, replicas: int) -> None:
-        answer = client.patch(f"/apis/apps/v1/namespaces/{self.cm.stack.namespace}/deployments/{k8s.MIRROR}/scale?dryRun=All",
-                              content=f'{{"spec":{{"replicas":{replicas}}}}}', headers={"Content-Type": "application/merge-patch+json"})
+        answer = client.patch(
+            f"/apis/apps/v1/namespaces/{self.cm.stack.namespace}/deployments/{k8s.MIRROR}/scale?dryRun=All",
+            content=f'{{"spec":{{"replicas":{replicas}}}}}',
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         if answer.status_code != 200:
             self.failures.append(f"scaling: {answer.status_code} {answer.json().get('message', '')[:200]}")
 
@@ -255,8 +306,11 @@ def _webhook_counters(cp: ControlPlane) -> dict[str, float]:
     """kube-apiserver's own account of its calls to the two webhooks: by code, fail-open and rejections."""
     counters: dict[str, float] = {}
     for line in cp.metrics().splitlines():
-        for metric in ("apiserver_admission_webhook_request_total{", "apiserver_admission_webhook_fail_open_count{",
-                       "apiserver_admission_webhook_rejection_count{"):
+        for metric in (
+            "apiserver_admission_webhook_request_total{",
+            "apiserver_admission_webhook_fail_open_count{",
+            "apiserver_admission_webhook_rejection_count{",
+        ):
             if line.startswith(metric) and any(f'name="{w}"' in line for w in WEBHOOKS.values()):
                 name = next(w for w in WEBHOOKS.values() if f'name="{w}"' in line)
                 label = line.split("{", 1)[1].rsplit("}", 1)[0]
@@ -273,7 +327,11 @@ def _reloads(pod: Pod) -> float:
     import httpx
 
     text = httpx.get(f"http://127.0.0.1:{pod.port('metrics')}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith('slime_certificate_reloads_total{result="success"}'))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('slime_certificate_reloads_total{result="success"}')
+    )
 
 
 @dataclass
@@ -285,20 +343,26 @@ class Round:
     served: dict[str, float] = field(default_factory=dict)  # a fresh TLS handshake gets the new serial
 
     def figures(self) -> dict[str, dict[str, float]]:
-        return {step: {c: round(t, 2) for c, t in getattr(self, step).items()} for step in ("stored", "refreshed", "served")}
+        return {
+            step: {c: round(t, 2) for c, t in getattr(self, step).items()} for step in ("stored", "refreshed", "served")
+        }
 
 
 def _renew_once(cm: CertStack, context: ssl.SSLContext, loader: threading.Thread) -> Round:
     cp, ns, pods = cm.cp, cm.stack.namespace, cm.stack.pods
     for c in WEBHOOKS:  # cmctl renew refuses a Certificate that is still issuing
-        cp.wait_for(lambda c=c: certificate_ready(cp, ns, cm.certificates[c]), 30, f"Certificate {c} Ready before renewing it")
+        cp.wait_for(
+            lambda c=c: certificate_ready(cp, ns, cm.certificates[c]), 30, f"Certificate {c} Ready before renewing it"
+        )
     old = {c: secret_serial(cm.secret_of(c)["tls.crt"]) for c in WEBHOOKS}
     assert all(served_serial(cm.release.port(c), context) == old[c] for c in WEBHOOKS)
     renewed_at = time.monotonic()
     for c in WEBHOOKS:
         renew(cp, ns, cm.certificates[c])
     done, new = Round(), {}
-    while len(done.served) < len(WEBHOOKS) and time.monotonic() - renewed_at < RENEWAL_BOUND_SECONDS and loader.is_alive():
+    while (
+        len(done.served) < len(WEBHOOKS) and time.monotonic() - renewed_at < RENEWAL_BOUND_SECONDS and loader.is_alive()
+    ):
         for c in WEBHOOKS:
             if c not in done.stored:
                 serial = secret_serial(cm.secret_of(c)["tls.crt"])
@@ -308,7 +372,9 @@ def _renew_once(cm: CertStack, context: ssl.SSLContext, loader: threading.Thread
                 done.served[c] = time.monotonic() - renewed_at
         time.sleep(0.2)
     for c in WEBHOOKS:
-        refreshed = [t for t, pod, volume in cm.volume_sync.events if t >= renewed_at and pod == pods[c].name and volume == "tls"]
+        refreshed = [
+            t for t, pod, volume in cm.volume_sync.events if t >= renewed_at and pod == pods[c].name and volume == "tls"
+        ]
         if refreshed:
             done.refreshed[c] = min(refreshed) - renewed_at
     return done
@@ -317,8 +383,11 @@ def _renew_once(cm: CertStack, context: ssl.SSLContext, loader: threading.Thread
 def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: CertStack) -> None:
     """RENEWALS times `cmctl renew` of both serving certificates while admissions flow through kube-apiserver."""
     cp = cm.cp
-    cm.stack.wait_for(lambda: ((cm.stack.mirror() or {}).get("spec") or {}).get("replicas") == k8s.MD_START, 60,
-                      "the mirror to adopt the MachineDeployment (scales are then consistent)")
+    cm.stack.wait_for(
+        lambda: ((cm.stack.mirror() or {}).get("spec") or {}).get("replicas") == k8s.MD_START,
+        60,
+        "the mirror to adopt the MachineDeployment (scales are then consistent)",
+    )
     context = cm.tls_context()
     bundles_before = cm.ca_bundles()
     reloads_before = {c: _reloads(cm.stack.pods[c]) for c in WEBHOOKS}
@@ -342,28 +411,41 @@ def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: 
     delta = {k: v - counters_before.get(k, 0.0) for k, v in _webhook_counters(cp).items()}
     figures = {
         "setup_seconds": {k: round(v, 1) for k, v in cm.setup_seconds.items()},
-        "admissions": dict(load.sent), "load_seconds": round(load.seconds, 1),
+        "admissions": dict(load.sent),
+        "load_seconds": round(load.seconds, 1),
         "rounds": [r.figures() for r in rounds],
         "apiserver_webhook_calls": {k.split(":", 1)[1]: v for k, v in sorted(delta.items()) if v},
-        "failures": load.failures[:10], "volume_sync_errors": cm.volume_sync.errors[:5],
+        "failures": load.failures[:10],
+        "volume_sync_errors": cm.volume_sync.errors[:5],
     }
     print(f"\n[cert-manager renewal under load] {figures}")
     if os.environ.get("SLIME_REAL_CERT_MANAGER_FIGURES"):  # docs/reliability.md's figures, as JSON
         Path(os.environ["SLIME_REAL_CERT_MANAGER_FIGURES"]).write_text(json.dumps(figures, indent=1))
 
     assert not load.failures, f"{len(load.failures)} admissions failed during the renewals: {load.failures[:10]}"
-    bad_calls = {k: v for k, v in delta.items() if v and (("request_total" in k and not k.endswith(":200"))
-                                                          or "fail_open" in k or "rejection_count" in k)}
+    bad_calls = {
+        k: v
+        for k, v in delta.items()
+        if v and (("request_total" in k and not k.endswith(":200")) or "fail_open" in k or "rejection_count" in k)
+    }
     assert not bad_calls, f"kube-apiserver counted failed or rejected webhook calls: {bad_calls}"
     for c, webhook in WEBHOOKS.items():
-        assert delta.get(f"apiserver_admission_webhook_request_total:{webhook}:200", 0) >= load.sent[c] > 0, \
+        assert delta.get(f"apiserver_admission_webhook_request_total:{webhook}:200", 0) >= load.sent[c] > 0, (
             f"every {c} admission called the webhook: {figures}"
-    assert len(rounds) == RENEWALS and all(set(r.served) == set(WEBHOOKS) for r in rounds), \
+        )
+    assert len(rounds) == RENEWALS and all(set(r.served) == set(WEBHOOKS) for r in rounds), (
         f"a new serial was not served within {RENEWAL_BOUND_SECONDS:.0f} s of its renewal: {figures}"
+    )
     for c in WEBHOOKS:
-        cp.wait_for(lambda c=c: certificate_ready(cp, cm.stack.namespace, cm.certificates[c]), 30, f"Certificate {c} Ready after the renewals")
+        cp.wait_for(
+            lambda c=c: certificate_ready(cp, cm.stack.namespace, cm.certificates[c]),
+            30,
+            f"Certificate {c} Ready after the renewals",
+        )
         pod = cm.stack.pods[c]
         assert pod.running() and (pod.container_id, pod.process) == containers[c], f"{c}: the pod was not restarted"
-        assert _reloads(pod) >= reloads_before[c] + RENEWALS, f"{c}: the service reloaded each renewed certificate in place"
+        assert _reloads(pod) >= reloads_before[c] + RENEWALS, (
+            f"{c}: the service reloaded each renewed certificate in place"
+        )
     assert cm.ca_bundles() == bundles_before, "the CA key is kept (rotationPolicy Never): the caBundle does not change"
     assert all(cm.manager.running().values()), cm.manager.running()

@@ -20,7 +20,9 @@ from testbed.real.timeline import STEP_KEYS
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(1500)]
 
 
-def test_slime_demo_real_runs_the_story_and_draws_its_timeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_slime_demo_real_runs_the_story_and_draws_its_timeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     component("whole-loop")  # built once for the session; skip (locally) or fail (CI) like the other tests
     lines: list[str] = []
     code = main(["--real", "--figures", str(tmp_path / "figures")], out=lines.append)
@@ -29,7 +31,11 @@ def test_slime_demo_real_runs_the_story_and_draws_its_timeline(tmp_path: Path, c
     assert code == 0, errors + "\n".join(lines[-40:])
     assert any(line.startswith("Real demo complete") for line in lines), lines[-5:]
     timeline = json.loads((tmp_path / "figures" / "timeline.json").read_text())
-    assert [s["label"] for s in timeline["scale_ups"]] == ["1-node job, pool at 0", "4-node job", "4-node job after scale-in to 0"]
+    assert [s["label"] for s in timeline["scale_ups"]] == [
+        "1-node job, pool at 0",
+        "4-node job",
+        "4-node job after scale-in to 0",
+    ]
     for scale_up in timeline["scale_ups"]:
         assert sorted(scale_up["since_submit"]) == sorted(STEP_KEYS), scale_up
     assert (tmp_path / "figures" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -33,7 +33,9 @@ def keda_loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
 
 
 def _ready(obj: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in (obj.get("status") or {}).get("conditions") or [])
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in (obj.get("status") or {}).get("conditions") or []
+    )
 
 
 def test_keda_accepts_the_charts_scaled_objects_and_makes_their_hpas(keda_loop: Loop) -> None:
@@ -43,14 +45,20 @@ def test_keda_accepts_the_charts_scaled_objects_and_makes_their_hpas(keda_loop: 
         loop.wait_for(lambda d=demand: loop.hpa(d) is not None, 60, f"KEDA's HPA for {mirror_name(demand)}")
         hpa = loop.hpa(demand)
         assert hpa is not None
-        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": mirror_name(demand)}
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": mirror_name(demand),
+        }
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, MAX_REPLICAS)
         assert hpa["spec"]["metrics"][0]["type"] == "External"
     # KEDA's admission webhook validated both as helm created them (through kube-apiserver, by the same
     # ExternalName routing as SliMe's webhooks), admitted both, and no call failed open.
     admissions = loop.install_admissions
     assert admissions.get(("CREATE", "false", "200")) == 2, admissions
-    assert all(rejected == "false" and code == "200" for _, rejected, code in admissions), admissions  # none refused, none failed open
+    assert all(rejected == "false" and code == "200" for _, rejected, code in admissions), (
+        admissions
+    )  # none refused, none failed open
     triggers = {d: loop.scaled_object(d)["spec"]["triggers"][0] for d in (JOBS, NODES)}
     assert triggers[JOBS]["type"] == "prometheus" and triggers[NODES]["type"] == "metrics-api"
     # Nothing is pending yet: the pools stay at 0. Each mirror starts at the API server's default of 1
@@ -89,7 +97,9 @@ def test_a_pending_four_node_job_makes_the_nodes_mirror_four(keda_loop: Loop) ->
     # The scaling webhook's pod reads real slurmrestd: 4 nodes for the one pending job.
     demand_url = f"http://127.0.0.1:{loop.release.values['scaling']['metricsPort']}/demand/{PARTITION}"
     loop.wait_for(lambda: httpx.get(demand_url, timeout=5).json().get("nodes") == 4, 60, f"{demand_url} says 4")
-    loop.wait_for(lambda: loop.mirror_replicas(NODES) == 4, SCALE_SECONDS, f"the nodes mirror at 4 (job {job}: {reason})")
+    loop.wait_for(
+        lambda: loop.mirror_replicas(NODES) == 4, SCALE_SECONDS, f"the nodes mirror at 4 (job {job}: {reason})"
+    )
     loop.wait_for(lambda: loop.md_replicas(NODES) == 4, 60, "md-nodes at 4")
     assert loop.external_metric(NODES) == 4
     assert set(webhook_requests(loop.cp, "scaling.webhook.slime")) == {("UPDATE", "false", "200")}  # no scale refused
@@ -98,7 +108,11 @@ def test_a_pending_four_node_job_makes_the_nodes_mirror_four(keda_loop: Loop) ->
     # KEDA dialled the chart's URL as rendered; the port it names is the Service's metrics port (what kube-proxy forwards).
     url = loop.scaled_object(NODES)["spec"]["triggers"][0]["metadata"]["url"]
     service = loop.release.service_name("scaling")
-    assert url == f"http://{service}.{SLIME_NAMESPACE}.svc:{loop.release.values['scaling']['metricsPort']}/demand/{PARTITION}"
+    assert (
+        url
+        == f"http://{service}.{SLIME_NAMESPACE}.svc:{loop.release.values['scaling']['metricsPort']}/demand/{PARTITION}"
+    )
     ports = loop.api.get("v1", "Service", SLIME_NAMESPACE, service)["spec"]["ports"]  # type: ignore[index]
     assert {"name": "metrics", "port": loop.release.values["scaling"]["metricsPort"]}.items() <= next(
-        p for p in ports if p["name"] == "metrics").items()
+        p for p in ports if p["name"] == "metrics"
+    ).items()

@@ -16,15 +16,21 @@ def scale_up(**seconds: float) -> ScaleUp:
     return result
 
 
-IN_ORDER = dict(submitted=0, seen=4.1, admitted=9.02, mirror=9.03, md=9.05, machine=9.2, injected=9.9, registered=14.0, started=15.5)
+IN_ORDER = dict(
+    submitted=0, seen=4.1, admitted=9.02, mirror=9.03, md=9.05, machine=9.2, injected=9.9, registered=14.0, started=15.5
+)
 
 
 def test_phases_in_the_thesis_grouping() -> None:
     timeline = scale_up(**IN_ORDER)
     assert timeline.missing() == [] and timeline.out_of_order() == []
     assert [(name, round(value, 3)) for name, value in timeline.phases() if value is not None] == [
-        ("KEDA reaction", 9.02), ("scaling webhook", 0.03), ("Cluster API", 0.15),
-        ("provisioning (simulated metal)", 4.8), ("Slurm scheduling", 1.5)]
+        ("KEDA reaction", 9.02),
+        ("scaling webhook", 0.03),
+        ("Cluster API", 0.15),
+        ("provisioning (simulated metal)", 4.8),
+        ("Slurm scheduling", 1.5),
+    ]
     text = render([timeline])
     assert "9.02 s  scaling webhook admitted" in text and "30 ms" in text and "NOT IN ORDER" not in text
 

@@ -68,8 +68,14 @@ def network(slurm_root: SlurmRoot) -> Iterator[Network]:
 
 
 @pytest.fixture
-def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[..., Emulator],
-         scale_routes: dict[int, ScaleWebhookRoute], pki: Pki, tmp_path: Path) -> Iterator[Site]:
+def site(
+    slurm_root: SlurmRoot,
+    network: Network,
+    emulator_factory: Callable[..., Emulator],
+    scale_routes: dict[int, ScaleWebhookRoute],
+    pki: Pki,
+    tmp_path: Path,
+) -> Iterator[Site]:
     """Real slurmctld + slurmrestd, kubemu seeded with Slinky and CAPM3 objects, the injection webhook admitting metaData Secrets."""
     admission = Admission()
     emulator = emulator_factory(admission=admission)
@@ -77,8 +83,13 @@ def site(slurm_root: SlurmRoot, network: Network, emulator_factory: Callable[...
     cluster = seed_slinky(emulator, host_ip=network.host_address)
     port = free_port(30000, 32767)  # slurmctld's port is the NodePort Service's nodePort, as in the thesis setup
     seed_nodeport(emulator, cluster.namespace, cluster.controller, node_port=port)
-    slurm = Slurm(slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=port),
-                  slurm_key=cluster.key, jwt_key=cluster.jwt_key)  # the keys of Slinky's Secrets
+    slurm = Slurm(
+        slurm_root,
+        tmp_path / "slurm",
+        SlurmConfig(address=network.host_address, port=port),
+        slurm_key=cluster.key,
+        jwt_key=cluster.jwt_key,
+    )  # the keys of Slinky's Secrets
     injection = None
     site = None
     try:

@@ -44,8 +44,18 @@ V = "v0.0.42"
 IDLE, BUSY = "node-a", "node-b"
 NODE_FIELDS = ("name", "hostname", "address", "state", "reason", "reason_set_by_user")
 # What node demand (scaling_webhook/demand.py) and the Slurm metrics stand-in read of a job record.
-JOB_FIELDS = ("job_id", "job_state", "partition", "state_reason", "node_count", "nodes", "hold", "eligible_time",
-              "array_task_string", "array_max_tasks")
+JOB_FIELDS = (
+    "job_id",
+    "job_state",
+    "partition",
+    "state_reason",
+    "node_count",
+    "nodes",
+    "hold",
+    "eligible_time",
+    "array_task_string",
+    "array_max_tasks",
+)
 
 
 @dataclass
@@ -63,11 +73,16 @@ class Target:
 
 @pytest.fixture
 def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Target]:
-    slurm = Slurm(slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=free_port(30000, 32767)))
+    slurm = Slurm(
+        slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=free_port(30000, 32767))
+    )
     nodes: list[Node] = []
     try:
         slurm.start()
-        nodes = [boot(slurm_root, network, meta_data_for(slurm, name), tmp_path / "nodes", shared=slurm.shared) for name in (IDLE, BUSY)]
+        nodes = [
+            boot(slurm_root, network, meta_data_for(slurm, name), tmp_path / "nodes", shared=slurm.shared)
+            for name in (IDLE, BUSY)
+        ]
         for node in nodes:
             node.wait_joined(slurm)
         addresses = {n.hostname: n.net.address for n in nodes}
@@ -88,13 +103,24 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
 
         def queue(nodes: int) -> None:
             queued.append(slurm.sbatch(f"-N{nodes}", "--wrap", "sleep 300"))
-            wait_for(lambda: slurm.jobs()[queued[-1]]["state_reason"] != "None", 20, "a scheduling pass over the queued job")
+            wait_for(
+                lambda: slurm.jobs()[queued[-1]]["state_reason"] != "None", 20, "a scheduling pass over the queued job"
+            )
 
         def unqueue() -> None:
             slurm.client(["scancel", str(queued.pop())])
 
-        yield Target("real slurmrestd 24.11", slurm.restd_url, slurm.jwt_key, make_busy, addresses, slurm.config.partition, queue, unqueue,
-                     reboot)
+        yield Target(
+            "real slurmrestd 24.11",
+            slurm.restd_url,
+            slurm.jwt_key,
+            make_busy,
+            addresses,
+            slurm.config.partition,
+            queue,
+            unqueue,
+            reboot,
+        )
     finally:
         for node in nodes:
             node.power_off(network)
@@ -147,9 +173,13 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
         for node in body["nodes"]:
             missing = [f for f in NODE_FIELDS if f not in node]
             assert not missing, f"{target.name}: node {node.get('name')} lacks {missing}"
-            nodes[node["name"]] = {"state": node["state"], "reason": node["reason"], "reason_set_by_user": node["reason_set_by_user"],
-                                   "address_is_the_nodes": node["address"] == target.addresses.get(node["name"]),
-                                   "hostname": node["hostname"]}
+            nodes[node["name"]] = {
+                "state": node["state"],
+                "reason": node["reason"],
+                "reason_set_by_user": node["reason_set_by_user"],
+                "address_is_the_nodes": node["address"] == target.addresses.get(node["name"]),
+                "hostname": node["hostname"],
+            }
         out["nodes"] = nodes
     if "pings" in body:
         out["pinged"] = [p.get("pinged") for p in body["pings"]]
@@ -159,15 +189,34 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
             missing = [f for f in JOB_FIELDS if f not in job]
             assert not missing, f"{target.name}: job {job.get('job_id')} lacks {missing}"
             eligible = job["eligible_time"]
-            jobs.append({"state": job["job_state"], "reason": job["state_reason"], "partition_is_the_one": job["partition"] == target.partition,
-                         "node_count": job["node_count"], "nodes": job["nodes"], "hold": job["hold"],
-                         "eligible_time": {"keys": sorted(eligible), "set": eligible["set"], "past": eligible["number"] <= time.time()},
-                         "array_task_string": job["array_task_string"], "array_max_tasks": job["array_max_tasks"],
-                         "no_begin_time": "begin_time" not in job})
+            jobs.append(
+                {
+                    "state": job["job_state"],
+                    "reason": job["state_reason"],
+                    "partition_is_the_one": job["partition"] == target.partition,
+                    "node_count": job["node_count"],
+                    "nodes": job["nodes"],
+                    "hold": job["hold"],
+                    "eligible_time": {
+                        "keys": sorted(eligible),
+                        "set": eligible["set"],
+                        "past": eligible["number"] <= time.time(),
+                    },
+                    "array_task_string": job["array_task_string"],
+                    "array_max_tasks": job["array_max_tasks"],
+                    "no_begin_time": "begin_time" not in job,
+                }
+            )
         out["jobs"] = sorted(jobs, key=lambda j: json.dumps(j, sort_keys=True))
     if "partitions" in body:
-        out["partitions"] = [{"is_the_one": p["name"] == target.partition, "max_nodes": p["maximums"]["nodes"], "total": p["nodes"]["total"]}
-                             for p in body["partitions"]]
+        out["partitions"] = [
+            {
+                "is_the_one": p["name"] == target.partition,
+                "max_nodes": p["maximums"]["nodes"],
+                "total": p["nodes"]["total"],
+            }
+            for p in body["partitions"]
+        ]
     return out
 
 
@@ -187,7 +236,9 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
     other_key = make_jwt_key()
     with httpx.Client(base_url=target.url, timeout=15) as client:
 
-        def send(what: str, method: str, path: str, body: Any = None, token: str | None = "good", json_type: bool = True) -> None:
+        def send(
+            what: str, method: str, path: str, body: Any = None, token: str | None = "good", json_type: bool = True
+        ) -> None:
             headers = {}
             if token is not None:
                 headers["X-SLURM-USER-TOKEN"] = _token(target.key) if token == "good" else token
@@ -203,16 +254,37 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
             send(f"ping {version} (not served)", "GET", f"/slurm/{version}/ping")
         send("no token", "GET", f"/slurm/{V}/nodes/", token=None)
         send("token signed with another key", "GET", f"/slurm/{V}/nodes/", token=_token(other_key))
-        send("expired token", "GET", f"/slurm/{V}/nodes/", token=_token(target.key, iat=int(time.time()) - 300, exp=int(time.time()) - 100))
-        send("token without sun", "GET", f"/slurm/{V}/nodes/", token=jwt.encode({"iat": int(time.time()), "exp": int(time.time()) + 60},
-                                                                                    target.key, algorithm="HS256"))
+        send(
+            "expired token",
+            "GET",
+            f"/slurm/{V}/nodes/",
+            token=_token(target.key, iat=int(time.time()) - 300, exp=int(time.time()) - 100),
+        )
+        send(
+            "token without sun",
+            "GET",
+            f"/slurm/{V}/nodes/",
+            token=jwt.encode({"iat": int(time.time()), "exp": int(time.time()) + 60}, target.key, algorithm="HS256"),
+        )
         send("ping with a bad token", "GET", f"/slurm/{V}/ping/", token=_token(other_key))
-        send("drain, bad token", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "x"}, token=_token(other_key))
+        send(
+            "drain, bad token",
+            "POST",
+            f"/slurm/{V}/node/{IDLE}",
+            {"state": ["DRAIN"], "reason": "x"},
+            token=_token(other_key),
+        )
         send("delete, bad token", "DELETE", f"/slurm/{V}/node/{IDLE}", token=_token(other_key))
         send("delete, no token", "DELETE", f"/slurm/{V}/node/{IDLE}", token=None)
         send("drain idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
         send("after drain", "GET", f"/slurm/{V}/nodes/")
-        send("drain without Content-Type", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "y"}, json_type=False)
+        send(
+            "drain without Content-Type",
+            "POST",
+            f"/slurm/{V}/node/{IDLE}",
+            {"state": ["DRAIN"], "reason": "y"},
+            json_type=False,
+        )
         send("undrain", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["UNDRAIN"]})
         answers.append(("after undrain (reason kept)", _reduce(target, _settled_nodes(target, client))))
         target.make_busy(BUSY)
@@ -231,7 +303,12 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
         # The release: back to FUTURE (the idle node's slurmd still runs, as before its host is deprovisioned).
         send("FUTURE busy node", "POST", f"/slurm/{V}/node/{BUSY}", {"state": ["FUTURE"]})
         send("FUTURE unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["FUTURE"]})
-        send("drain idle node again", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
+        send(
+            "drain idle node again",
+            "POST",
+            f"/slurm/{V}/node/{IDLE}",
+            {"state": ["DRAIN"], "reason": "slime: scale-in"},
+        )
         send("FUTURE drained idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
         send("after FUTURE", "GET", f"/slurm/{V}/nodes/")
         send("partitions after FUTURE", "GET", f"/slurm/{V}/partitions/")
@@ -246,29 +323,46 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
 
 def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None:
     theirs, ours = conversation(real), conversation(fake)
-    differences = [f"{what}:\n  real: {r}\n  fake: {f}" for (what, r), (_, f) in zip(theirs, ours, strict=True) if r != f]
+    differences = [
+        f"{what}:\n  real: {r}\n  fake: {f}" for (what, r), (_, f) in zip(theirs, ours, strict=True) if r != f
+    ]
     assert not differences, "the fake differs from real slurmrestd 24.11:\n" + "\n".join(differences)
     facts = dict(theirs)
     # What the product relies on, as real Slurm answers it:
     assert facts["list nodes"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
-    assert facts["list nodes v0.0.44 (not served)"]["status"] == 404 and facts["list nodes v0.0.44 (not served)"]["type"] == "text/plain"
+    assert (
+        facts["list nodes v0.0.44 (not served)"]["status"] == 404
+        and facts["list nodes v0.0.44 (not served)"]["type"] == "text/plain"
+    )
     assert (facts["no token"]["status"], facts["no token"]["type"]) == (401, "text/plain")
     assert facts["token signed with another key"]["status"] == 511
     assert [e["error_number"] for e in facts["token signed with another key"]["errors"]] == [1007]
     assert facts["ping with a bad token"]["status"] == 200
-    assert facts["after drain"]["nodes"][IDLE] == {"state": ["IDLE", "DRAIN", "DYNAMIC_NORM"], "reason": "slime: scale-in",
-                                                    "reason_set_by_user": "slurm", "address_is_the_nodes": True, "hostname": IDLE}
+    assert facts["after drain"]["nodes"][IDLE] == {
+        "state": ["IDLE", "DRAIN", "DYNAMIC_NORM"],
+        "reason": "slime: scale-in",
+        "reason_set_by_user": "slurm",
+        "address_is_the_nodes": True,
+        "hostname": IDLE,
+    }
     assert facts["drain without Content-Type"]["status"] == 400
     assert facts["after undrain (reason kept)"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
     assert facts["after undrain (reason kept)"]["nodes"][IDLE]["reason"] == "slime: scale-in"
     assert facts["busy and drained"]["nodes"][BUSY]["state"] == ["ALLOCATED", "DRAIN", "DYNAMIC_NORM"]
     # Node demand's view: a running job on the busy node, a pending 2-node job (Resources), the partition UNLIMITED.
-    assert sorted((j["state"], j["reason"], j["node_count"]["number"], j["nodes"]) for j in facts["list jobs"]["jobs"]) == [
-        (["PENDING"], "Resources", 2, ""), (["RUNNING"], "None", 1, BUSY)]
-    assert facts["list partitions"]["partitions"] == [{"is_the_one": True, "max_nodes": {"set": False, "infinite": True, "number": 0},
-                                                        "total": 2}]
-    for what, number in (("delete busy node", 2016), ("delete busy drained node", 2016), ("delete unknown node", 2018),
-                         ("delete it again (gone)", 2018), ("drain unknown node", 2018)):
+    assert sorted(
+        (j["state"], j["reason"], j["node_count"]["number"], j["nodes"]) for j in facts["list jobs"]["jobs"]
+    ) == [(["PENDING"], "Resources", 2, ""), (["RUNNING"], "None", 1, BUSY)]
+    assert facts["list partitions"]["partitions"] == [
+        {"is_the_one": True, "max_nodes": {"set": False, "infinite": True, "number": 0}, "total": 2}
+    ]
+    for what, number in (
+        ("delete busy node", 2016),
+        ("delete busy drained node", 2016),
+        ("delete unknown node", 2018),
+        ("delete it again (gone)", 2018),
+        ("drain unknown node", 2018),
+    ):
         assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
     assert IDLE not in facts["after delete"]["nodes"]
     # The release to FUTURE: the record stays (not listed, still one of the partition's 2 nodes), DRAIN
@@ -279,8 +373,12 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None
     for what, number in (("FUTURE busy node", 2028), ("FUTURE again", 2028), ("FUTURE unknown node", 2018)):
         assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
     assert facts["after its host boots again"]["nodes"][IDLE] == {
-        "state": ["IDLE", "DYNAMIC_NORM"], "reason": "slime: scale-in", "reason_set_by_user": "slurm", "address_is_the_nodes": True,
-        "hostname": IDLE}
+        "state": ["IDLE", "DYNAMIC_NORM"],
+        "reason": "slime: scale-in",
+        "reason_set_by_user": "slurm",
+        "address_is_the_nodes": True,
+        "hostname": IDLE,
+    }
 
 
 class _SecretReader:
@@ -312,7 +410,9 @@ def product_client_run(target: Target) -> list[str]:
             client.future(IDLE)
         except SlurmUnavailable as exc:
             seen.append(f"FUTURE again refused: {'answered 500' in exc.cause}")
-        seen.append(f"deleted its record: {client.delete(IDLE)}; again: {client.delete(IDLE)}")  # already gone: done, not an error
+        seen.append(
+            f"deleted its record: {client.delete(IDLE)}; again: {client.delete(IDLE)}"
+        )  # already gone: done, not an error
         seen.append(f"FUTURE of a node with no record: {client.future('nosuch')}")
         seen.append(f"after delete: {sorted(n.name for n in client.nodes())}")
         target.make_busy(BUSY)

@@ -31,8 +31,11 @@ pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 
 def _reason(site: Site, job: int, expected: str) -> dict[str, Any]:
     """Wait until real slurmctld gives ``job`` the reason ``expected``; its record."""
-    return wait_for(lambda: (j := site.slurm.jobs()[job])["state_reason"] == expected and j, 30,
-                    f"job {job} pending with reason {expected} (it has {site.slurm.jobs()[job]['state_reason']})")
+    return wait_for(
+        lambda: (j := site.slurm.jobs()[job])["state_reason"] == expected and j,
+        30,
+        f"job {job} pending with reason {expected} (it has {site.slurm.jobs()[job]['state_reason']})",
+    )
 
 
 def _demand(scaling: Scaling, partition: str, nodes: int) -> dict[str, Any]:
@@ -50,7 +53,9 @@ def test_demand_of_a_real_job_mix(site: Site, scaling_factory: Callable[..., Sca
     join(site, 2)  # bm-001, bm-002 joined as dynamic nodes
     slurm.scontrol("create", "NodeName=bm-[003-004]", "CPUs=2", "State=FUTURE")  # the pool's hosts not provisioned yet
     emulator = site.emulator
-    emulator.patch("v1", "Secret", JWT_NS, JWT_SECRET, {"data": {JWT_KEY: b64(slurm.jwt_key)}})  # the key slurmrestd verifies
+    emulator.patch(
+        "v1", "Secret", JWT_NS, JWT_SECRET, {"data": {JWT_KEY: b64(slurm.jwt_key)}}
+    )  # the key slurmrestd verifies
     ensure_namespace(emulator, MD_NS)
     emulator.create(mirror(MIRROR, replicas=0, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=0))

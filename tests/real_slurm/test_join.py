@@ -41,7 +41,9 @@ def test_install_md_shows_the_user_data_files_verbatim() -> None:
     for path in (USER_DATA, FILES_USER_DATA):
         assert path.read_text() in blocks, f"docs/install.md does not show {path.relative_to(REPO_ROOT)} verbatim"
     commands = next(b for b in blocks if b.startswith("commands:\n  - mkdir"))
-    assert commands.replace("commands:", "runcmd:") in USER_DATA.read_text(), "the commands-only form and the rendered user-data differ"
+    assert commands.replace("commands:", "runcmd:") in USER_DATA.read_text(), (
+        "the commands-only form and the rendered user-data differ"
+    )
 
 
 def test_user_data_renders_as_cloud_init_renders_it() -> None:
@@ -51,10 +53,16 @@ def test_user_data_renders_as_cloud_init_renders_it() -> None:
     assert rendered.startswith("#cloud-config\n") and "## template" not in rendered
     assert "slurmd -Z --conf-server 192.0.2.1:30817\n" in rendered and f"echo '{key}'" in rendered
     script = boot_script(rendered)
-    assert script.splitlines()[0] == "#!/bin/sh" and script.splitlines()[-1] == "slurmd -Z --conf-server 192.0.2.1:30817"
+    assert (
+        script.splitlines()[0] == "#!/bin/sh" and script.splitlines()[-1] == "slurmd -Z --conf-server 192.0.2.1:30817"
+    )
     # write_files: decoded, then permissions and owner, before runcmd
     files = boot_script(render_user_data(FILES_USER_DATA.read_text(), meta)).splitlines()
-    assert files[-3:] == ["chmod 0600 /etc/slurm/slurm.key", "chown slurm:slurm /etc/slurm/slurm.key", "slurmd -Z --conf-server 192.0.2.1:30817"]
+    assert files[-3:] == [
+        "chmod 0600 /etc/slurm/slurm.key",
+        "chown slurm:slurm /etc/slurm/slurm.key",
+        "slurmd -Z --conf-server 192.0.2.1:30817",
+    ]
     # What cloud-init does with a key that is not there: a placeholder, not an error.
     missing = render_user_data(USER_DATA.read_text(), {"local-hostname": "bm-1"})
     assert f"--conf-server {MISSING}slurm_conf_server" in missing
@@ -65,9 +73,17 @@ def test_user_data_renders_as_cloud_init_renders_it() -> None:
 
 def test_the_root_sends_no_dns_query(slurm_root: SlurmRoot) -> None:
     """Name resolution in the Slurm root is files only: no daemon there may dial a DNS server (none is ours)."""
-    hosts = [line.split()[1:] for line in (slurm_root.path / "etc/nsswitch.conf").read_text().splitlines() if line.startswith("hosts:")]
+    hosts = [
+        line.split()[1:]
+        for line in (slurm_root.path / "etc/nsswitch.conf").read_text().splitlines()
+        if line.startswith("hosts:")
+    ]
     assert hosts == [["files"]]
-    servers = [line.split()[1] for line in (slurm_root.path / "etc/resolv.conf").read_text().splitlines() if line.startswith("nameserver")]
+    servers = [
+        line.split()[1]
+        for line in (slurm_root.path / "etc/resolv.conf").read_text().splitlines()
+        if line.startswith("nameserver")
+    ]
     assert servers == ["127.0.0.1"]
 
 
@@ -81,7 +97,9 @@ def test_nodes_boot_from_injected_metadata_join_and_run_a_two_node_job(site: Sit
     nodes = join(site, 2)
     joined = time.monotonic() - started
     meta = site.meta_data(site.create_metadata_secret(9, "bm-009"))  # what each host read
-    assert meta["slurm_conf_server"] == site.slurm.conf_server == f"{site.network.host_address}:{site.slurm.config.port}"
+    assert (
+        meta["slurm_conf_server"] == site.slurm.conf_server == f"{site.network.host_address}:{site.slurm.config.port}"
+    )
     same = base64.b64decode(meta["slurm_key_base64"]) == site.cluster.key == site.slurm.slurm_key
     assert same, "the injected slurm.key is not the one slurmctld has"  # a bare bool: a failure shows no key
     records = site.slurm.nodes()
@@ -131,9 +149,12 @@ def _wrong_port(entries: dict[str, str]) -> None:
     entries["slurm_conf_server"] = f"{entries['slurm_controller_host']}:{port}"
 
 
-@pytest.mark.parametrize("broken", [_wrong_key, _wrong_host, _wrong_port], ids=["wrong-key", "wrong-host", "wrong-port"])
-def test_a_broken_injection_makes_the_join_scenario_fail(site: Site, monkeypatch: pytest.MonkeyPatch,
-                                                        broken: Callable[[dict[str, str]], None]) -> None:
+@pytest.mark.parametrize(
+    "broken", [_wrong_key, _wrong_host, _wrong_port], ids=["wrong-key", "wrong-host", "wrong-port"]
+)
+def test_a_broken_injection_makes_the_join_scenario_fail(
+    site: Site, monkeypatch: pytest.MonkeyPatch, broken: Callable[[dict[str, str]], None]
+) -> None:
     """The join scenario is only as good as what it can catch: break what the webhook injects, and it fails."""
     original = injection_webhook.handler.join_entries
 

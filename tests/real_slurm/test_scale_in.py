@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 
 
 def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy_one_stays(
-        pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
+    pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="slime.scaling.slurmrestd")
     p = pool(3, releasedNodes="delete")  # the records go (the default keeps them: the next test)
     assert p.states() == {f"bm-00{i}": {"IDLE", "DYNAMIC_NORM"} for i in (1, 2, 3)}
@@ -54,7 +55,9 @@ def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy
     assert p.capi.violations == []
     assert p.slurm.jobs()[job]["job_state"] == ["RUNNING"]
     assert len(p.events("SlurmNodeDeleted")) == 2
-    versions = [r.__dict__.get("api_version") for r in caplog.records if r.getMessage() == "slurmrestd API version discovered"]
+    versions = [
+        r.__dict__.get("api_version") for r in caplog.records if r.getMessage() == "slurmrestd API version discovered"
+    ]
     assert versions == ["v0.0.42"]  # probed v0.0.44, v0.0.43 (404 from Slurm 24.11), then v0.0.42
 
 
@@ -68,17 +71,27 @@ def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(site: Sit
     slurm = site.slurm
     slurm.scontrol("create", "NodeName=bm-a", "CPUs=2", "State=FUTURE")
     p = pool(2, hosts=("bm-a", "bm-b"))
-    assert p.states() == {"bm-a": {"IDLE", "DYNAMIC_NORM"}, "bm-b": {"IDLE", "DYNAMIC_NORM"}} and future_records(slurm) == {}
+    assert (
+        p.states() == {"bm-a": {"IDLE", "DYNAMIC_NORM"}, "bm-b": {"IDLE", "DYNAMIC_NORM"}}
+        and future_records(slurm) == {}
+    )
     p.scale(0)
     assert sorted(p.capi.annotated()) == ["md-001", "md-002"] and p.replicas() == 0
     p.capi.step()
     p.capi.wait_all_released(p.reconcile)
     assert p.capi.machines() == [] and p.slurm.nodes() == {} and p.capi.violations == []
     kept = future_records(slurm)
-    assert {name: node["state"] for name, node in kept.items()} == {"bm-a": ["FUTURE", "DYNAMIC_NORM"], "bm-b": ["FUTURE", "DYNAMIC_NORM"]}
+    assert {name: node["state"] for name, node in kept.items()} == {
+        "bm-a": ["FUTURE", "DYNAMIC_NORM"],
+        "bm-b": ["FUTURE", "DYNAMIC_NORM"],
+    }
     assert kept["bm-a"]["reason"] == DRAIN_REASON  # DRAIN is gone; the reason stays until the node next runs a job
     events = p.events("SlurmNodeReturnedToFuture")
-    assert len(events) == 2 and all("returned to FUTURE" in e["message"] for e in events) and p.events("SlurmNodeDeleted") == []
+    assert (
+        len(events) == 2
+        and all("returned to FUTURE" in e["message"] for e in events)
+        and p.events("SlurmNodeDeleted") == []
+    )
     # Real Slurm still counts both records: a 2-node job is accepted and queues, a 3-node one is refused at submission.
     with pytest.raises(SlurmFailed, match="Requested node configuration is not available"):
         slurm.sbatch("-N3", "--wrap", "true")
@@ -93,7 +106,9 @@ def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(site: Sit
     assert sorted(p.capi.assigned[m["metadata"]["name"]] for m in p.capi.live()) == ["bm-a", "bm-b"]
     nodes = p.slurm.nodes()
     for machine, node in p.capi.hosts.items():
-        assert nodes[node.hostname]["address"] == node.net.address and "DRAIN" not in nodes[node.hostname]["state"], machine
+        assert nodes[node.hostname]["address"] == node.net.address and "DRAIN" not in nodes[node.hostname]["state"], (
+            machine
+        )
     assert future_records(slurm) == {}
     wait_for(lambda: slurm.jobs()[job]["job_state"] == ["COMPLETED"], 60, f"job {job} to run on the returned hosts")
     assert sorted(slurm.hostnames(slurm.jobs()[job]["nodes"])) == ["bm-a", "bm-b"]
@@ -132,7 +147,11 @@ def test_an_admin_drain_of_a_busy_node_is_held_and_no_admin_drain_is_ever_undone
     p.admin_drain("bm-001", "maintenance: disk swap")
     p.admin_drain("bm-003", "maintenance: bios")
     states = p.states()
-    assert states["bm-001"] == {"MIXED", "DRAIN", "DYNAMIC_NORM"}  # DRAIN with a job: only real Slurm shows this (draining)
+    assert states["bm-001"] == {
+        "MIXED",
+        "DRAIN",
+        "DYNAMIC_NORM",
+    }  # DRAIN with a job: only real Slurm shows this (draining)
     assert states["bm-003"] == {"IDLE", "DRAIN", "DYNAMIC_NORM"}
 
     def admin_drains_intact() -> None:
@@ -176,7 +195,9 @@ def test_a_killed_slurmd_not_responding_then_down_goes_first(pool: Callable[...,
     wait_for(lambda: "NOT_RESPONDING" in p.states()["bm-003"], 60, "slurmctld to mark bm-003 NOT_RESPONDING")
     seen.append(sorted(p.states()["bm-003"]))
     # The product's ordering on the real node list at that moment: the dead node first, before the idle ones.
-    client = SlurmClient(SecretReader(p.slurm.jwt_key), SafeScaleInConfig(slurmrestd=p.slurm.restd_url, jwt_secret=("slurm", "jwt")))
+    client = SlurmClient(
+        SecretReader(p.slurm.jwt_key), SafeScaleInConfig(slurmrestd=p.slurm.restd_url, jwt_secret=("slurm", "jwt"))
+    )
     try:
         eligible, _ = order_candidates(p.capi.live(), client.nodes())
     finally:

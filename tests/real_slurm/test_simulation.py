@@ -85,14 +85,22 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
     def idle_host(grow: bool) -> str | None:
         """An idle host nobody drained; with ``grow``, scale up by one for a fresh one when there is none."""
         nodes = slurm.nodes()
-        candidates = [h for h, n in nodes.items() if set(n["state"]) == {"IDLE", "DYNAMIC_NORM"} and h not in admin and h not in crashed]
+        candidates = [
+            h
+            for h, n in nodes.items()
+            if set(n["state"]) == {"IDLE", "DYNAMIC_NORM"} and h not in admin and h not in crashed
+        ]
         if not candidates and grow:
             counts["scale_requests"] += 1
             counts["scale_ups"] += 1
             p.scale(min(6, len(p.capi.live()) + 1))
             p.capi.step()
             nodes = slurm.nodes()
-            candidates = [h for h, n in nodes.items() if set(n["state"]) == {"IDLE", "DYNAMIC_NORM"} and h not in admin and h not in crashed]
+            candidates = [
+                h
+                for h, n in nodes.items()
+                if set(n["state"]) == {"IDLE", "DYNAMIC_NORM"} and h not in admin and h not in crashed
+            ]
         return rng.choice(sorted(candidates)) if candidates else None
 
     for event in range(EVENTS):
@@ -108,7 +116,10 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
         if holds:
             states = slurm.jobs()
             for job in list(holds):
-                if "COMPLETING" in states[job]["job_state"] or states[job]["job_state"] in (["COMPLETED"], ["CANCELLED"]):
+                if "COMPLETING" in states[job]["job_state"] or states[job]["job_state"] in (
+                    ["COMPLETED"],
+                    ["CANCELLED"],
+                ):
                     holds[job] -= 1
                 if holds[job] <= 0:
                     (slurm.shared / f"hold-epilog-{job}").unlink(missing_ok=True)
@@ -137,13 +148,20 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
                 crashed.add(host)
                 # slurmctld notices at its next ping (SlurmdTimeout 10 s here): wait for it, so the
                 # scale-ins after this see NOT_RESPONDING (and later DOWN), not a node that merely looks idle.
-                wait_for(lambda h=host: "NOT_RESPONDING" in look().get(h, {}).get("state", ["NOT_RESPONDING"]), 60,
-                         f"slurmctld to mark {host} NOT_RESPONDING", interval=0.5)
+                wait_for(
+                    lambda h=host: "NOT_RESPONDING" in look().get(h, {}).get("state", ["NOT_RESPONDING"]),
+                    60,
+                    f"slurmctld to mark {host} NOT_RESPONDING",
+                    interval=0.5,
+                )
         if event == OUTAGE[0]:
             slurm.stop_restd()
             # Released (hook removed) before the outage, by a pass that ran just before it: CAPI may still act on those.
-            released_before = {m["metadata"]["name"] for m in p.capi.machines()
-                               if m["metadata"].get("deletionTimestamp") and not p.capi.held(m["metadata"]["name"])}
+            released_before = {
+                m["metadata"]["name"]
+                for m in p.capi.machines()
+                if m["metadata"].get("deletionTimestamp") and not p.capi.held(m["metadata"]["name"])
+            }
         if event == OUTAGE[1]:
             slurm.start_restd()
         if rng.random() < 0.7:
@@ -174,9 +192,13 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
         p.reconcile()
         p.capi.step()
         mirror = p.site.emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, MIRROR)["spec"]["replicas"]
-        if p.replicas() == mirror == len(p.capi.live()) and not any(m["metadata"].get("deletionTimestamp") for m in p.capi.machines()):
+        if p.replicas() == mirror == len(p.capi.live()) and not any(
+            m["metadata"].get("deletionTimestamp") for m in p.capi.machines()
+        ):
             break
-        assert time.monotonic() < deadline, f"no convergence: mirror {mirror}, MachineDeployment {p.replicas()}, live {len(p.capi.live())}"
+        assert time.monotonic() < deadline, (
+            f"no convergence: mirror {mirror}, MachineDeployment {p.replicas()}, live {len(p.capi.live())}"
+        )
         time.sleep(0.5)
     look()
 
@@ -184,18 +206,26 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
     log = slurm.logs()["slurmctld.log"]
     hit = {int(j) for j, node in re.findall(r"JobId=(\d+) due to failure of node (\S+)", log) if node in crashed}
     hit |= {j for j in jobs if set(slurm.hostnames(final[j].get("nodes") or "")) & crashed}
-    hit = {j for j in hit if final[j]["job_state"] != ["COMPLETED"] or (final[j].get("restart_cnt") or 0) > 0}  # those it cost something
+    hit = {
+        j for j in hit if final[j]["job_state"] != ["COMPLETED"] or (final[j].get("restart_cnt") or 0) > 0
+    }  # those it cost something
     cancelled_pending = set(pending)
-    killed = [f"{j}: {final[j]['job_state']} restarts {final[j].get('restart_cnt')}" for j in jobs
-              if j not in cancelled_pending and j not in hit
-              and (final[j]["job_state"] != ["COMPLETED"] or (final[j].get("restart_cnt") or 0) > 0)]
+    killed = [
+        f"{j}: {final[j]['job_state']} restarts {final[j].get('restart_cnt')}"
+        for j in jobs
+        if j not in cancelled_pending
+        and j not in hit
+        and (final[j]["job_state"] != ["COMPLETED"] or (final[j].get("restart_cnt") or 0) > 0)
+    ]
     result = {
         "seed": SEED,
         "events": EVENTS,
         "seconds": round(time.monotonic() - started, 1),
         **counts,
         "victims": metric(p, "slime_scaling_scale_in_victims_total"),
-        "deferred_scale_ins": len(p.events("ScaleInDeferred")),  # scale-downs (admission or reconcile) that deferred replicas
+        "deferred_scale_ins": len(
+            p.events("ScaleInDeferred")
+        ),  # scale-downs (admission or reconcile) that deferred replicas
         "replicas_deferred": metric(p, "slime_scaling_scale_in_deferred_total"),  # summed over those
         "reclaimed": metric(p, "slime_scaling_reclaimed_total"),
         "slurm_errors": metric(p, "slime_scaling_slurm_errors_total"),
@@ -209,8 +239,9 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
         "jobs_held_in_completing_by_the_epilog": len(held_jobs),
         "jobs_cancelled_while_pending": len(cancelled_pending),
         "jobs_hit_by_the_killed_slurmd": len(hit),
-        "jobs_hit_by_the_killed_slurmd_ended": sorted(f"{'+'.join(final[j]['job_state'])} after {final[j].get('restart_cnt') or 0} requeue(s)"
-                                                      for j in hit),
+        "jobs_hit_by_the_killed_slurmd_ended": sorted(
+            f"{'+'.join(final[j]['job_state'])} after {final[j].get('restart_cnt') or 0} requeue(s)" for j in hit
+        ),
         "jobs_killed": len(killed),
         "busy_hosts_released": len(p.capi.violations),
         "admin_drains": len(admin),
@@ -231,7 +262,9 @@ def test_seeded_scale_in_simulation_with_real_jobs(pool: Callable[..., Pool], fi
     assert set(future_records(slurm)) <= gone and len(future_records(slurm)) == result["nodes_returned_to_future"]
     for state in ("DYNAMIC_NORM", "COMPLETING", "NOT_RESPONDING", "DRAIN"):
         assert any(state in s.split("+") for s in seen), f"{state} never seen: {sorted(seen)}"
-    assert any({"DRAIN", "MIXED"} <= set(s.split("+")) or {"DRAIN", "ALLOCATED"} <= set(s.split("+")) for s in seen), sorted(seen)
+    assert any({"DRAIN", "MIXED"} <= set(s.split("+")) or {"DRAIN", "ALLOCATED"} <= set(s.split("+")) for s in seen), (
+        sorted(seen)
+    )
 
 
 def _runs(slurm: Any, job: int, timeout: float = 10.0) -> bool:

@@ -34,12 +34,16 @@ class AdmissionLoad(Load):
 
     def __init__(self, service: RunningService, request: dict[str, Any]) -> None:
         super().__init__(service)
-        self.body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+        self.body = json.dumps(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+        ).encode()
         self.kept_alive_ok = 0
         self._threads = [self._thread, threading.Thread(target=self._kept_alive, daemon=True)]
 
     def _check(self, client: httpx.Client) -> None:
-        answer = client.post(f"{self.service.url}/mutate", content=self.body, headers={"Content-Type": "application/json"})
+        answer = client.post(
+            f"{self.service.url}/mutate", content=self.body, headers={"Content-Type": "application/json"}
+        )
         if answer.status_code != 200 or answer.json()["response"].get("patchType") != "JSONPatch":
             self.failures.append(f"{answer.status_code} {answer.text[:200]}")
 
@@ -91,7 +95,9 @@ def test_ten_rotations_under_load_drop_nothing(emulator: Emulator, tmp_path: Pat
                 kubelet_volume(volume, issuer, generation)
                 started = time.monotonic()
                 while served_fingerprint(service) != fingerprint_of(new):
-                    assert time.monotonic() - started < PICKUP_LIMIT_SECONDS, f"rotation {generation} not served within 15 s"
+                    assert time.monotonic() - started < PICKUP_LIMIT_SECONDS, (
+                        f"rotation {generation} not served within 15 s"
+                    )
                     time.sleep(0.05)
                 pickups.append(time.monotonic() - started)
                 time.sleep(0.2)

@@ -46,12 +46,17 @@ SCALING_FAULTS = [
     ("403", dict(status=403)),
     ("409", dict(status=409)),
     ("dropped connection", dict(close_connection=True)),
-    ("slower than the budget", dict(delay_seconds=8.0)),  # the reconciler's write budget is max(--patch-timeout-seconds, 5 s)
+    (
+        "slower than the budget",
+        dict(delay_seconds=8.0),
+    ),  # the reconciler's write budget is max(--patch-timeout-seconds, 5 s)
 ]
 
 
 @pytest.mark.slow
-def test_scaling_faults_delay_the_write_never_the_answer(emulator: Emulator, services: Services, figures: dict[str, Any]) -> None:
+def test_scaling_faults_delay_the_write_never_the_answer(
+    emulator: Emulator, services: Services, figures: dict[str, Any]
+) -> None:
     seed_scaling_cluster(emulator)
     scaling = services.scaling(emulator, patch_timeout_seconds=PATCH_BUDGET)
     answered: dict[str, float] = {}
@@ -61,9 +66,17 @@ def test_scaling_faults_delay_the_write_never_the_answer(emulator: Emulator, ser
         replicas += 1
         handle = emulator.add_fault(Fault(method="PATCH", path_regex=MD_SCALE, **fault))
         errors = scaling.metric("slime_scaling_reconcile_errors_total") or 0
-        emulator.patch("apps/v1", "deployments", SLIME_NAMESPACE, "mirror-a", {"spec": {"replicas": replicas}})  # stored
-        wait_for(lambda e=errors: (scaling.metric("slime_scaling_reconcile_errors_total") or 0) > e, 10, f"{label}: the failed write")
-        response, seconds = timed(lambda r=replicas: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", r + 1, old_replicas=r)))
+        emulator.patch(
+            "apps/v1", "deployments", SLIME_NAMESPACE, "mirror-a", {"spec": {"replicas": replicas}}
+        )  # stored
+        wait_for(
+            lambda e=errors: (scaling.metric("slime_scaling_reconcile_errors_total") or 0) > e,
+            10,
+            f"{label}: the failed write",
+        )
+        response, seconds = timed(
+            lambda r=replicas: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", r + 1, old_replicas=r))
+        )
         assert response["allowed"] is True, response  # answered from the caches while the writes fail
         answered[label] = seconds
         assert md_replicas(emulator) == replicas - 1
@@ -75,7 +88,9 @@ def test_scaling_faults_delay_the_write_never_the_answer(emulator: Emulator, ser
     # The API server stops: admissions are still answered; once it is back, the pool follows again.
     port = emulator.port
     emulator.stop()
-    response, seconds = timed(lambda: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 9, old_replicas=replicas)))
+    response, seconds = timed(
+        lambda: scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 9, old_replicas=replicas))
+    )
     assert response["allowed"] is True, response
     answered["API server stopped"] = seconds
     emulator.start()
@@ -84,8 +99,10 @@ def test_scaling_faults_delay_the_write_never_the_answer(emulator: Emulator, ser
     started = time.monotonic()
     wait_for(lambda: md_replicas(emulator) == 1, 20, "the watches to reconnect and the pool to follow")
     landed["API server back"] = time.monotonic() - started
-    figures["scaling_faults"] = {"admission_ms": {k: round(v * 1000, 1) for k, v in answered.items()},
-                                 "write_landed_after_fault_removed_s": {k: round(v, 2) for k, v in landed.items()}}
+    figures["scaling_faults"] = {
+        "admission_ms": {k: round(v * 1000, 1) for k, v in answered.items()},
+        "write_landed_after_fault_removed_s": {k: round(v, 2) for k, v in landed.items()},
+    }
 
 
 COLD_FAULTS = [
@@ -106,7 +123,9 @@ def test_injection_cold_cache_fault_denies_within_sync_timeout_naming_the_cluste
     request = secret_request(metadata_secret(data))
     response, seconds = timed(lambda: service.review("/mutate", request))
     message = denied(
-        response, "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: cannot read slurmctld pods in slurm (local) from cluster local", cause
+        response,
+        "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: cannot read slurmctld pods in slurm (local) from cluster local",
+        cause,
     )
     handle.remove()
     started = time.monotonic()
@@ -119,16 +138,26 @@ def test_injection_cold_cache_fault_denies_within_sync_timeout_naming_the_cluste
 
 
 @pytest.mark.slow
-def test_injection_metal3_list_failing_is_not_ready_and_denies_naming_the_cluster(emulator: Emulator, services: Services) -> None:
+def test_injection_metal3_list_failing_is_not_ready_and_denies_naming_the_cluster(
+    emulator: Emulator, services: Services
+) -> None:
     _, data = seed_injection_cluster(emulator)
     handle = emulator.add_fault(Fault(verb="list", path_regex=r"/metal3datas$", status=500))
     service = services.injection(emulator, ready=False, cache_sync_timeout_seconds=SYNC_TIMEOUT)
-    wait_for(lambda: "metal3datas" in httpx.get(f"{service.metrics_url}/readyz", timeout=5).text, 10, "a readiness failure naming the cache")
+    wait_for(
+        lambda: "metal3datas" in httpx.get(f"{service.metrics_url}/readyz", timeout=5).text,
+        10,
+        "a readiness failure naming the cache",
+    )
     assert httpx.get(f"{service.metrics_url}/readyz", timeout=5).status_code == 503
     response, seconds = timed(lambda: service.review("/mutate", secret_request(metadata_secret(data))))
     denied(response, "cannot inject Slurm join data into Secret metal3/m3m-0-metadata", "cluster local")
     handle.remove()
-    wait_for(lambda: httpx.get(f"{service.metrics_url}/readyz", timeout=5).status_code == 200, 10, "readiness after the fault")
+    wait_for(
+        lambda: httpx.get(f"{service.metrics_url}/readyz", timeout=5).status_code == 200,
+        10,
+        "readiness after the fault",
+    )
 
 
 @pytest.mark.slow
@@ -143,7 +172,11 @@ def test_injection_keeps_answering_from_warm_caches_while_the_api_server_is_gone
     worst = 0.0
     with service.client() as client:
         for i in range(200):
-            body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {**request, "uid": f"gone-{i}"}}
+            body = {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {**request, "uid": f"gone-{i}"},
+            }
             answer, seconds = timed(lambda b=body: client.post(f"{service.url}/mutate", json=b))
             worst = max(worst, seconds)
             response = answer.json()["response"]

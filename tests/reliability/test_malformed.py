@@ -123,7 +123,9 @@ class Flood:
                     continue
                 response = answer.json()["response"]  # type: ignore[union-attr]
                 code = (response.get("status") or {}).get("code")
-                self.outcomes[name][("allowed" if response["allowed"] else "refused") + (f" {code}" if code else "")] += 1
+                self.outcomes[name][
+                    ("allowed" if response["allowed"] else "refused") + (f" {code}" if code else "")
+                ] += 1
                 if not response["allowed"]:
                     EVIDENCE.add_text(f"{name} error", response["status"]["message"])
 
@@ -133,7 +135,9 @@ class Flood:
 
 
 @pytest.mark.slow
-def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, services: Services, figures: dict[str, Any]) -> None:
+def test_malformed_bodies_get_clear_errors_and_never_crash(
+    emulator: Emulator, services: Services, figures: dict[str, Any]
+) -> None:
     _, data = seed_injection_cluster(emulator)
     seed_scaling_cluster(emulator)
     injection = services.injection(emulator)
@@ -141,7 +145,10 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
     secret = metadata_secret(data)
     templates = [
         {**REVIEW, "request": {"uid": "injection-template", **secret_request(secret)}},
-        {**REVIEW, "request": {"uid": "scaling-template", **scale_request(SLIME_NAMESPACE, "mirror-a", 3, old_replicas=2)}},
+        {
+            **REVIEW,
+            "request": {"uid": "scaling-template", **scale_request(SLIME_NAMESPACE, "mirror-a", 3, old_replicas=2)},
+        },
     ]
     assert injection.review("/mutate", templates[0]["request"])["patchType"] == "JSONPatch"  # warm caches
     cases = list(generate(SEED, BODIES, templates))
@@ -163,10 +170,12 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
         "outcomes": {name: dict(counter) for name, counter in flood.outcomes.items()},
         "max_latency_ms": {name: round(s * 1000, 1) for name, s in flood.max_seconds.items()},
         "seconds": round(elapsed, 1),
-        "api_calls_during_flood": dict(Counter(
-            f"{c.user_agent.split('/')[0]} {c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''}"
-            for c in emulator.requests[calls_before:]
-        )),
+        "api_calls_during_flood": dict(
+            Counter(
+                f"{c.user_agent.split('/')[0]} {c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''}"
+                for c in emulator.requests[calls_before:]
+            )
+        ),
         "failures": {name: sum(f.startswith(f"{name}:") for f in flood.failures) for name in flood.targets},
     }
     # Still up, and still right.
@@ -180,7 +189,11 @@ def test_malformed_bodies_get_clear_errors_and_never_crash(emulator: Emulator, s
     figures["malformed"]["handler_exceptions_logged"] = len(crashed)
     for service, webhook in ((injection, "injection"), (scaling.running, "scaling")):
         metrics = httpx.get(f"{service.metrics_url}/metrics", timeout=5).text
-        errored = [line for line in metrics.splitlines() if line.startswith(f'slime_webhook_requests_total{{outcome="errored",webhook="{webhook}"}}')]
+        errored = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith(f'slime_webhook_requests_total{{outcome="errored",webhook="{webhook}"}}')
+        ]
         assert errored, "errored outcomes are counted"
     assert flood.requests == 2 * len(cases)
     assert not flood.failures, f"{len(flood.failures)} bad answers; first ones:\n" + "\n".join(flood.failures[:10])

@@ -35,8 +35,15 @@ QUICK_LEASE = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "
 
 
 def seed_pool(emulator: Emulator, slurm: FakeSlurmrestd, key: bytes, replicas: int, **safe: Any) -> CapiSim:
-    emulator.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
-                     "type": "Opaque", "data": {JWT_KEY: base64.b64encode(key).decode()}})
+    emulator.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
+            "type": "Opaque",
+            "data": {JWT_KEY: base64.b64encode(key).decode()},
+        }
+    )
     emulator.create(mirror(MIRROR, replicas=replicas, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
     emulator.create(safe_config_map(slurm.url, **safe))
@@ -55,16 +62,33 @@ def churn_jobs(rng: random.Random, slurm: FakeSlurmrestd) -> None:
 
 
 @pytest.mark.slow
-def test_a_mapping_added_over_a_live_pool_keeps_it(emulator: Emulator, services: Services, figures: dict[str, Any]) -> None:
+def test_a_mapping_added_over_a_live_pool_keeps_it(
+    emulator: Emulator, services: Services, figures: dict[str, Any]
+) -> None:
     emulator.create(machine_deployment("md-live", "metal3", replicas=5))
     emulator.create(mirror("mirror-live", replicas=None))  # as the chart renders it: the API server makes it 1
     services.scaling(emulator)
-    emulator.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "scaling-webhook-configmap", "namespace": SLIME_NAMESPACE},
-                     "data": {"mappings": "- {mirror: slime/mirror-live, machineDeployment: metal3/md-live}"}})
-    wait_for(lambda: emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-live")["spec"]["replicas"] == 5, 10, "adoption")
+    emulator.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "scaling-webhook-configmap", "namespace": SLIME_NAMESPACE},
+            "data": {"mappings": "- {mirror: slime/mirror-live, machineDeployment: metal3/md-live}"},
+        }
+    )
+    wait_for(
+        lambda: emulator.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-live")["spec"]["replicas"] == 5,
+        10,
+        "adoption",
+    )
     time.sleep(0.5)
     assert md_replicas(emulator, "metal3", "md-live") == 5
-    figures["mapping_added_over_a_live_pool"] = {"pool_before": 5, "mirror_created_at": 1, "pool_after": 5, "mirror_after": 5}
+    figures["mapping_added_over_a_live_pool"] = {
+        "pool_before": 5,
+        "mirror_created_at": 1,
+        "pool_after": 5,
+        "mirror_after": 5,
+    }
 
 
 @pytest.mark.slow
@@ -80,7 +104,9 @@ def test_two_replicas_racing_scale_downs_mark_no_double_victim_and_release_no_bu
         replicas = [services.scaling(emulator, **QUICK_LEASE), services.scaling(emulator, **QUICK_LEASE)]
         for replica in replicas:
             route.add(replica)
-        wait_for(lambda: sum(bool(r.service.leader and r.service.leader.is_leader) for r in replicas) == 1, 10, "one leader")
+        wait_for(
+            lambda: sum(bool(r.service.leader and r.service.leader.is_leader) for r in replicas) == 1, 10, "one leader"
+        )
         rng = random.Random(20261122)
         double, over_marked, downs = 0, 0, 0
         for _ in range(100):
@@ -91,8 +117,12 @@ def test_two_replicas_racing_scale_downs_mark_no_double_victim_and_release_no_bu
             scale_mirror(emulator, SLIME_NAMESPACE, MIRROR, target)
             for replica in replicas:  # both replicas run a pass now, racing on the same stored state
                 replica.service.reconcile_once()
-            marked = [m for m in capi.machines() if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
-                      and not m["metadata"].get("deletionTimestamp")]
+            marked = [
+                m
+                for m in capi.machines()
+                if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
+                and not m["metadata"].get("deletionTimestamp")
+            ]
             live = [m for m in capi.machines() if not m["metadata"].get("deletionTimestamp")]
             names = [m["metadata"]["name"] for m in marked]
             double += len(names) - len(set(names))
@@ -104,10 +134,14 @@ def test_two_replicas_racing_scale_downs_mark_no_double_victim_and_release_no_bu
     assert double == 0 and over_marked == 0
     assert capi.violations == [] and slurm.violations == []
     assert sorted(writes)[0] == 0, f"only the Lease holder marks victims: {writes}"
-    figures["two_replicas_racing_scale_downs"] = {"scales": 100, "scale_downs": downs, "double_victims": double,
-                                                  "victims_beyond_the_replicas_removed": over_marked,
-                                                  "busy_nodes_released": len(capi.violations),
-                                                  "victims_marked_by_replica": sorted(writes, reverse=True)}
+    figures["two_replicas_racing_scale_downs"] = {
+        "scales": 100,
+        "scale_downs": downs,
+        "double_victims": double,
+        "victims_beyond_the_replicas_removed": over_marked,
+        "busy_nodes_released": len(capi.violations),
+        "victims_marked_by_replica": sorted(writes, reverse=True),
+    }
 
 
 @pytest.mark.slow
@@ -132,11 +166,18 @@ def test_slurmrestd_down_longer_than_any_timeout_releases_no_busy_node(
         passes += 1
     held = [m["metadata"]["name"] for m in capi.machines() if m["metadata"].get("deletionTimestamp")]
     assert held == ["md-001", "md-002"] and capi.violations == []
-    figures["slurmrestd_down_past_drain_timeout"] = {"busy_held_machines": 2, "drain_timeout_s": 1, "down_for_s": 3.5,
-                                                     "reconcile_passes": passes, "hooks_released_on_busy_nodes": 0}
+    figures["slurmrestd_down_past_drain_timeout"] = {
+        "busy_held_machines": 2,
+        "drain_timeout_s": 1,
+        "down_for_s": 3.5,
+        "reconcile_passes": passes,
+        "hooks_released_on_busy_nodes": 0,
+    }
 
 
-def simulate(emulator: Emulator, scaling: Scaling, capi: CapiSim, slurm: FakeSlurmrestd, seed: int, events: int) -> dict[str, int]:
+def simulate(
+    emulator: Emulator, scaling: Scaling, capi: CapiSim, slurm: FakeSlurmrestd, seed: int, events: int
+) -> dict[str, int]:
     """Jobs arrive and end, the mirror moves, admins drain idle nodes, CAPI acts: the counts that must stay 0."""
     rng = random.Random(seed)
     admin: set[str] = set()
@@ -150,15 +191,25 @@ def simulate(emulator: Emulator, scaling: Scaling, capi: CapiSim, slurm: FakeSlu
         scale_mirror(emulator, SLIME_NAMESPACE, MIRROR, rng.randint(0, 6))
         scaling.service.reconcile_once()
         capi.step()
-    undone = sum(1 for name in admin if name in slurm.nodes and (not slurm.nodes[name].drain
-                                                                  or not slurm.nodes[name].reason.startswith("maintenance")))
-    return {"jobs_killed": len(capi.violations), "busy_deletes": len(slurm.violations), "admin_drains": len(admin),
-            "admin_drains_undone": undone, "victims": int(scaling.metric("slime_scaling_scale_in_victims_total") or 0)}
+    undone = sum(
+        1
+        for name in admin
+        if name in slurm.nodes
+        and (not slurm.nodes[name].drain or not slurm.nodes[name].reason.startswith("maintenance"))
+    )
+    return {
+        "jobs_killed": len(capi.violations),
+        "busy_deletes": len(slurm.violations),
+        "admin_drains": len(admin),
+        "admin_drains_undone": undone,
+        "victims": int(scaling.metric("slime_scaling_scale_in_victims_total") or 0),
+    }
 
 
 @pytest.mark.slow
-def test_the_seeded_simulation_with_a_slow_api_kills_no_job(emulator_factory: Callable[..., Emulator], services: Services,
-                                                            figures: dict[str, Any]) -> None:
+def test_the_seeded_simulation_with_a_slow_api_kills_no_job(
+    emulator_factory: Callable[..., Emulator], services: Services, figures: dict[str, Any]
+) -> None:
     totals: dict[str, int] = {}
     seeds = list(range(1, 11))
     started = time.monotonic()
@@ -177,5 +228,10 @@ def test_the_seeded_simulation_with_a_slow_api_kills_no_job(emulator_factory: Ca
             totals[name] = totals.get(name, 0) + value
     assert totals["jobs_killed"] == 0 and totals["busy_deletes"] == 0
     assert totals["admin_drains_undone"] == 0 and totals["admin_drains"] > 0
-    figures["scale_in_simulation_slow_api"] = {"seeds": len(seeds), "events_per_seed": 12, "api_delay_ms": 40,
-                                               "seconds": round(time.monotonic() - started, 1), **totals}
+    figures["scale_in_simulation_slow_api"] = {
+        "seeds": len(seeds),
+        "events_per_seed": 12,
+        "api_delay_ms": 40,
+        "seconds": round(time.monotonic() - started, 1),
+        **totals,
+    }

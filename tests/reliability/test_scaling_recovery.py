@@ -68,21 +68,55 @@ def test_the_leader_killed_mid_write_is_replaced_and_the_pool_follows(
     port, metrics_port = free_port(), free_port()
     log_file = tmp_path / "scaling-webhook.log"
     command = [
-        sys.executable, "-m", "scaling_webhook.main", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-        "--cert-file", str(pki.cert_file), "--key-file", str(pki.key_file), "--namespace", SLIME_NAMESPACE,
-        "--kubeconfig", emulator.write_kubeconfig(tmp_path / "kubeconfig"), "--resync-seconds", "3600", "--patch-timeout-seconds", "5",
-        "--lease-duration-seconds", "3", "--lease-renew-deadline-seconds", "2", "--lease-retry-seconds", "0.5",
+        sys.executable,
+        "-m",
+        "scaling_webhook.main",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--cert-file",
+        str(pki.cert_file),
+        "--key-file",
+        str(pki.key_file),
+        "--namespace",
+        SLIME_NAMESPACE,
+        "--kubeconfig",
+        emulator.write_kubeconfig(tmp_path / "kubeconfig"),
+        "--resync-seconds",
+        "3600",
+        "--patch-timeout-seconds",
+        "5",
+        "--lease-duration-seconds",
+        "3",
+        "--lease-renew-deadline-seconds",
+        "2",
+        "--lease-retry-seconds",
+        "0.5",
     ]
     with log_file.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", "POD_NAME": "doomed-leader"})
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "POD_NAME": "doomed-leader"},
+        )
     try:
-        wait_for(lambda: _ready(metrics_port) and _lease_holder(emulator).startswith("doomed-leader"), 20, "the process to lead")
+        wait_for(
+            lambda: _ready(metrics_port) and _lease_holder(emulator).startswith("doomed-leader"),
+            20,
+            "the process to lead",
+        )
         follower = services.scaling(emulator, **QUICK_LEASE)
         assert follower.service.leader is not None and not follower.service.leader.is_leader
         hang = Fault(method="PATCH", path_regex=MD_SCALE, delay_seconds=30, close_connection=True, times=1)
         emulator.add_fault(hang)
-        emulator.patch("apps/v1", "deployments", SLIME_NAMESPACE, "mirror-a", {"spec": {"replicas": 5}})  # the scale is stored
+        emulator.patch(
+            "apps/v1", "deployments", SLIME_NAMESPACE, "mirror-a", {"spec": {"replicas": 5}}
+        )  # the scale is stored
         wait_for(lambda: hang.times == 0, 10, "the leader's MachineDeployment PATCH to be in flight")
         process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -96,12 +130,18 @@ def test_the_leader_killed_mid_write_is_replaced_and_the_pool_follows(
     wait_for(lambda: md_replicas(emulator) == 5, 15, "the new leader to set the MachineDeployment")
     healed = time.monotonic() - killed
     assert follower.service.leader.is_leader
-    figures["leader_killed_mid_write"] = {"mirror": 5, "machine_deployment_before": 2, "lease_duration_s": 3,
-                                          "healed_in_s_after_kill": round(healed, 2)}
+    figures["leader_killed_mid_write"] = {
+        "mirror": 5,
+        "machine_deployment_before": 2,
+        "lease_duration_s": 3,
+        "healed_in_s_after_kill": round(healed, 2),
+    }
 
 
 @pytest.mark.slow
-def test_a_second_writer_is_undone_on_its_watch_event(emulator: Emulator, services: Services, figures: dict[str, Any]) -> None:
+def test_a_second_writer_is_undone_on_its_watch_event(
+    emulator: Emulator, services: Services, figures: dict[str, Any]
+) -> None:
     seed_scaling_cluster(emulator)
     scaling = services.scaling(emulator)  # resync: an hour; only the watch can heal fast
     heals = []
@@ -111,8 +151,12 @@ def test_a_second_writer_is_undone_on_its_watch_event(emulator: Emulator, servic
         wait_for(lambda: md_replicas(emulator) == 2, 5, "the heal")
         heals.append(time.monotonic() - started)
     assert scaling.metric("slime_scaling_writes_total", 'reason="drift"') == 20
-    figures["second_writer_undone"] = {"edits": len(heals), "median_ms": round(statistics.median(heals) * 1000, 1),
-                                       "max_ms": round(max(heals) * 1000, 1), "resync_seconds": 3600}
+    figures["second_writer_undone"] = {
+        "edits": len(heals),
+        "median_ms": round(statistics.median(heals) * 1000, 1),
+        "max_ms": round(max(heals) * 1000, 1),
+        "resync_seconds": 3600,
+    }
 
 
 @pytest.mark.slow
@@ -126,7 +170,9 @@ def test_two_replicas_racing_leave_one_writer_and_the_same_end_state(
     replicas = [services.scaling(emulator, **QUICK_LEASE), services.scaling(emulator, **QUICK_LEASE)]
     for replica in replicas:
         route.add(replica)
-    wait_for(lambda: sum(bool(r.service.leader and r.service.leader.is_leader) for r in replicas) == 1, 10, "one leader")
+    wait_for(
+        lambda: sum(bool(r.service.leader and r.service.leader.is_leader) for r in replicas) == 1, 10, "one leader"
+    )
     rng = random.Random(7)
     rounds, admissions, conflicts = 12, 0, 0
     lock = threading.Lock()
@@ -153,12 +199,20 @@ def test_two_replicas_racing_leave_one_writer_and_the_same_end_state(
         for thread in threads:
             thread.join(10)
         wait_for(lambda: md_replicas(emulator) == mirror_replicas(emulator), 5, "MD == mirror after the round")
-    writes = [int(r.metric("slime_scaling_writes_total", 'reason="mirror"') or 0) + int(r.metric("slime_scaling_writes_total", 'reason="drift"') or 0)
-              for r in replicas]
+    writes = [
+        int(r.metric("slime_scaling_writes_total", 'reason="mirror"') or 0)
+        + int(r.metric("slime_scaling_writes_total", 'reason="drift"') or 0)
+        for r in replicas
+    ]
     assert sorted(writes)[0] == 0, f"only the Lease holder writes: {writes}"
     assert admissions + conflicts == rounds * 8 and admissions >= rounds, (admissions, conflicts)
-    figures["two_replicas_racing"] = {"rounds": rounds, "admissions": admissions, "stale_refused": conflicts, "rounds_equal": rounds,
-                                      "writes_by_replica": sorted(writes, reverse=True)}
+    figures["two_replicas_racing"] = {
+        "rounds": rounds,
+        "admissions": admissions,
+        "stale_refused": conflicts,
+        "rounds_equal": rounds,
+        "writes_by_replica": sorted(writes, reverse=True),
+    }
 
 
 @pytest.mark.slow
@@ -171,11 +225,16 @@ def test_forged_reviews_never_move_a_pool(emulator: Emulator, services: Services
     for _ in range(forged):
         replicas_asked = rng.choice([0, 1, 2**31 - 1, 2**31, 2**63, rng.randrange(0, 100)])
         old = rng.choice([2, rng.randrange(0, 100)])  # the stored value, or a guess
-        response = rng.choice(replicas).review(scale_request(SLIME_NAMESPACE, "mirror-a", replicas_asked, old_replicas=old))
+        response = rng.choice(replicas).review(
+            scale_request(SLIME_NAMESPACE, "mirror-a", replicas_asked, old_replicas=old)
+        )
         key = "allowed" if response["allowed"] else f"denied {response['status']['code']}"
         answers[key] = answers.get(key, 0) + 1
     for replica in replicas:
         replica.service.reconcile_once()
     assert (md_replicas(emulator), mirror_replicas(emulator)) == (2, 2)
-    figures["forged_scaling_reviews"] = {"reviews": forged, "answers": dict(sorted(answers.items())),
-                                         "machine_deployments_moved": 0}
+    figures["forged_scaling_reviews"] = {
+        "reviews": forged,
+        "answers": dict(sorted(answers.items())),
+        "machine_deployments_moved": 0,
+    }

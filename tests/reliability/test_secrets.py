@@ -32,7 +32,9 @@ def _review(service: Any, secret: dict[str, Any], operation: str = "CREATE") -> 
     return response
 
 
-def test_no_slurm_key_in_logs_metrics_or_errors(emulator: Emulator, pki: Pki, tmp_path: Path, figures: dict[str, Any]) -> None:
+def test_no_slurm_key_in_logs_metrics_or_errors(
+    emulator: Emulator, pki: Pki, tmp_path: Path, figures: dict[str, Any]
+) -> None:
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.DEBUG)
@@ -49,8 +51,15 @@ def test_no_slurm_key_in_logs_metrics_or_errors(emulator: Emulator, pki: Pki, tm
         # Requests that carry the key: an already injected Secret (UPDATE), one with stale values, one
         # whose metaData is broken YAML around the key, and the key where a name should be.
         key64 = b64(slurm.key)
-        injected = metadata_secret(data, extra={"slurm_controller_host": "192.0.2.10", "slurm_controller_port": "30817",
-                                                "slurm_conf_server": "192.0.2.10:30817", "slurm_key_base64": key64})
+        injected = metadata_secret(
+            data,
+            extra={
+                "slurm_controller_host": "192.0.2.10",
+                "slurm_controller_port": "30817",
+                "slurm_conf_server": "192.0.2.10:30817",
+                "slurm_key_base64": key64,
+            },
+        )
         assert "patch" not in _review(injection, injected, "UPDATE")
         stale = metadata_secret(data, extra={"slurm_controller_host": "198.51.100.9", "slurm_key_base64": key64})
         assert _review(injection, stale, "UPDATE")["patchType"] == "JSONPatch"
@@ -62,12 +71,21 @@ def test_no_slurm_key_in_logs_metrics_or_errors(emulator: Emulator, pki: Pki, tm
         # Not a valid Kubernetes name, so it cannot name a Metal3Data: not ours, allowed untouched.
         assert "patch" not in _review(injection, named)
         # A template that opts in to a controller that does not exist: a denial naming what is missing.
-        _, other = seed_metal3(emulator, template="other-workers", index=9,
-                               template_labels={"slurm-controller-namespace": "slurm", "slurm-controller-name": "missing"})
+        _, other = seed_metal3(
+            emulator,
+            template="other-workers",
+            index=9,
+            template_labels={"slurm-controller-namespace": "slurm", "slurm-controller-name": "missing"},
+        )
         assert _review(injection, metadata_secret(other, machine="m3m-9"))["allowed"] is False
         # The scaling webhook never sees the key, but its logs are part of the check too.
         assert scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", 3, old_replicas=2))["allowed"] is True
-        assert yaml.safe_load(base64.b64decode(json.loads(base64.b64decode(first["patch"]))[0]["value"]))["slurm_key_base64"] == key64
+        assert (
+            yaml.safe_load(base64.b64decode(json.loads(base64.b64decode(first["patch"]))[0]["value"]))[
+                "slurm_key_base64"
+            ]
+            == key64
+        )
     finally:
         services.close()  # keeps each service's metrics page as evidence
         root.setLevel(level)

@@ -19,8 +19,14 @@ def seeded(emulator: Emulator) -> Emulator:
     emulator.create(mirror("mirror-b", replicas=1))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
     emulator.create(machine_deployment("md-b", "metal3-b", replicas=1))
-    emulator.create(config_map({"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"
-                                            "- mirror: slime/mirror-b\n  machineDeployment: metal3-b/md-b\n"}))
+    emulator.create(
+        config_map(
+            {
+                "mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"
+                "- mirror: slime/mirror-b\n  machineDeployment: metal3-b/md-b\n"
+            }
+        )
+    )
     return emulator
 
 

@@ -37,15 +37,31 @@ POOL = {"pool": "workers"}
     [
         (baremetal_host("h", NS), True),
         (baremetal_host("h", NS, state="ready"), True),  # BMO's name for "available" before 0.5
-        *[(baremetal_host("h", NS, state=s), False) for s in ("registering", "inspecting", "preparing", "provisioning",
-                                                              "provisioned", "externally provisioned", "deprovisioning",
-                                                              "powering off before delete", "deleting", "unmanaged", "")],
+        *[
+            (baremetal_host("h", NS, state=s), False)
+            for s in (
+                "registering",
+                "inspecting",
+                "preparing",
+                "provisioning",
+                "provisioned",
+                "externally provisioned",
+                "deprovisioning",
+                "powering off before delete",
+                "deleting",
+                "unmanaged",
+                "",
+            )
+        ],
         (baremetal_host("h", NS, consumer="other-m3m"), False),
         (baremetal_host("h", NS, error="power on failed"), False),
         (baremetal_host("h", NS, annotations={"baremetalhost.metal3.io/paused": ""}), False),
         (baremetal_host("h", NS, annotations={"capm3.metal3.io/unhealthy": ""}), False),
         (baremetal_host("h", NS, annotations={"capi.metal3.io/unhealthy": ""}), False),
-        (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": f"md-{MD}"}), True),  # as CAPM3 names the pool
+        (
+            baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": f"md-{MD}"}),
+            True,
+        ),  # as CAPM3 names the pool
         (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": MD}), False),
         (baremetal_host("h", NS, labels={"infrastructure.cluster.x-k8s.io/node-reuse": "other-pool"}), False),
     ],
@@ -66,7 +82,11 @@ def test_a_host_being_deleted_is_not_free() -> None:
         ({}, {}, True),
         ({"matchLabels": POOL}, POOL, True),
         ({"matchLabels": POOL}, {"pool": "gpu"}, False),
-        ({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["workers", "spare"]}]}, {"pool": "spare"}, True),
+        (
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["workers", "spare"]}]},
+            {"pool": "spare"},
+            True,
+        ),
         ({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["workers"]}]}, {}, False),
         ({"matchExpressions": [{"key": "rack", "operator": "NotIn", "values": ["r1"]}]}, {}, True),
         ({"matchExpressions": [{"key": "rack", "operator": "NotIn", "values": ["r1"]}]}, {"rack": "r1"}, False),
@@ -75,8 +95,11 @@ def test_a_host_being_deleted_is_not_free() -> None:
         ({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["32"]}]}, {"cores": "64"}, True),
         ({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["32"]}]}, {"cores": "32"}, False),
         ({"matchExpressions": [{"key": "cores", "operator": "Lt", "values": ["32"]}]}, {"cores": "many"}, False),
-        ({"matchLabels": POOL, "matchExpressions": [{"key": "rack", "operator": "In", "values": ["r2"]}]},
-         {"pool": "workers", "rack": "r2"}, True),
+        (
+            {"matchLabels": POOL, "matchExpressions": [{"key": "rack", "operator": "In", "values": ["r2"]}]},
+            {"pool": "workers", "rack": "r2"},
+            True,
+        ),
     ],
 )
 def test_host_selector_as_capm3_reads_it(selector: dict[str, Any], labels: dict[str, str], matches: bool) -> None:
@@ -87,7 +110,10 @@ def test_host_selector_as_capm3_reads_it(selector: dict[str, Any], labels: dict[
     ("selector", "message"),
     [
         # CAPM3 lowercases the operator for labels.NewRequirement: "doesnotexist" is not an operator.
-        ({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, "operator 'DoesNotExist' of 'gpu' is not one CAPM3 accepts"),
+        (
+            {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]},
+            "operator 'DoesNotExist' of 'gpu' is not one CAPM3 accepts",
+        ),
         ({"matchExpressions": [{"key": "pool", "operator": "In"}]}, "'pool' In needs values"),
         ({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["x"]}]}, "'cores' Gt needs an integer"),
         ({"matchExpressions": [{"operator": "Exists"}]}, "has no key"),
@@ -103,8 +129,12 @@ def machine(name: str, infrastructure: str, deleting: bool = False) -> dict[str,
     metadata: dict[str, Any] = {"name": name, "namespace": NS, "labels": {"cluster.x-k8s.io/deployment-name": MD}}
     if deleting:
         metadata["deletionTimestamp"] = "2026-11-22T10:00:00Z"
-    return {"apiVersion": f"{CAPI}/v1beta1", "kind": "Machine", "metadata": metadata,
-            "spec": {"infrastructureRef": {"kind": "Metal3Machine", "name": infrastructure}}}
+    return {
+        "apiVersion": f"{CAPI}/v1beta1",
+        "kind": "Machine",
+        "metadata": metadata,
+        "spec": {"infrastructureRef": {"kind": "Metal3Machine", "name": infrastructure}},
+    }
 
 
 def test_the_ceiling_is_hosts_in_use_by_the_pool_plus_free_matching_hosts() -> None:
@@ -112,14 +142,21 @@ def test_the_ceiling_is_hosts_in_use_by_the_pool_plus_free_matching_hosts() -> N
     hosts = [
         baremetal_host("in-use-1", NS, state="provisioned", labels=POOL, consumer="m3m-1"),
         baremetal_host("in-use-2", NS, state="provisioning", labels=POOL, consumer="m3m-2"),
-        baremetal_host("leaving", NS, state="provisioned", labels=POOL, consumer="m3m-3"),  # its Machine is being deleted
+        baremetal_host(
+            "leaving", NS, state="provisioned", labels=POOL, consumer="m3m-3"
+        ),  # its Machine is being deleted
         baremetal_host("other-pool", NS, state="provisioned", labels=POOL, consumer="someone-else"),
         baremetal_host("free-1", NS, labels=POOL),
         baremetal_host("free-2", NS, labels=POOL),
         baremetal_host("gpu", NS, labels={"pool": "gpu"}),  # free, but not for this pool
         baremetal_host("broken", NS, labels=POOL, error="inspection failed"),
     ]
-    machines = [machine("m-1", "m3m-1"), machine("m-2", "m3m-2"), machine("m-3", "m3m-3", deleting=True), machine("m-4", "m3m-4")]
+    machines = [
+        machine("m-1", "m3m-1"),
+        machine("m-2", "m3m-2"),
+        machine("m-3", "m3m-3", deleting=True),
+        machine("m-4", "m3m-4"),
+    ]
     assert count(NS, MD, template, hosts, machines) == Capacity(bound=2, free=2)
     assert Capacity(bound=2, free=2).ceiling == 4  # m-4 still waits for a host: it takes one of the two free ones
 
@@ -128,8 +165,12 @@ def test_the_ceiling_is_hosts_in_use_by_the_pool_plus_free_matching_hosts() -> N
 
 
 def capacity_config(capacity_aware: bool = True) -> dict[str, Any]:
-    return config_map({"mappings": f"- mirror: {SLIME_NAMESPACE}/mirror\n  machineDeployment: {NS}/{MD}\n"
-                                   f"  capacityAware: {'true' if capacity_aware else 'false'}\n"})
+    return config_map(
+        {
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/mirror\n  machineDeployment: {NS}/{MD}\n"
+            f"  capacityAware: {'true' if capacity_aware else 'false'}\n"
+        }
+    )
 
 
 @pytest.fixture
@@ -162,7 +203,13 @@ def test_three_free_hosts_scale_to_five_gives_three_then_two_hosts_appear_gives_
     # Two hosts finish inspection: their watch events raise the pool, no resync needed.
     for index in (3, 4):
         pool.create(baremetal_host(f"host-{index}", NS, state="inspecting", labels=POOL))
-        pool.patch("metal3.io/v1alpha1", "BareMetalHost", NS, f"host-{index}", {"status": {"provisioning": {"state": "available"}}})
+        pool.patch(
+            "metal3.io/v1alpha1",
+            "BareMetalHost",
+            NS,
+            f"host-{index}",
+            {"status": {"provisioning": {"state": "available"}}},
+        )
     wait_for(lambda: md_replicas(pool, NS, MD) == 5, what="the pool raised to 5 once two more hosts are available")
     wait_for(lambda: scaling.metric("slime_scaling_capacity_shortfall_replicas") == 0, what="no shortfall")
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="capacity"') == 0
@@ -179,10 +226,23 @@ def test_hosts_the_pool_already_uses_count_and_a_scale_down_is_never_capped(
     pool.patch("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror", {"spec": {"replicas": 2}})
     for index in (0, 1):
         pool.create(machine(f"m-{index}", f"m3m-{index}"))
-        pool.patch("metal3.io/v1alpha1", "BareMetalHost", NS, f"host-{index}", {
-            "spec": {"consumerRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
-                                     "name": f"m3m-{index}", "namespace": NS}},
-            "status": {"provisioning": {"state": "provisioned"}}})
+        pool.patch(
+            "metal3.io/v1alpha1",
+            "BareMetalHost",
+            NS,
+            f"host-{index}",
+            {
+                "spec": {
+                    "consumerRef": {
+                        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                        "kind": "Metal3Machine",
+                        "name": f"m3m-{index}",
+                        "namespace": NS,
+                    }
+                },
+                "status": {"provisioning": {"state": "provisioned"}},
+            },
+        )
     pool.create(capacity_config())
     scaling_factory(pool)
     scale_mirror(pool, SLIME_NAMESPACE, "mirror", 6)

@@ -28,8 +28,13 @@ from scaling_webhook.mappings import Mapping, parse_mappings
 from testbed.reviews import scale_request
 from testbed.world import machine_deployment, mirror
 
-TABLE = parse_mappings({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}\n"
-                                    "- {mirror: slime/mirror-c, machineDeployment: metal3/md-c, maxReplicas: 4}\n"}, "slime")
+TABLE = parse_mappings(
+    {
+        "mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}\n"
+        "- {mirror: slime/mirror-c, machineDeployment: metal3/md-c, maxReplicas: 4}\n"
+    },
+    "slime",
+)
 MAPPING = TABLE.get("slime", "mirror-a")
 CAPPED = TABLE.get("slime", "mirror-c")
 assert MAPPING is not None and CAPPED is not None
@@ -79,9 +84,25 @@ def without_replicas() -> dict[str, Any]:
         {},
     ],
     ids=[
-        "create", "delete", "connect", "no-operation", "kind-deployment", "kind-not-a-map", "no-kind",
-        "statefulsets", "core-group", "extensions-group", "resource-not-a-map", "status-subresource",
-        "empty-subresource", "no-subresource", "other-namespace", "unmapped-name", "no-name", "namespace-not-str", "empty",
+        "create",
+        "delete",
+        "connect",
+        "no-operation",
+        "kind-deployment",
+        "kind-not-a-map",
+        "no-kind",
+        "statefulsets",
+        "core-group",
+        "extensions-group",
+        "resource-not-a-map",
+        "status-subresource",
+        "empty-subresource",
+        "no-subresource",
+        "other-namespace",
+        "unmapped-name",
+        "no-name",
+        "namespace-not-str",
+        "empty",
     ],
 )
 def test_not_ours(req: dict[str, Any]) -> None:
@@ -106,8 +127,14 @@ def test_replicas_taken_from_the_scale(replicas: int) -> None:
         (with_replicas(2.0), "Scale object has no integer spec.replicas"),
         (with_replicas(None), "Scale object has no integer spec.replicas"),
         (with_replicas(-1), "Scale object has a negative spec.replicas (-1)"),
-        (with_replicas(2**31), "Scale object has spec.replicas 2147483648, more than a Kubernetes replica count may be (2147483647)"),
-        (with_replicas(2**63), "Scale object has spec.replicas 9223372036854775808, more than a Kubernetes replica count may be (2147483647)"),
+        (
+            with_replicas(2**31),
+            "Scale object has spec.replicas 2147483648, more than a Kubernetes replica count may be (2147483647)",
+        ),
+        (
+            with_replicas(2**63),
+            "Scale object has spec.replicas 9223372036854775808, more than a Kubernetes replica count may be (2147483647)",
+        ),
         (request(object=None), "Scale object has no integer spec.replicas"),
         (request(object={"spec": "x"}), "Scale object has no integer spec.replicas"),
     ],
@@ -127,7 +154,9 @@ def test_a_scale_to_or_from_zero_arrives_without_replicas_and_is_read_as_zero() 
     at_zero = Observed(mirror("mirror-a", replicas=0), machine_deployment("md-a", "metal3"))
     assert decide(from_zero, MAPPING, at_zero) == Accepted(MAPPING, 2, 2)
     fresh = Observed(at_zero.mirror, at_zero.machine_deployment, fresh=True)
-    assert isinstance(decide(scale_request("slime", "mirror-a", 2, old_replicas=1), MAPPING, fresh), Refused)  # still checked
+    assert isinstance(
+        decide(scale_request("slime", "mirror-a", 2, old_replicas=1), MAPPING, fresh), Refused
+    )  # still checked
 
 
 def test_dry_run() -> None:
@@ -140,7 +169,9 @@ def test_dry_run_with_bad_replicas_is_still_invalid() -> None:
 
 
 def test_caches_not_listed_yet_is_a_retry() -> None:
-    assert decide(request(), MAPPING, None) == Refused(MAPPING, 3, "the webhook has not listed the mirror and MachineDeployment yet", 503)
+    assert decide(request(), MAPPING, None) == Refused(
+        MAPPING, 3, "the webhook has not listed the mirror and MachineDeployment yet", 503
+    )
 
 
 def test_an_old_object_that_is_not_the_stored_mirror_is_checked_again_then_refused() -> None:
@@ -148,18 +179,25 @@ def test_an_old_object_that_is_not_the_stored_mirror_is_checked_again_then_refus
     assert decide(forged, MAPPING, STORED) == Recheck(MAPPING)
     fresh = Observed(STORED.mirror, STORED.machine_deployment, fresh=True)
     assert decide(forged, MAPPING, fresh) == Refused(
-        MAPPING, 3, "the review's oldObject.spec.replicas (7) is not the stored mirror's (1); "
-        "kube-apiserver sends the stored object, so this review is stale or forged", 409)
+        MAPPING,
+        3,
+        "the review's oldObject.spec.replicas (7) is not the stored mirror's (1); "
+        "kube-apiserver sends the stored object, so this review is stale or forged",
+        409,
+    )
 
 
 def test_a_mirror_that_does_not_exist_is_refused() -> None:
     assert decide(request(), MAPPING, Observed(None, STORED.machine_deployment)) == Recheck(MAPPING)
     assert decide(request(), MAPPING, Observed(None, STORED.machine_deployment, fresh=True)) == Refused(
-        MAPPING, 3, "mirror Deployment slime/mirror-a does not exist", 404)
+        MAPPING, 3, "mirror Deployment slime/mirror-a does not exist", 404
+    )
 
 
 def test_a_missing_machine_deployment_is_refused() -> None:
-    assert decide(request(), MAPPING, Observed(STORED.mirror, None)) == Refused(MAPPING, 3, "MachineDeployment metal3/md-a not found", 404)
+    assert decide(request(), MAPPING, Observed(STORED.mirror, None)) == Refused(
+        MAPPING, 3, "MachineDeployment metal3/md-a not found", 404
+    )
 
 
 def test_a_cluster_autoscaler_node_group_is_refused() -> None:
@@ -167,7 +205,10 @@ def test_a_cluster_autoscaler_node_group_is_refused() -> None:
     md["metadata"]["annotations"] = {"cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "10"}
     decision = decide(request(), MAPPING, Observed(STORED.mirror, md))
     assert isinstance(decision, Refused) and decision.code == 409
-    assert "is a cluster-autoscaler node group (cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size)" in decision.reason
+    assert (
+        "is a cluster-autoscaler node group (cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size)"
+        in decision.reason
+    )
 
 
 def test_above_max_replicas_is_accepted_and_capped() -> None:
@@ -176,22 +217,33 @@ def test_above_max_replicas_is_accepted_and_capped() -> None:
     assert decision == Accepted(CAPPED, 9, 4) and decision.capped
     response = respond(decision)
     assert response.allowed and response.message == (
-        "MachineDeployment metal3/md-c follows the stored mirror to 4, capped at maxReplicas 4 (the mirror asks 9)")
+        "MachineDeployment metal3/md-c follows the stored mirror to 4, capped at maxReplicas 4 (the mirror asks 9)"
+    )
     assert response.warnings == ("MachineDeployment metal3/md-c is capped at maxReplicas 4 (the mirror asks 9)",)
     assert target_replicas(CAPPED, 3) == 3 and target_replicas(MAPPING, 9) == 9
 
 
-@pytest.mark.parametrize(("md_changes", "cluster", "reason"), [
-    ({"spec": {"paused": True}}, None, "MachineDeployment metal3/md-a has spec.paused"),
-    ({"metadata": {"annotations": {"cluster.x-k8s.io/paused": ""}}}, None,
-     "MachineDeployment metal3/md-a has the cluster.x-k8s.io/paused annotation"),
-    ({}, {"metadata": {"name": "c1"}, "spec": {"paused": True}}, "Cluster metal3/c1 has spec.paused"),
-    ({}, {"metadata": {"name": "c1", "annotations": {"cluster.x-k8s.io/paused": "true"}}, "spec": {}},
-     "Cluster metal3/c1 has the cluster.x-k8s.io/paused annotation"),
-    ({}, {"metadata": {"name": "c1"}, "spec": {"paused": False}}, ""),
-])
-def test_pauses_are_read_from_the_machine_deployment_and_its_cluster(md_changes: dict[str, Any], cluster: dict[str, Any] | None,
-                                                                     reason: str) -> None:
+@pytest.mark.parametrize(
+    ("md_changes", "cluster", "reason"),
+    [
+        ({"spec": {"paused": True}}, None, "MachineDeployment metal3/md-a has spec.paused"),
+        (
+            {"metadata": {"annotations": {"cluster.x-k8s.io/paused": ""}}},
+            None,
+            "MachineDeployment metal3/md-a has the cluster.x-k8s.io/paused annotation",
+        ),
+        ({}, {"metadata": {"name": "c1"}, "spec": {"paused": True}}, "Cluster metal3/c1 has spec.paused"),
+        (
+            {},
+            {"metadata": {"name": "c1", "annotations": {"cluster.x-k8s.io/paused": "true"}}, "spec": {}},
+            "Cluster metal3/c1 has the cluster.x-k8s.io/paused annotation",
+        ),
+        ({}, {"metadata": {"name": "c1"}, "spec": {"paused": False}}, ""),
+    ],
+)
+def test_pauses_are_read_from_the_machine_deployment_and_its_cluster(
+    md_changes: dict[str, Any], cluster: dict[str, Any] | None, reason: str
+) -> None:
     md = machine_deployment("md-a", "metal3")
     for key, value in md_changes.items():
         md[key] = {**md[key], **value}
@@ -222,7 +274,9 @@ def test_respond_invalid() -> None:
     )
 
 
-@pytest.mark.parametrize(("code", "reason"), [(503, "ServiceUnavailable"), (404, "NotFound"), (409, "Conflict"), (400, "BadRequest")])
+@pytest.mark.parametrize(
+    ("code", "reason"), [(503, "ServiceUnavailable"), (404, "NotFound"), (409, "Conflict"), (400, "BadRequest")]
+)
 def test_respond_refused(code: int, reason: str) -> None:
     response = respond(Refused(MAPPING, 3, "MachineDeployment metal3/md-a not found", code))
     assert not response.allowed and response.code == code and response.reason == reason
@@ -239,7 +293,13 @@ def test_a_recheck_is_never_answered() -> None:
 
 @pytest.mark.parametrize(
     "decision",
-    [Accepted(MAPPING, 1, 1), Accepted(CAPPED, 9, 4, "paused"), DryRun(MAPPING, 1), Invalid(MAPPING, "x"), Refused(MAPPING, 1, "x", 409)],
+    [
+        Accepted(MAPPING, 1, 1),
+        Accepted(CAPPED, 9, 4, "paused"),
+        DryRun(MAPPING, 1),
+        Invalid(MAPPING, "x"),
+        Refused(MAPPING, 1, "x", 409),
+    ],
 )
 def test_never_a_patch_on_the_wire(decision: Any) -> None:
     body = encode_review("u1", respond(decision))

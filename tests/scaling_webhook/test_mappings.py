@@ -19,7 +19,9 @@ def test_empty_and_missing_data() -> None:
 
 
 def test_thesis_form_with_defaults() -> None:
-    table = parse_mappings({"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}, "slime")
+    table = parse_mappings(
+        {"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}, "slime"
+    )
     assert pairs(table) == {("slime/mirror-deployment", "metal3/md-slurm-workers")}
     mapping = table.get("slime", "mirror-deployment")
     assert isinstance(mapping, Mapping) and mapping.source == "thesis keys" and dict(mapping.options) == {}
@@ -68,9 +70,13 @@ def test_interfaces_example_combined() -> None:
 def test_two_mirrors_may_not_drive_one_machine_deployment() -> None:
     """One MachineDeployment, one writer: two mirrors onto one would make it flap between their values."""
     with pytest.raises(MappingError) as error:
-        parse_mappings({"mappings": "- {mirror: a/m1, machineDeployment: x/md}\n- {mirror: a/m2, machineDeployment: x/md}"}, "s")
-    assert str(error.value) == ("mappings[0] and mappings[1] both target MachineDeployment x/md (from mirrors a/m1 and a/m2); "
-                                "one MachineDeployment must have one writer")
+        parse_mappings(
+            {"mappings": "- {mirror: a/m1, machineDeployment: x/md}\n- {mirror: a/m2, machineDeployment: x/md}"}, "s"
+        )
+    assert str(error.value) == (
+        "mappings[0] and mappings[1] both target MachineDeployment x/md (from mirrors a/m1 and a/m2); "
+        "one MachineDeployment must have one writer"
+    )
 
 
 def test_thesis_keys_and_a_list_item_onto_one_machine_deployment_are_refused() -> None:
@@ -79,7 +85,12 @@ def test_thesis_keys_and_a_list_item_onto_one_machine_deployment_are_refused() -
 
 
 def test_max_replicas() -> None:
-    table = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: 12}\n- {mirror: a/n, machineDeployment: x/o}"}, "s")
+    table = parse_mappings(
+        {
+            "mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: 12}\n- {mirror: a/n, machineDeployment: x/o}"
+        },
+        "s",
+    )
     assert [m.max_replicas for m in table] == [12, None]
 
 
@@ -100,11 +111,26 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
         ({"machineDeploymentName": "md"}, "machineDeploymentNamespace: missing (needed with machineDeploymentName)"),
         ({"mirrorDeploymentName": "m"}, "machineDeploymentName: missing (needed with mirrorDeploymentName)"),
         ({**THESIS, "machineDeploymentName": ""}, "machineDeploymentName: must be a non-empty string"),
-        ({**THESIS, "machineDeploymentName": "MD_1"}, "machineDeploymentName: name 'MD_1' is not a valid DNS-1123 subdomain"),
-        ({**THESIS, "machineDeploymentNamespace": "a.b"}, "machineDeploymentNamespace: namespace 'a.b' is not a valid DNS-1123 label"),
-        ({**THESIS, "mirrorDeploymentNamespace": "-x"}, "mirrorDeploymentNamespace: namespace '-x' is not a valid DNS-1123 label"),
-        ({**THESIS, "mirrorDeploymentName": "a" * 254}, f"mirrorDeploymentName: name '{'a' * 254}' is not a valid DNS-1123 subdomain"),
-        ({"mappings": "- mirror: [unclosed"}, "mappings: invalid YAML at line 2, column 1: did not find expected ',' or ']'"),
+        (
+            {**THESIS, "machineDeploymentName": "MD_1"},
+            "machineDeploymentName: name 'MD_1' is not a valid DNS-1123 subdomain",
+        ),
+        (
+            {**THESIS, "machineDeploymentNamespace": "a.b"},
+            "machineDeploymentNamespace: namespace 'a.b' is not a valid DNS-1123 label",
+        ),
+        (
+            {**THESIS, "mirrorDeploymentNamespace": "-x"},
+            "mirrorDeploymentNamespace: namespace '-x' is not a valid DNS-1123 label",
+        ),
+        (
+            {**THESIS, "mirrorDeploymentName": "a" * 254},
+            f"mirrorDeploymentName: name '{'a' * 254}' is not a valid DNS-1123 subdomain",
+        ),
+        (
+            {"mappings": "- mirror: [unclosed"},
+            "mappings: invalid YAML at line 2, column 1: did not find expected ',' or ']'",
+        ),
         ({"mappings": "a: 1"}, "mappings: must be a YAML list, got dict"),
         ({"mappings": "- just-a-string"}, "mappings[0]: must be a map with keys mirror, machineDeployment"),
         ({"mappings": "- {mirror: a/m}"}, "mappings[0]: missing key machineDeployment"),
@@ -113,11 +139,26 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
             {"mappings": "- {mirror: a/m, machineDeployment: x/md, replicas: 3, Extra: 1}"},
             "mappings[0]: unknown key(s) Extra, replicas; allowed: mirror, machineDeployment",
         ),
-        ({"mappings": "- {mirror: m, machineDeployment: x/md}"}, "mappings[0].mirror: 'm' is not of the form <namespace>/<name>"),
-        ({"mappings": "- {mirror: a/b/c, machineDeployment: x/md}"}, "mappings[0].mirror: 'a/b/c' is not of the form <namespace>/<name>"),
-        ({"mappings": "- {mirror: /m, machineDeployment: x/md}"}, "mappings[0].mirror: '/m' is not of the form <namespace>/<name>"),
-        ({"mappings": "- {mirror: a/m, machineDeployment: 3}"}, "mappings[0].machineDeployment: expected a string <namespace>/<name>, got int"),
-        ({"mappings": "- {mirror: a/m, machineDeployment: X/md}"}, "mappings[0].machineDeployment: namespace 'X' is not a valid DNS-1123 label"),
+        (
+            {"mappings": "- {mirror: m, machineDeployment: x/md}"},
+            "mappings[0].mirror: 'm' is not of the form <namespace>/<name>",
+        ),
+        (
+            {"mappings": "- {mirror: a/b/c, machineDeployment: x/md}"},
+            "mappings[0].mirror: 'a/b/c' is not of the form <namespace>/<name>",
+        ),
+        (
+            {"mappings": "- {mirror: /m, machineDeployment: x/md}"},
+            "mappings[0].mirror: '/m' is not of the form <namespace>/<name>",
+        ),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: 3}"},
+            "mappings[0].machineDeployment: expected a string <namespace>/<name>, got int",
+        ),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: X/md}"},
+            "mappings[0].machineDeployment: namespace 'X' is not a valid DNS-1123 label",
+        ),
         (
             {"mappings": "- {mirror: a/m, machineDeployment: x/md}\n- {mirror: a/m, machineDeployment: y/md}"},
             "mappings[1]: mirror a/m is already mapped by mappings[0] (to MachineDeployment x/md); "
@@ -128,17 +169,48 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
             "mappings[0]: mirror slime/mirror-deployment is already mapped by thesis keys (to MachineDeployment metal3/md); "
             "a mirror may drive only one MachineDeployment",
         ),
-        ({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: -1}"}, "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got -1"),
-        ({"mappings": f"- {{mirror: a/m, machineDeployment: x/md, maxReplicas: {2**31}}}"},
-         "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got 2147483648"),
-        ({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: '5'}"}, "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got '5'"),
-        ({"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: true}"}, "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got True"),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: -1}"},
+            "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got -1",
+        ),
+        (
+            {"mappings": f"- {{mirror: a/m, machineDeployment: x/md, maxReplicas: {2**31}}}"},
+            "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got 2147483648",
+        ),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: '5'}"},
+            "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got '5'",
+        ),
+        (
+            {"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: true}"},
+            "mappings[0].maxReplicas: must be an integer from 0 to 2147483647, got True",
+        ),
     ],
     ids=[
-        "thesis-no-namespace", "thesis-mirror-only", "thesis-empty", "thesis-bad-name", "thesis-bad-namespace",
-        "thesis-bad-mirror-namespace", "thesis-name-too-long", "yaml-error", "not-a-list", "item-not-a-map",
-        "missing-md", "missing-mirror", "unknown-keys", "no-slash", "two-slashes", "empty-namespace", "ref-not-string",
-        "ref-uppercase", "duplicate-in-list", "duplicate-across-forms", "max-negative", "max-too-big", "max-string", "max-bool",
+        "thesis-no-namespace",
+        "thesis-mirror-only",
+        "thesis-empty",
+        "thesis-bad-name",
+        "thesis-bad-namespace",
+        "thesis-bad-mirror-namespace",
+        "thesis-name-too-long",
+        "yaml-error",
+        "not-a-list",
+        "item-not-a-map",
+        "missing-md",
+        "missing-mirror",
+        "unknown-keys",
+        "no-slash",
+        "two-slashes",
+        "empty-namespace",
+        "ref-not-string",
+        "ref-uppercase",
+        "duplicate-in-list",
+        "duplicate-across-forms",
+        "max-negative",
+        "max-too-big",
+        "max-string",
+        "max-bool",
     ],
 )
 def test_errors(data: dict[str, str], message: str) -> None:
@@ -153,18 +225,26 @@ SAFE = "safeScaleIn: {slurmrestd: 'http://slurm-restapi.slurm:6820', jwtSecret: 
 
 
 def test_capacity_aware_and_node_demand_options() -> None:
-    table = parse_mappings({"mappings": (
-        f"- {{mirror: a/m, machineDeployment: x/md, capacityAware: true, nodeDemand: {{partition: batch}}, {SAFE}}}\n"
-        "- {mirror: a/n, machineDeployment: x/md2, nodeDemand: {partition: gpu, slurmrestd: 'http://other:6820', "
-        "jwtSecret: slurm/other, tokenUser: slinky}}\n"
-        "- {mirror: a/o, machineDeployment: x/md3}\n"
-    )}, "slime")
+    table = parse_mappings(
+        {
+            "mappings": (
+                f"- {{mirror: a/m, machineDeployment: x/md, capacityAware: true, nodeDemand: {{partition: batch}}, {SAFE}}}\n"
+                "- {mirror: a/n, machineDeployment: x/md2, nodeDemand: {partition: gpu, slurmrestd: 'http://other:6820', "
+                "jwtSecret: slurm/other, tokenUser: slinky}}\n"
+                "- {mirror: a/o, machineDeployment: x/md3}\n"
+            )
+        },
+        "slime",
+    )
     first, second, third = (table.get("a", n) for n in ("m", "n", "o"))
     assert first is not None and second is not None and third is not None
     assert first.capacity_aware and not second.capacity_aware and not third.capacity_aware
     assert first.node_demand is not None and first.node_demand.partition == "batch"
     assert first.safe_scale_in is not None and first.node_demand.endpoint == first.safe_scale_in.endpoint  # shared
-    assert second.node_demand is not None and (second.node_demand.slurmrestd, second.node_demand.token_user) == ("http://other:6820", "slinky")
+    assert second.node_demand is not None and (second.node_demand.slurmrestd, second.node_demand.token_user) == (
+        "http://other:6820",
+        "slinky",
+    )
     assert third.node_demand is None
 
 
@@ -172,15 +252,31 @@ def test_capacity_aware_and_node_demand_options() -> None:
     ("item", "message"),
     [
         ("capacityAware: 'yes'", "mappings[0].capacityAware: must be true or false, got 'yes'"),
-        ("nodeDemand: batch", "mappings[0].nodeDemand: must be a map with keys partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser"),
+        (
+            "nodeDemand: batch",
+            "mappings[0].nodeDemand: must be a map with keys partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser",
+        ),
         ("nodeDemand: {slurmrestd: 'http://s:6820', jwtSecret: s/j}", "mappings[0].nodeDemand: missing key partition"),
-        ("nodeDemand: {partition: batch}", "mappings[0].nodeDemand: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn block)"),
-        ("nodeDemand: {partition: 'a b', slurmrestd: 'http://s:6820', jwtSecret: s/j}",
-         "mappings[0].nodeDemand.partition: 'a b' is not a Slurm partition name (letters, digits, '.', '_', '-')"),
-        ("nodeDemand: {partition: batch, Partition: x}", "mappings[0].nodeDemand: unknown key(s) Partition; allowed: partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser"),
-        (f"nodeDemand: {{partition: batch, jwtKey: other.key}}, {SAFE}",
-         "mappings[0].nodeDemand: give both slurmrestd and jwtSecret, or neither (to use the safeScaleIn endpoint)"),
-        ("nodeDemand: {partition: batch, slurmrestd: 'ftp://s', jwtSecret: s/j}", "mappings[0].nodeDemand.slurmrestd: 'ftp://s' is not an http:// or https:// URL"),
+        (
+            "nodeDemand: {partition: batch}",
+            "mappings[0].nodeDemand: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn block)",
+        ),
+        (
+            "nodeDemand: {partition: 'a b', slurmrestd: 'http://s:6820', jwtSecret: s/j}",
+            "mappings[0].nodeDemand.partition: 'a b' is not a Slurm partition name (letters, digits, '.', '_', '-')",
+        ),
+        (
+            "nodeDemand: {partition: batch, Partition: x}",
+            "mappings[0].nodeDemand: unknown key(s) Partition; allowed: partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser",
+        ),
+        (
+            f"nodeDemand: {{partition: batch, jwtKey: other.key}}, {SAFE}",
+            "mappings[0].nodeDemand: give both slurmrestd and jwtSecret, or neither (to use the safeScaleIn endpoint)",
+        ),
+        (
+            "nodeDemand: {partition: batch, slurmrestd: 'ftp://s', jwtSecret: s/j}",
+            "mappings[0].nodeDemand.slurmrestd: 'ftp://s' is not an http:// or https:// URL",
+        ),
     ],
 )
 def test_option_errors(item: str, message: str) -> None:
@@ -192,6 +288,14 @@ def test_option_errors(item: str, message: str) -> None:
 def test_one_partition_feeds_one_pool() -> None:
     demand = "nodeDemand: {partition: batch, slurmrestd: 'http://s:6820', jwtSecret: s/j}"
     with pytest.raises(MappingError) as error:
-        parse_mappings({"mappings": f"- {{mirror: a/m, machineDeployment: x/md, {demand}}}\n"
-                                    f"- {{mirror: a/n, machineDeployment: x/md2, {demand}}}"}, "slime")
-    assert str(error.value) == "mappings[0] and mappings[1] both publish the node demand of partition 'batch'; one partition feeds one pool"
+        parse_mappings(
+            {
+                "mappings": f"- {{mirror: a/m, machineDeployment: x/md, {demand}}}\n"
+                f"- {{mirror: a/n, machineDeployment: x/md2, {demand}}}"
+            },
+            "slime",
+        )
+    assert (
+        str(error.value)
+        == "mappings[0] and mappings[1] both publish the node demand of partition 'batch'; one partition feeds one pool"
+    )

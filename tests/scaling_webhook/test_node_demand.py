@@ -21,8 +21,15 @@ INTERVAL = {"demand_interval_seconds": 0.2}
 
 @pytest.fixture
 def world(emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes) -> Emulator:
-    emulator.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
-                     "type": "Opaque", "data": {JWT_KEY: base64.b64encode(jwt_key).decode()}})
+    emulator.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
+            "type": "Opaque",
+            "data": {JWT_KEY: base64.b64encode(jwt_key).decode()},
+        }
+    )
     emulator.create(mirror(MIRROR, replicas=0, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=0))
     emulator.create(demand_config(slurm.url))
@@ -41,8 +48,9 @@ def nodes_served(scaling: Scaling, expected: int) -> dict:
     return wait_for(seen, what=f"/demand/batch to say {expected} nodes")
 
 
-def test_a_pending_four_node_job_is_a_demand_of_four_nodes(world: Emulator, slurm: FakeSlurmrestd,
-                                                           scaling_factory: Callable[..., Scaling]) -> None:
+def test_a_pending_four_node_job_is_a_demand_of_four_nodes(
+    world: Emulator, slurm: FakeSlurmrestd, scaling_factory: Callable[..., Scaling]
+) -> None:
     scaling = scaling_factory(world, **INTERVAL)
     nodes_served(scaling, 0)
     slurm.submit(4, reason="Resources")
@@ -66,8 +74,9 @@ def test_a_pending_four_node_job_is_a_demand_of_four_nodes(world: Emulator, slur
     assert [p["partition"] for p in listing["partitions"]] == ["batch"] and listing["partitions"][0]["nodes"] == 5
 
 
-def test_an_unknown_demand_is_never_a_number(world: Emulator, slurm: FakeSlurmrestd,
-                                              scaling_factory: Callable[..., Scaling]) -> None:
+def test_an_unknown_demand_is_never_a_number(
+    world: Emulator, slurm: FakeSlurmrestd, scaling_factory: Callable[..., Scaling]
+) -> None:
     scaling = scaling_factory(world, **INTERVAL)
     slurm.submit(3)
     nodes_served(scaling, 3)
@@ -81,21 +90,42 @@ def test_an_unknown_demand_is_never_a_number(world: Emulator, slurm: FakeSlurmre
     assert demand(scaling, "gpu").json()["error"] == "no mapping publishes the node demand of partition 'gpu'"
 
 
-def test_a_partition_slurm_does_not_have_is_an_error_that_says_so(emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes,
-                                                                   scaling_factory: Callable[..., Scaling]) -> None:
-    emulator.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
-                     "type": "Opaque", "data": {JWT_KEY: base64.b64encode(jwt_key).decode()}})
+def test_a_partition_slurm_does_not_have_is_an_error_that_says_so(
+    emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes, scaling_factory: Callable[..., Scaling]
+) -> None:
+    emulator.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
+            "type": "Opaque",
+            "data": {JWT_KEY: base64.b64encode(jwt_key).decode()},
+        }
+    )
     emulator.create(demand_config(slurm.url, partition="gpu"))
     scaling = scaling_factory(emulator, **INTERVAL)
-    answer = wait_for(lambda: (r := httpx.get(f"{scaling.running.metrics_url}/demand/gpu", timeout=5)).status_code == 503
-                      and "Slurm has no partition" in r.text and r, what="the missing partition named")
+    answer = wait_for(
+        lambda: (
+            (r := httpx.get(f"{scaling.running.metrics_url}/demand/gpu", timeout=5)).status_code == 503
+            and "Slurm has no partition" in r.text
+            and r
+        ),
+        what="the missing partition named",
+    )
     assert answer.json() == {"partition": "gpu", "error": "Slurm has no partition 'gpu'"}
 
 
-def test_jobs_beyond_the_pool_or_the_partition_never_count(world: Emulator, slurm: FakeSlurmrestd,
-                                                           scaling_factory: Callable[..., Scaling]) -> None:
+def test_jobs_beyond_the_pool_or_the_partition_never_count(
+    world: Emulator, slurm: FakeSlurmrestd, scaling_factory: Callable[..., Scaling]
+) -> None:
     slurm.partitions["batch"] = 6  # MaxNodes=6
-    world.patch("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap", {"data": demand_config(slurm.url, max_replicas=4)["data"]})
+    world.patch(
+        "v1",
+        "ConfigMap",
+        SLIME_NAMESPACE,
+        "scaling-webhook-configmap",
+        {"data": demand_config(slurm.url, max_replicas=4)["data"]},
+    )
     scaling = scaling_factory(world, **INTERVAL)
     slurm.submit(7, reason="PartitionNodeLimit")  # over MaxNodes
     slurm.submit(5)  # over maxReplicas 4

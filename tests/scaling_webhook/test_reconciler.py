@@ -15,7 +15,16 @@ from scaling_webhook.reconciler import ADOPTED_ANNOTATION
 from testbed.reviews import scale_request
 from testbed.services import Scaling
 from testbed.wait import wait_for
-from testbed.world import CAPI, SLIME_NAMESPACE, config_map, machine_deployment, md_events, md_replicas, mirror, scale_mirror
+from testbed.world import (
+    CAPI,
+    SLIME_NAMESPACE,
+    config_map,
+    machine_deployment,
+    md_events,
+    md_replicas,
+    mirror,
+    scale_mirror,
+)
 
 THESIS_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
 MD_REF = "metal3/md"
@@ -41,7 +50,9 @@ def thesis(emulator: Emulator) -> Emulator:
 # --- adopt, never reset -------------------------------------------------------------------------------
 
 
-def test_a_new_mapping_adopts_the_pool_and_never_resets_it(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_a_new_mapping_adopts_the_pool_and_never_resets_it(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     """``helm install`` over a running pool: the mirror is created with no replicas (the API server
     makes it 1); mapping it must leave the MachineDeployment at 5."""
     emulator.create(machine_deployment("md", "metal3", replicas=5))
@@ -53,7 +64,9 @@ def test_a_new_mapping_adopts_the_pool_and_never_resets_it(emulator: Emulator, s
     assert md_replicas(emulator, "metal3", "md") == 5
     assert mirror_of(emulator)["metadata"]["annotations"][ADOPTED_ANNOTATION] == MD_REF
     assert scaling.metric("slime_scaling_writes_total", 'reason="adopt"') == 1
-    (event,) = wait_for(lambda: md_events(emulator, "metal3", "md", "AdoptedByMirror"), what="the AdoptedByMirror event")
+    (event,) = wait_for(
+        lambda: md_events(emulator, "metal3", "md", "AdoptedByMirror"), what="the AdoptedByMirror event"
+    )
     assert "the mirror was set to this MachineDeployment's 5 replicas" in event["message"]
     assert not [c for c in emulator.requests if c.resource == "machinedeployments" and c.method == "PATCH"]
     # From now on the MachineDeployment follows the mirror.
@@ -65,9 +78,17 @@ def test_removing_a_mapping_leaves_the_machine_deployment_and_mapping_again_adop
     thesis: Emulator, scaling_factory: Callable[..., Scaling]
 ) -> None:
     scaling = scaling_factory(thesis)
-    thesis.patch("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap", {"data": {"machineDeploymentName": None,
-                                                                                             "machineDeploymentNamespace": None}})
-    wait_for(lambda: ADOPTED_ANNOTATION not in (mirror_of(thesis)["metadata"].get("annotations") or {}), what="the mark removed")
+    thesis.patch(
+        "v1",
+        "ConfigMap",
+        SLIME_NAMESPACE,
+        "scaling-webhook-configmap",
+        {"data": {"machineDeploymentName": None, "machineDeploymentNamespace": None}},
+    )
+    wait_for(
+        lambda: ADOPTED_ANNOTATION not in (mirror_of(thesis)["metadata"].get("annotations") or {}),
+        what="the mark removed",
+    )
     scale_mirror(thesis, SLIME_NAMESPACE, "mirror-deployment", 9)  # unmapped: nothing follows
     set_md(thesis, 4)
     thesis.patch("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap", {"data": THESIS_CM})
@@ -129,13 +150,17 @@ def test_missing_mirror_never_scales_to_zero(
         scaling = scaling_factory(emulator)
         assert scaling.service.reconcile_once() == []
     assert md_replicas(emulator, "metal3", "md") == 5
-    assert any(r.getMessage() == "mirror Deployment slime/mirror-deployment not found; the MachineDeployment is left as it is"
-               for r in caplog.records)
+    assert any(
+        r.getMessage() == "mirror Deployment slime/mirror-deployment not found; the MachineDeployment is left as it is"
+        for r in caplog.records
+    )
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="missing"') == 1
     assert not [c for c in emulator.requests if c.method == "PATCH"]
 
 
-def test_missing_machine_deployment_waits_without_a_write(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_missing_machine_deployment_waits_without_a_write(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     emulator.create(mirror("mirror-deployment", replicas=2))
     emulator.create(config_map(THESIS_CM))
     scaling = scaling_factory(emulator)
@@ -146,7 +171,9 @@ def test_missing_machine_deployment_waits_without_a_write(emulator: Emulator, sc
     wait_for(lambda: mirror_of(emulator)["spec"]["replicas"] == 6, what="adoption once the MachineDeployment exists")
 
 
-def test_api_errors_are_counted_and_retried_next_pass(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_api_errors_are_counted_and_retried_next_pass(
+    thesis: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     scaling = scaling_factory(thesis)
     thesis.add_fault(Fault(method="PATCH", path_regex=r"/scale$", status=500, times=1))
     set_md(thesis, 9)
@@ -176,11 +203,15 @@ def test_periodic_resync(thesis: Emulator, scaling_factory: Callable[..., Scalin
 def test_max_replicas_caps_the_machine_deployment(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     emulator.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
-    emulator.create(config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 4}"}))
+    emulator.create(
+        config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 4}"})
+    )
     scaling = scaling_factory(emulator)
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-a", 9)
     wait_for(lambda: md_replicas(emulator, "metal3", "md-a") == 4, what="capped at 4")
-    (event,) = wait_for(lambda: md_events(emulator, "metal3", "md-a", "ReplicasCapped"), what="the ReplicasCapped event")
+    (event,) = wait_for(
+        lambda: md_events(emulator, "metal3", "md-a", "ReplicasCapped"), what="the ReplicasCapped event"
+    )
     assert event["type"] == "Warning" and "capped at maxReplicas 4" in event["message"]
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="capped"') == 1
     assert scaling.metric("slime_scaling_capped_admissions_total") == 1
@@ -189,16 +220,32 @@ def test_max_replicas_caps_the_machine_deployment(emulator: Emulator, scaling_fa
 
 
 @pytest.mark.parametrize("where", ["md-spec", "md-annotation", "cluster-spec", "cluster-annotation"])
-def test_a_pause_is_respected_and_the_change_applied_when_lifted(emulator: Emulator, scaling_factory: Callable[..., Scaling],
-                                                                  where: str) -> None:
+def test_a_pause_is_respected_and_the_change_applied_when_lifted(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling], where: str
+) -> None:
     emulator.create(mirror("mirror-deployment", replicas=3, adopted_from=MD_REF))
     emulator.create(machine_deployment("md", "metal3", replicas=3))
-    emulator.create({"apiVersion": f"{CAPI}/v1beta1", "kind": "Cluster", "metadata": {"name": "c1", "namespace": "metal3"}, "spec": {}})
+    emulator.create(
+        {
+            "apiVersion": f"{CAPI}/v1beta1",
+            "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "metal3"},
+            "spec": {},
+        }
+    )
     emulator.create(config_map(THESIS_CM))
     kind, field = where.split("-")
     target = ("MachineDeployment", "md") if kind == "md" else ("Cluster", "c1")
-    pause = {"spec": {"paused": True}} if field == "spec" else {"metadata": {"annotations": {"cluster.x-k8s.io/paused": "true"}}}
-    unpause = {"spec": {"paused": False}} if field == "spec" else {"metadata": {"annotations": {"cluster.x-k8s.io/paused": None}}}
+    pause = (
+        {"spec": {"paused": True}}
+        if field == "spec"
+        else {"metadata": {"annotations": {"cluster.x-k8s.io/paused": "true"}}}
+    )
+    unpause = (
+        {"spec": {"paused": False}}
+        if field == "spec"
+        else {"metadata": {"annotations": {"cluster.x-k8s.io/paused": None}}}
+    )
     emulator.patch(f"{CAPI}/v1beta1", target[0], "metal3", target[1], pause)
     scaling = scaling_factory(emulator)
     response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 6, old_replicas=3))
@@ -208,23 +255,33 @@ def test_a_pause_is_respected_and_the_change_applied_when_lifted(emulator: Emula
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="paused"') == 1
     scaling.service.reconcile_once()
     assert md_replicas(emulator, "metal3", "md") == 3
-    assert not [c for c in emulator.requests if c.method == "PATCH" and c.resource == "machinedeployments" and c.subresource == "scale"]
+    assert not [
+        c
+        for c in emulator.requests
+        if c.method == "PATCH" and c.resource == "machinedeployments" and c.subresource == "scale"
+    ]
     emulator.patch(f"{CAPI}/v1beta1", target[0], "metal3", target[1], unpause)
     wait_for(lambda: md_replicas(emulator, "metal3", "md") == 6, what="the change applied once the pause is lifted")
 
 
-def test_a_cluster_autoscaler_node_group_is_never_written(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_a_cluster_autoscaler_node_group_is_never_written(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     emulator.create(mirror("mirror-deployment", replicas=3, adopted_from=MD_REF))
     md = machine_deployment("md", "metal3", replicas=3)
-    md["metadata"]["annotations"] = {"cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
-                                     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "10"}
+    md["metadata"]["annotations"] = {
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "1",
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "10",
+    }
     emulator.create(md)
     emulator.create(config_map(THESIS_CM))
     scaling = scaling_factory(emulator)
     with pytest.raises(ApiException) as refused:
         scale_mirror(emulator, SLIME_NAMESPACE, "mirror-deployment", 6)
     assert refused.value.status == 409 and "is a cluster-autoscaler node group" in str(refused.value.body)
-    emulator.patch("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-deployment", {"spec": {"replicas": 6}})  # stored anyway (webhook down)
+    emulator.patch(
+        "apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-deployment", {"spec": {"replicas": 6}}
+    )  # stored anyway (webhook down)
     (event,) = wait_for(lambda: md_events(emulator, "metal3", "md", "ClusterAutoscalerManaged"), what="the Warning")
     assert event["type"] == "Warning"
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="autoscaler"') == 1
@@ -234,12 +291,17 @@ def test_a_cluster_autoscaler_node_group_is_never_written(emulator: Emulator, sc
 # --- one writer among replicas --------------------------------------------------------------------------
 
 
-def test_only_the_lease_holder_writes_and_another_takes_over(emulator: Emulator, scaling_factory: Callable[..., Scaling],
-                                                             scale_routes: dict) -> None:
+def test_only_the_lease_holder_writes_and_another_takes_over(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling], scale_routes: dict
+) -> None:
     emulator.create(mirror("mirror-deployment", replicas=1, adopted_from=MD_REF))
     emulator.create(machine_deployment("md", "metal3", replicas=1))
     emulator.create(config_map(THESIS_CM))
-    lease = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "lease_retry_seconds": 0.5}  # a quick takeover
+    lease = {
+        "lease_duration_seconds": 3,
+        "lease_renew_deadline_seconds": 2,
+        "lease_retry_seconds": 0.5,
+    }  # a quick takeover
     replicas = [scaling_factory(emulator, **lease), scaling_factory(emulator, **lease)]
     wait_for(lambda: sum(s.service.leader.is_leader for s in replicas) == 1, what="one leader")  # type: ignore[union-attr]
     for value in (2, 5, 3):  # admissions reach both replicas in turn

@@ -19,7 +19,16 @@ from kubemu import Emulator, Fault
 from testbed.reviews import scale_request
 from testbed.services import Scaling
 from testbed.wait import wait_for
-from testbed.world import CAPI, SLIME_NAMESPACE, config_map, machine_deployment, md_events, md_replicas, mirror, scale_mirror
+from testbed.world import (
+    CAPI,
+    SLIME_NAMESPACE,
+    config_map,
+    machine_deployment,
+    md_events,
+    md_replicas,
+    mirror,
+    scale_mirror,
+)
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 
@@ -39,7 +48,11 @@ def assert_denied(response: dict, *fragments: str) -> str:
 
 
 def follows(emulator: Emulator, namespace: str, name: str, replicas: int, what: str = "") -> None:
-    wait_for(lambda: md_replicas(emulator, namespace, name) == replicas, 5, what or f"MachineDeployment {namespace}/{name} at {replicas}")
+    wait_for(
+        lambda: md_replicas(emulator, namespace, name) == replicas,
+        5,
+        what or f"MachineDeployment {namespace}/{name} at {replicas}",
+    )
 
 
 def mirror_replicas(emulator: Emulator, name: str, namespace: str = SLIME_NAMESPACE) -> int:
@@ -69,8 +82,11 @@ def test_an_admission_makes_no_api_call_and_each_stored_change_one_patch(scaling
     for replicas in (3, 4, 2):
         scale_mirror(seeded, SLIME_NAMESPACE, "mirror-a", replicas)
         follows(seeded, "metal3", "md-a", replicas)
-    patches = [(c.method, c.api_group, c.resource, c.subresource, c.namespace, c.name)
-               for c in scaling.hot_path_calls() if c.method != "GET" and c.resource != "deployments"]
+    patches = [
+        (c.method, c.api_group, c.resource, c.subresource, c.namespace, c.name)
+        for c in scaling.hot_path_calls()
+        if c.method != "GET" and c.resource != "deployments"
+    ]
     assert patches == [("PATCH", CAPI, "machinedeployments", "scale", "metal3", "md-a")] * 3
 
 
@@ -106,7 +122,10 @@ def test_dry_run_has_no_side_effect(scaling: Scaling, seeded: Emulator) -> None:
     [
         scale_request(SLIME_NAMESPACE, "not-a-mirror", 4),
         scale_request("other", "mirror-a", 4),  # same name, another namespace
-        {**scale_request(SLIME_NAMESPACE, "mirror-a", 4), "resource": {"group": "apps", "version": "v1", "resource": "statefulsets"}},
+        {
+            **scale_request(SLIME_NAMESPACE, "mirror-a", 4),
+            "resource": {"group": "apps", "version": "v1", "resource": "statefulsets"},
+        },
         {**scale_request(SLIME_NAMESPACE, "mirror-a", 4), "operation": "CREATE"},
         {**scale_request(SLIME_NAMESPACE, "mirror-a", 4), "subResource": ""},
     ],
@@ -131,13 +150,19 @@ def test_malformed_scale_of_a_mapped_mirror_is_denied(scaling: Scaling, seeded: 
 # --- forged reviews: no pool moves ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("replicas", "old", "code"), [
-    (0, 2, None),  # consistent with the stored mirror: allowed, yet nothing is stored, so nothing moves
-    (0, 9, 409),  # an oldObject that is not the stored mirror
-    (2**63, 2, 400),  # beyond any Kubernetes replica count
-    (2**31, 2, 400),
-], ids=["to-0-consistent", "to-0-wrong-old-object", "2^63", "2^31"])
-def test_a_forged_review_never_moves_the_pool(scaling: Scaling, seeded: Emulator, replicas: int, old: int, code: int | None) -> None:
+@pytest.mark.parametrize(
+    ("replicas", "old", "code"),
+    [
+        (0, 2, None),  # consistent with the stored mirror: allowed, yet nothing is stored, so nothing moves
+        (0, 9, 409),  # an oldObject that is not the stored mirror
+        (2**63, 2, 400),  # beyond any Kubernetes replica count
+        (2**31, 2, 400),
+    ],
+    ids=["to-0-consistent", "to-0-wrong-old-object", "2^63", "2^31"],
+)
+def test_a_forged_review_never_moves_the_pool(
+    scaling: Scaling, seeded: Emulator, replicas: int, old: int, code: int | None
+) -> None:
     response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-a", replicas, old_replicas=old))
     if code is None:
         assert_allowed(response)
@@ -149,7 +174,9 @@ def test_a_forged_review_never_moves_the_pool(scaling: Scaling, seeded: Emulator
     assert md_replicas(seeded, "metal3-b", "md-b") == 1
 
 
-def test_a_review_for_a_mirror_that_does_not_exist_is_refused(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_a_review_for_a_mirror_that_does_not_exist_is_refused(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     emulator.create(machine_deployment("md", "metal3", replicas=3))
     emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
     scaling = scaling_factory(emulator)
@@ -167,18 +194,32 @@ def test_event_recorded_for_each_change(scaling: Scaling, seeded: Emulator) -> N
     follows(seeded, "metal3", "md-a", 4)
     scale_mirror(seeded, SLIME_NAMESPACE, "mirror-a", 3)
     follows(seeded, "metal3", "md-a", 3)
-    events = wait_for(lambda: len(md_events(seeded, "metal3", "md-a", "ScaledFromMirror")) == 2 and md_events(seeded, "metal3", "md-a", "ScaledFromMirror"),
-                      what="two ScaledFromMirror events")
+    events = wait_for(
+        lambda: (
+            len(md_events(seeded, "metal3", "md-a", "ScaledFromMirror")) == 2
+            and md_events(seeded, "metal3", "md-a", "ScaledFromMirror")
+        ),
+        what="two ScaledFromMirror events",
+    )
     messages = sorted(e["message"] for e in events)
     assert messages == [
         "Set replicas to 3 from mirror Deployment slime/mirror-a",
         "Set replicas to 4 from mirror Deployment slime/mirror-a",
     ]
     event = events[0]
-    assert event["involvedObject"] == {"kind": "MachineDeployment", "apiVersion": f"{CAPI}/v1beta2", "namespace": "metal3", "name": "md-a"}
+    assert event["involvedObject"] == {
+        "kind": "MachineDeployment",
+        "apiVersion": f"{CAPI}/v1beta2",
+        "namespace": "metal3",
+        "name": "md-a",
+    }
     assert event["type"] == "Normal" and event["count"] == 1
     assert event["source"] == {"component": "slime-scaling-webhook"}
-    assert event["reportingComponent"] == "slime-scaling-webhook" and event["reportingInstance"] and event["action"] == "Scale"
+    assert (
+        event["reportingComponent"] == "slime-scaling-webhook"
+        and event["reportingInstance"]
+        and event["action"] == "Scale"
+    )
     assert event["metadata"]["name"].startswith("md-a.")
     assert event["eventTime"].endswith("Z") and event["firstTimestamp"] == event["lastTimestamp"]
 
@@ -208,11 +249,17 @@ def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Cal
     emulator.create(mirror("mirror-p", replicas=1))
     emulator.create(machine_deployment("md-x", "metal3", replicas=1))
     emulator.create(machine_deployment("md-p", "metal3", replicas=1))
-    emulator.create(config_map({
-        "machineDeploymentName": "md-x", "machineDeploymentNamespace": "metal3",
-        "mirrorDeploymentName": "mirror-x", "mirrorDeploymentNamespace": "keda",
-        "mappings": "- {mirror: slime/mirror-p, machineDeployment: metal3/md-p}\n",
-    }))
+    emulator.create(
+        config_map(
+            {
+                "machineDeploymentName": "md-x",
+                "machineDeploymentNamespace": "metal3",
+                "mirrorDeploymentName": "mirror-x",
+                "mirrorDeploymentNamespace": "keda",
+                "mappings": "- {mirror: slime/mirror-p, machineDeployment: metal3/md-p}\n",
+            }
+        )
+    )
     scaling = scaling_factory(emulator)
     scale_mirror(emulator, "keda", "mirror-x", 2)
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-p", 3)
@@ -271,7 +318,9 @@ def test_invalid_config_keeps_last_good_mappings(
     wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-b") is None, what="mirror-b unmapped")
 
 
-def test_missing_config_map_is_an_empty_table_and_ready(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_missing_config_map_is_an_empty_table_and_ready(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     scaling = scaling_factory(emulator)
     assert len(scaling.service.source.table) == 0
     emulator.clear_requests()
@@ -291,13 +340,20 @@ def test_missing_config_map_is_an_empty_table_and_ready(emulator: Emulator, scal
 
 def test_machine_deployment_missing_is_denied(scaling: Scaling, seeded: Emulator) -> None:
     seeded.delete(f"{CAPI}/v1beta1", "MachineDeployment", "metal3", "md-a")
-    wait_for(lambda: scaling.service.objects.machine_deployment(scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-a")) is None,  # type: ignore[arg-type]
-             what="the watch to see the deletion")
+    wait_for(
+        lambda: (
+            scaling.service.objects.machine_deployment(scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-a"))
+            is None
+        ),  # type: ignore[arg-type]
+        what="the watch to see the deletion",
+    )
     with pytest.raises(ApiException) as denied:
         scale_mirror(seeded, SLIME_NAMESPACE, "mirror-a", 3)
     assert denied.value.status == 404
-    assert "cannot scale MachineDeployment metal3/md-a to 3 replicas from mirror slime/mirror-a: " \
-           "MachineDeployment metal3/md-a not found" in str(denied.value.body)
+    assert (
+        "cannot scale MachineDeployment metal3/md-a to 3 replicas from mirror slime/mirror-a: "
+        "MachineDeployment metal3/md-a not found" in str(denied.value.body)
+    )
     assert mirror_replicas(seeded, "mirror-a") == 2
     assert scaling.metric("slime_scaling_decisions_total", 'outcome="denied"') == 1
 
@@ -333,7 +389,10 @@ def test_cluster_serving_one_capi_version(
     scaling_factory(emulator)
     emulator.clear_requests()
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-deployment", 6)
-    wait_for(lambda: emulator.get(f"{CAPI}/{version}", "MachineDeployment", "metal3", "md")["spec"]["replicas"] == 6, what="6")
+    wait_for(
+        lambda: emulator.get(f"{CAPI}/{version}", "MachineDeployment", "metal3", "md")["spec"]["replicas"] == 6,
+        what="6",
+    )
     (call,) = [c for c in emulator.requests if c.method == "PATCH" and c.resource == "machinedeployments"]
     assert call.path == f"/apis/{CAPI}/{version}/namespaces/metal3/machinedeployments/md/scale"
     events = wait_for(lambda: md_events(emulator, "metal3", "md", "ScaledFromMirror"), what="the event")
@@ -348,8 +407,11 @@ def test_version_rediscovered_when_path_no_longer_served(scaling: Scaling, seede
     scale_mirror(seeded, SLIME_NAMESPACE, "mirror-a", 4)
     follows(seeded, "metal3", "md-a", 4)
     assert scaling.service.scaler.api_version == f"{CAPI}/v1beta1"
-    calls = [(c.method, c.version, c.status_code) for c in scaling.hot_path_calls()
-             if c.resource == "machinedeployments" or c.non_resource]
+    calls = [
+        (c.method, c.version, c.status_code)
+        for c in scaling.hot_path_calls()
+        if c.resource == "machinedeployments" or c.non_resource
+    ]
     assert calls[:3] == [("PATCH", "v1beta2", 404), ("GET", "", 200), ("PATCH", "v1beta1", 200)]
 
 
@@ -361,8 +423,15 @@ def test_health_and_metrics_endpoints(scaling: Scaling) -> None:
     assert httpx.get(f"{base}/healthz").text == "ok"
     assert httpx.get(f"{base}/readyz").json() == {"ready": True}
     text = scaling.metrics_text()
-    for name in ("slime_scaling_decisions_total", "slime_scaling_patch_seconds", "slime_scaling_writes_total",
-                 "slime_scaling_waiting_mappings", "slime_scaling_leader", "slime_scaling_config_valid", "slime_webhook_requests_total"):
+    for name in (
+        "slime_scaling_decisions_total",
+        "slime_scaling_patch_seconds",
+        "slime_scaling_writes_total",
+        "slime_scaling_waiting_mappings",
+        "slime_scaling_leader",
+        "slime_scaling_config_valid",
+        "slime_webhook_requests_total",
+    ):
         assert name in text
 
 
@@ -380,8 +449,12 @@ def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_p
     from testbed.serve import serve_in_thread
 
     fault = emulator.add_fault(Fault(method="GET", path_regex=r"/configmaps$", status=500))
-    settings = ScalingSettings(cert_file=str(pki.cert_file), key_file=str(pki.key_file), namespace=SLIME_NAMESPACE,
-                               KUBECONFIG=emulator.write_kubeconfig(tmp_path / "kc"))  # type: ignore[call-arg]
+    settings = ScalingSettings(
+        cert_file=str(pki.cert_file),
+        key_file=str(pki.key_file),
+        namespace=SLIME_NAMESPACE,
+        KUBECONFIG=emulator.write_kubeconfig(tmp_path / "kc"),
+    )  # type: ignore[call-arg]
     running = serve_in_thread(build(settings), pki.ca_file)
     try:
         answer = httpx.get(f"{running.metrics_url}/readyz")

@@ -39,7 +39,9 @@ from testbed.world import (
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 
 
-def review(service: RunningService, path: str, request: dict[str, Any], cert: tuple[str, str] | None = None) -> dict[str, Any]:
+def review(
+    service: RunningService, path: str, request: dict[str, Any], cert: tuple[str, str] | None = None
+) -> dict[str, Any]:
     context = ssl.create_default_context(cafile=str(service.ca_file))
     if cert is not None:
         context.load_cert_chain(*cert)
@@ -58,7 +60,11 @@ def carries_the_key(response: dict[str, Any], slurm: SlurmCluster) -> bool:
     texts = [json.dumps(response)]
     if "patch" in response:
         operations = json.loads(base64.b64decode(response["patch"]))
-        texts += [base64.b64decode(op["value"]).decode(errors="replace") for op in operations if isinstance(op.get("value"), str)]
+        texts += [
+            base64.b64decode(op["value"]).decode(errors="replace")
+            for op in operations
+            if isinstance(op.get("value"), str)
+        ]
     forms = (base64.b64encode(slurm.key).decode(), slurm.key.decode())
     return any(form in text for form in forms for text in texts)
 
@@ -90,7 +96,9 @@ def test_a_forged_review_with_a_guessed_uid_gets_no_key(emulator: Emulator, pki:
             assert response["allowed"] is False and "patch" not in response
             assert "with a uid that Metal3Data does not have" in response["status"]["message"]
             assert not carries_the_key(response, slurm)
-            assert data["metadata"]["uid"] not in json.dumps(response)  # the answer does not give the real uid away either
+            assert data["metadata"]["uid"] not in json.dumps(
+                response
+            )  # the answer does not give the real uid away either
     finally:
         injection.stop()
 
@@ -101,15 +109,20 @@ def test_with_a_client_ca_even_a_review_with_the_real_uid_gets_no_answer_without
     """Control: authenticated admission (--client-ca-file). The residual risk without it: a reader of Metal3Data."""
     slurm = seed_slinky(emulator)
     _, data = seed_metal3(emulator, template_labels=OPT_IN)
-    injection = start_injection(emulator.write_kubeconfig(tmp_path / "kubeconfig"), pki, client_ca_file=str(apiserver_ca.cert_file),
-                                ready=False)
+    injection = start_injection(
+        emulator.write_kubeconfig(tmp_path / "kubeconfig"), pki, client_ca_file=str(apiserver_ca.cert_file), ready=False
+    )
     try:
         genuine = secret_request(metadata_secret(data))  # the real uid: what a reader of Metal3Data could forge
         with pytest.raises(httpx.HTTPError):
             review(injection, "/mutate", genuine)  # no client certificate
         with pytest.raises(httpx.HTTPError):
-            review(injection, "/mutate", genuine, client_cert(create_ca(tmp_path / "other"), tmp_path, "other"))  # another CA
-        answer = review(injection, "/mutate", genuine, client_cert(apiserver_ca, tmp_path, "apiserver"))  # kube-apiserver
+            review(
+                injection, "/mutate", genuine, client_cert(create_ca(tmp_path / "other"), tmp_path, "other")
+            )  # another CA
+        answer = review(
+            injection, "/mutate", genuine, client_cert(apiserver_ca, tmp_path, "apiserver")
+        )  # kube-apiserver
         assert answer["patchType"] == "JSONPatch" and carries_the_key(answer, slurm)
     finally:
         injection.stop()
@@ -122,21 +135,30 @@ def test_with_a_client_ca_even_a_review_with_the_real_uid_gets_no_answer_without
 def pool(emulator: Emulator) -> Emulator:
     emulator.create(mirror("mirror-a", replicas=5, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=5))
-    emulator.create(config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 20}"}))
+    emulator.create(
+        config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 20}"})
+    )
     return emulator
 
 
-@pytest.mark.parametrize(("replicas", "old", "expected"), [
-    (0, 5, "allowed"),  # consistent with the stored mirror: answered, but never stored, so nothing follows
-    (0, 1, "denied 409"),  # an oldObject that is not the stored mirror
-    (2**63, 5, "denied 400"),
-    (2**31, 5, "denied 400"),
-], ids=["scale-to-0", "scale-to-0-wrong-old-object", "2^63", "2^31"])
-def test_a_forged_scale_moves_no_pool(pool: Emulator, scaling_factory: Callable[..., Scaling], replicas: int, old: int,
-                                       expected: str) -> None:
+@pytest.mark.parametrize(
+    ("replicas", "old", "expected"),
+    [
+        (0, 5, "allowed"),  # consistent with the stored mirror: answered, but never stored, so nothing follows
+        (0, 1, "denied 409"),  # an oldObject that is not the stored mirror
+        (2**63, 5, "denied 400"),
+        (2**31, 5, "denied 400"),
+    ],
+    ids=["scale-to-0", "scale-to-0-wrong-old-object", "2^63", "2^31"],
+)
+def test_a_forged_scale_moves_no_pool(
+    pool: Emulator, scaling_factory: Callable[..., Scaling], replicas: int, old: int, expected: str
+) -> None:
     """Control: the webhook never writes on admission; the leader follows only the mirror as stored."""
     scaling = scaling_factory(pool)
-    response = review(scaling.running, "/validate", scale_request(SLIME_NAMESPACE, "mirror-a", replicas, old_replicas=old))
+    response = review(
+        scaling.running, "/validate", scale_request(SLIME_NAMESPACE, "mirror-a", replicas, old_replicas=old)
+    )
     outcome = "allowed" if response["allowed"] else f"denied {response['status']['code']}"
     assert outcome == expected, response
     scaling.service.reconcile_once()
@@ -150,8 +172,16 @@ def test_with_a_client_ca_a_scale_review_without_the_apiservers_certificate_is_n
     with pytest.raises(httpx.HTTPError):
         review(scaling.running, "/validate", scale_request(SLIME_NAMESPACE, "mirror-a", 0, old_replicas=5))
     with pytest.raises(httpx.HTTPError):
-        review(scaling.running, "/validate", scale_request(SLIME_NAMESPACE, "mirror-a", 0, old_replicas=5),
-               client_cert(create_ca(tmp_path / "other"), tmp_path, "other"))
-    answer = review(scaling.running, "/validate", scale_request(SLIME_NAMESPACE, "mirror-a", 6, old_replicas=5),
-                    client_cert(apiserver_ca, tmp_path, "apiserver"))
+        review(
+            scaling.running,
+            "/validate",
+            scale_request(SLIME_NAMESPACE, "mirror-a", 0, old_replicas=5),
+            client_cert(create_ca(tmp_path / "other"), tmp_path, "other"),
+        )
+    answer = review(
+        scaling.running,
+        "/validate",
+        scale_request(SLIME_NAMESPACE, "mirror-a", 6, old_replicas=5),
+        client_cert(apiserver_ca, tmp_path, "apiserver"),
+    )
     assert answer["allowed"] is True

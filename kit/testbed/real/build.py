@@ -40,13 +40,20 @@ SLINKY_MODULE = ("github.com/SlinkyProject/slurm-operator", "v1.0.1")
 CAPM3_API = ("github.com/metal3-io/cluster-api-provider-metal3/api", "v1.12.3")
 STACK = REPO_ROOT / "kit" / "stack"
 # The CAPI kinds the tier needs, from core/config/crd/bases of the cluster-api module.
-CAPI_CRDS = ("cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machinedeployments.yaml",
-             "cluster.x-k8s.io_machinesets.yaml", "cluster.x-k8s.io_machines.yaml")
+CAPI_CRDS = (
+    "cluster.x-k8s.io_clusters.yaml",
+    "cluster.x-k8s.io_machinedeployments.yaml",
+    "cluster.x-k8s.io_machinesets.yaml",
+    "cluster.x-k8s.io_machines.yaml",
+)
 SLINKY_CRDS = ("slinky.slurm.net_controllers.yaml",)
 # Metal3DataClaim too: a Metal3Data's owners are its template and its claim, and the garbage
 # collector must be able to look the claim's kind up.
-CAPM3_CRDS = ("infrastructure.cluster.x-k8s.io_metal3datas.yaml", "infrastructure.cluster.x-k8s.io_metal3datatemplates.yaml",
-              "infrastructure.cluster.x-k8s.io_metal3dataclaims.yaml")
+CAPM3_CRDS = (
+    "infrastructure.cluster.x-k8s.io_metal3datas.yaml",
+    "infrastructure.cluster.x-k8s.io_metal3datatemplates.yaml",
+    "infrastructure.cluster.x-k8s.io_metal3dataclaims.yaml",
+)
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kubectl")
 PROGRESS_SECONDS = 20.0
 HEAVY_BUILD_LOCK = "heavy-build"  # taken by every go build (and by other heavy builds of the tiers)
@@ -78,19 +85,25 @@ def cache_root() -> Path:
 def go_binary() -> str:
     found = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").is_file() else None)
     if not found:
-        raise BuildUnavailable("no Go toolchain (go on PATH or /usr/local/go) and no $KUBEBUILDER_ASSETS to build the control plane from")
+        raise BuildUnavailable(
+            "no Go toolchain (go on PATH or /usr/local/go) and no $KUBEBUILDER_ASSETS to build the control plane from"
+        )
     return found
 
 
 def go_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "CGO_ENABLED": "0",
-        "GOTOOLCHAIN": "local",  # never fetch another toolchain: the one here builds these pins
-        "GOFLAGS": " ".join(f for f in (env.get("GOFLAGS", ""), "-modcacherw") if f),  # a module cache one can delete
-        # sum.golang.org has no entry for the CAPM3 modules; stack/crdgen/go.sum pins their hashes.
-        "GONOSUMDB": ",".join(p for p in (env.get("GONOSUMDB", ""), "github.com/metal3-io") if p),
-    })
+    env.update(
+        {
+            "CGO_ENABLED": "0",
+            "GOTOOLCHAIN": "local",  # never fetch another toolchain: the one here builds these pins
+            "GOFLAGS": " ".join(
+                f for f in (env.get("GOFLAGS", ""), "-modcacherw") if f
+            ),  # a module cache one can delete
+            # sum.golang.org has no entry for the CAPM3 modules; stack/crdgen/go.sum pins their hashes.
+            "GONOSUMDB": ",".join(p for p in (env.get("GONOSUMDB", ""), "github.com/metal3-io") if p),
+        }
+    )
     env.update(extra)
     return env
 
@@ -144,8 +157,9 @@ def _run_with_progress(cmd: list[str], cwd: Path, env: dict[str, str], what: str
     progress(f"{what}: done in {time.monotonic() - started:.0f} s")
 
 
-def go_build(module: Path, name: str, version: str, packages: dict[str, str], ldflags: str = "",
-             progress: Progress = to_stderr) -> dict[str, Path]:
+def go_build(
+    module: Path, name: str, version: str, packages: dict[str, str], ldflags: str = "", progress: Progress = to_stderr
+) -> dict[str, Path]:
     """Build ``packages`` (binary name -> package) of ``module`` once into the cache; return the binaries."""
     key = f"{name}-{version}-{module_hash(module)}"
     dest = cache_root() / key
@@ -158,13 +172,25 @@ def go_build(module: Path, name: str, version: str, packages: dict[str, str], ld
     with _locked(key), _locked(HEAVY_BUILD_LOCK):
         if all(path.is_file() for path in wanted.values()):
             return wanted
-        progress(f"building {', '.join(packages)} ({version}) from {module.relative_to(REPO_ROOT)} into {dest}; "
-                 "the first build takes minutes (about 6 min on 2 cores), later runs reuse it")
+        progress(
+            f"building {', '.join(packages)} ({version}) from {module.relative_to(REPO_ROOT)} into {dest}; "
+            "the first build takes minutes (about 6 min on 2 cores), later runs reuse it"
+        )
         tmp = dest.with_name(f"{key}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         _run_with_progress([go, "mod", "download"], module, go_env(), f"{name}: go mod download", progress)
-        cmd = [go, "build", "-v", "-trimpath", "-ldflags", f"-s -w {ldflags}".strip(), "-o", f"{tmp}/", *packages.values()]
+        cmd = [
+            go,
+            "build",
+            "-v",
+            "-trimpath",
+            "-ldflags",
+            f"-s -w {ldflags}".strip(),
+            "-o",
+            f"{tmp}/",
+            *packages.values(),
+        ]
         _run_with_progress(cmd, module, go_env(), f"{name}: go build", progress)
         for binary in packages:  # go build names each binary after its package's last element
             if not (tmp / binary).is_file():
@@ -186,17 +212,31 @@ class ControlPlaneBinaries:
 def _kube_ldflags() -> str:
     major, minor = KUBE_VERSION.removeprefix("v").split(".")[:2]
     # Without these the binaries report v0.0.0-master and Helm's kubeVersion checks fail.
-    return " ".join(f"-X k8s.io/component-base/version.{key}={value}" for key, value in (
-        ("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean")))
+    return " ".join(
+        f"-X k8s.io/component-base/version.{key}={value}"
+        for key, value in (
+            ("gitVersion", KUBE_VERSION),
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+        )
+    )
 
 
 def build_control_plane(progress: Progress = to_stderr) -> dict[str, Path]:
-    return go_build(STACK / "kube", "kube", KUBE_VERSION, {
-        "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-        "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
-        "kubectl": "k8s.io/kubernetes/cmd/kubectl",
-        "etcd": "./cmd/etcd",
-    }, _kube_ldflags(), progress)
+    return go_build(
+        STACK / "kube",
+        "kube",
+        KUBE_VERSION,
+        {
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            "etcd": "./cmd/etcd",
+        },
+        _kube_ldflags(),
+        progress,
+    )
 
 
 def control_plane_binaries(progress: Progress = to_stderr) -> ControlPlaneBinaries:
@@ -218,10 +258,17 @@ def control_plane_binaries(progress: Progress = to_stderr) -> ControlPlaneBinari
                 kcm = build_control_plane(progress)["kube-controller-manager"]
             except BuildUnavailable:
                 kcm = None
-        return ControlPlaneBinaries(base / "kube-apiserver", base / "etcd", kcm, base / "kubectl", f"KUBEBUILDER_ASSETS={assets}")
+        return ControlPlaneBinaries(
+            base / "kube-apiserver", base / "etcd", kcm, base / "kubectl", f"KUBEBUILDER_ASSETS={assets}"
+        )
     built = build_control_plane(progress)
-    return ControlPlaneBinaries(built["kube-apiserver"], built["etcd"], built["kube-controller-manager"], built["kubectl"],
-                                f"built from stack/kube into {built['etcd'].parent}")
+    return ControlPlaneBinaries(
+        built["kube-apiserver"],
+        built["etcd"],
+        built["kube-controller-manager"],
+        built["kubectl"],
+        f"built from stack/kube into {built['etcd'].parent}",
+    )
 
 
 def module_dir(module: str, version: str, progress: Progress = to_stderr) -> Path:
@@ -229,21 +276,34 @@ def module_dir(module: str, version: str, progress: Progress = to_stderr) -> Pat
     go = go_binary()
     cache_root().mkdir(parents=True, exist_ok=True)
     # Outside any module (cwd = the cache root, GO111MODULE on), go mod download fetches just that zip.
-    proc = subprocess.run([go, "mod", "download", "-json", f"{module}@{version}"], cwd=cache_root(),
-                          env=go_env(GO111MODULE="on"), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [go, "mod", "download", "-json", f"{module}@{version}"],
+        cwd=cache_root(),
+        env=go_env(GO111MODULE="on"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     try:
         info = json.loads(proc.stdout)
     except ValueError:
         info = {}
     if proc.returncode != 0 or not info.get("Dir"):
-        raise BuildFailed(f"go mod download {module}@{version} failed: {info.get('Error') or proc.stderr.strip()[-500:]}")
+        raise BuildFailed(
+            f"go mod download {module}@{version} failed: {info.get('Error') or proc.stderr.strip()[-500:]}"
+        )
     return Path(info["Dir"])
 
 
 def capm3_crds(progress: Progress = to_stderr) -> Path:
     """The CAPM3 Metal3 CRDs, generated by controller-gen from the pinned API module (cached)."""
-    tools = go_build(STACK / "crdgen", "crdgen", "controller-tools-v0.19.0",
-                     {"controller-gen": "sigs.k8s.io/controller-tools/cmd/controller-gen"}, progress=progress)
+    tools = go_build(
+        STACK / "crdgen",
+        "crdgen",
+        "controller-tools-v0.19.0",
+        {"controller-gen": "sigs.k8s.io/controller-tools/cmd/controller-gen"},
+        progress=progress,
+    )
     out = tools["controller-gen"].parent / f"crds-capm3-{CAPM3_API[1]}"
     if all((out / name).is_file() for name in CAPM3_CRDS):
         return out
@@ -251,8 +311,13 @@ def capm3_crds(progress: Progress = to_stderr) -> Path:
         tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         progress(f"generating the CAPM3 {CAPM3_API[1]} CRDs with controller-gen")
-        _run_with_progress([str(tools["controller-gen"]), "crd", f"paths={CAPM3_API[0]}/v1beta1", f"output:crd:dir={tmp}"],
-                           STACK / "crdgen", go_env(), "controller-gen", progress)
+        _run_with_progress(
+            [str(tools["controller-gen"]), "crd", f"paths={CAPM3_API[0]}/v1beta1", f"output:crd:dir={tmp}"],
+            STACK / "crdgen",
+            go_env(),
+            "controller-gen",
+            progress,
+        )
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
     return out

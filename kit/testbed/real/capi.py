@@ -54,7 +54,19 @@ from typing import Any
 import yaml
 
 from testbed.helm import REPO_ROOT
-from testbed.real.build import CAPI_MODULE, STACK, BuildFailed, Progress, _locked, _run_with_progress, capm3_crds, go_build, go_env, module_dir, to_stderr
+from testbed.real.build import (
+    CAPI_MODULE,
+    STACK,
+    BuildFailed,
+    Progress,
+    _locked,
+    _run_with_progress,
+    capm3_crds,
+    go_build,
+    go_env,
+    module_dir,
+    to_stderr,
+)
 from testbed.real.controlplane import _LIVE, Ca, ControlPlane, _stop, _write
 from testbed.real.netns import _NUMBERS, NETNS_PREFIX, ip, kill_pids, netns_pids
 
@@ -62,16 +74,30 @@ CAPI_VERSION = CAPI_MODULE[1]
 BMO_APIS = ("github.com/metal3-io/baremetal-operator/apis", "v0.12.4")  # pinned in stack/crdgen/go.mod
 # Every CRD of CAPI's core/config/crd/bases: the manager's controllers and its CRD migrator look these up.
 CAPI_MANAGER_CRDS = (
-    "cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machinedeployments.yaml", "cluster.x-k8s.io_machinesets.yaml",
-    "cluster.x-k8s.io_machines.yaml", "cluster.x-k8s.io_machinehealthchecks.yaml", "cluster.x-k8s.io_machinedrainrules.yaml",
-    "cluster.x-k8s.io_machinepools.yaml", "cluster.x-k8s.io_clusterclasses.yaml", "addons.cluster.x-k8s.io_clusterresourcesets.yaml",
-    "addons.cluster.x-k8s.io_clusterresourcesetbindings.yaml", "ipam.cluster.x-k8s.io_ipaddresses.yaml",
-    "ipam.cluster.x-k8s.io_ipaddressclaims.yaml", "runtime.cluster.x-k8s.io_extensionconfigs.yaml",
+    "cluster.x-k8s.io_clusters.yaml",
+    "cluster.x-k8s.io_machinedeployments.yaml",
+    "cluster.x-k8s.io_machinesets.yaml",
+    "cluster.x-k8s.io_machines.yaml",
+    "cluster.x-k8s.io_machinehealthchecks.yaml",
+    "cluster.x-k8s.io_machinedrainrules.yaml",
+    "cluster.x-k8s.io_machinepools.yaml",
+    "cluster.x-k8s.io_clusterclasses.yaml",
+    "addons.cluster.x-k8s.io_clusterresourcesets.yaml",
+    "addons.cluster.x-k8s.io_clusterresourcesetbindings.yaml",
+    "ipam.cluster.x-k8s.io_ipaddresses.yaml",
+    "ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
+    "runtime.cluster.x-k8s.io_extensionconfigs.yaml",
 )
-CAPM3_CONTRACT_LABEL = {"cluster.x-k8s.io/v1beta1": "v1beta1"}  # CAPM3 v1.12's config/crd/kustomization.yaml commonLabels
+CAPM3_CONTRACT_LABEL = {
+    "cluster.x-k8s.io/v1beta1": "v1beta1"
+}  # CAPM3 v1.12's config/crd/kustomization.yaml commonLabels
 BMH_CRD = "metal3.io_baremetalhosts.yaml"
 # The control plane stand-in (see control_plane_crd).
-CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL = "controlplane.slime.local", "HostedControlPlane", "hostedcontrolplanes"
+CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL = (
+    "controlplane.slime.local",
+    "HostedControlPlane",
+    "hostedcontrolplanes",
+)
 MANAGER_BINARY = "core"  # go build names it after the package: sigs.k8s.io/cluster-api/core
 READY_CONTROLLERS = ("cluster", "machine", "machineset", "machinedeployment")
 
@@ -95,13 +121,23 @@ def _delete_netns(netns: str) -> None:
 
 def _ldflags() -> str:
     major, minor = CAPI_VERSION.removeprefix("v").split(".")[:2]
-    return " ".join(f"-X sigs.k8s.io/cluster-api/version.{key}={value}" for key, value in (
-        ("gitVersion", CAPI_VERSION), ("gitMajor", major), ("gitMinor", minor), ("gitTreeState", "clean"), ("gitCommit", "module-proxy")))
+    return " ".join(
+        f"-X sigs.k8s.io/cluster-api/version.{key}={value}"
+        for key, value in (
+            ("gitVersion", CAPI_VERSION),
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+            ("gitCommit", "module-proxy"),
+        )
+    )
 
 
 def build_manager(progress: Progress = to_stderr) -> Path:
     """The CAPI core controller manager binary (built once from ``stack/capi``, then cached)."""
-    return go_build(STACK / "capi", "capi", CAPI_VERSION, {MANAGER_BINARY: "sigs.k8s.io/cluster-api/core"}, _ldflags(), progress)[MANAGER_BINARY]
+    return go_build(
+        STACK / "capi", "capi", CAPI_VERSION, {MANAGER_BINARY: "sigs.k8s.io/cluster-api/core"}, _ldflags(), progress
+    )[MANAGER_BINARY]
 
 
 def bmh_crd(progress: Progress = to_stderr) -> Path:
@@ -115,9 +151,18 @@ def bmh_crd(progress: Progress = to_stderr) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         progress(f"generating the BareMetalHost CRD ({BMO_APIS[0]} {BMO_APIS[1]}) with controller-gen")
         # allowDangerousTypes: the BMH status has a float (CPU GHz); BMO's own Makefile generates with it too.
-        _run_with_progress([str(crdgen / "controller-gen"), "crd:allowDangerousTypes=true", f"paths={BMO_APIS[0]}/metal3.io/v1alpha1",
-                            f"output:crd:dir={tmp}"],
-                           STACK / "crdgen", go_env(), "controller-gen (BMO)", progress)
+        _run_with_progress(
+            [
+                str(crdgen / "controller-gen"),
+                "crd:allowDangerousTypes=true",
+                f"paths={BMO_APIS[0]}/metal3.io/v1alpha1",
+                f"output:crd:dir={tmp}",
+            ],
+            STACK / "crdgen",
+            go_env(),
+            "controller-gen (BMO)",
+            progress,
+        )
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
     if not (out / BMH_CRD).is_file():
@@ -137,14 +182,30 @@ def control_plane_crd() -> dict[str, Any]:
     ``status.version`` (read by the MachineSet preflight checks). Schemaless (preserve unknown fields).
     """
     return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{CONTROL_PLANE_PLURAL}.{CONTROL_PLANE_GROUP}", "labels": {"cluster.x-k8s.io/v1beta2": "v1alpha1"}},
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{CONTROL_PLANE_PLURAL}.{CONTROL_PLANE_GROUP}",
+            "labels": {"cluster.x-k8s.io/v1beta2": "v1alpha1"},
+        },
         "spec": {
-            "group": CONTROL_PLANE_GROUP, "scope": "Namespaced",
-            "names": {"kind": CONTROL_PLANE_KIND, "listKind": f"{CONTROL_PLANE_KIND}List", "plural": CONTROL_PLANE_PLURAL,
-                      "singular": CONTROL_PLANE_KIND.lower()},
-            "versions": [{"name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
-                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+            "group": CONTROL_PLANE_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": CONTROL_PLANE_KIND,
+                "listKind": f"{CONTROL_PLANE_KIND}List",
+                "plural": CONTROL_PLANE_PLURAL,
+                "singular": CONTROL_PLANE_KIND.lower(),
+            },
+            "versions": [
+                {
+                    "name": "v1alpha1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
         },
     }
 
@@ -205,9 +266,13 @@ class Manager:
 
     def args(self) -> list[str]:
         return [
-            str(self.binary), f"--kubeconfig={self.cp.kubeconfig}", "--leader-elect=false",
-            "--health-addr=127.0.0.1:9440", "--diagnostics-address=0",
-            "--webhook-port=9443", f"--webhook-cert-dir={self.workdir / 'webhook-certs'}",
+            str(self.binary),
+            f"--kubeconfig={self.cp.kubeconfig}",
+            "--leader-elect=false",
+            "--health-addr=127.0.0.1:9440",
+            "--diagnostics-address=0",
+            "--webhook-port=9443",
+            f"--webhook-cert-dir={self.workdir / 'webhook-certs'}",
             "--feature-gates=MachinePool=false",
         ]
 
@@ -219,8 +284,13 @@ class Manager:
             self._forward()
             self._certificates()
             with open(self.log, "ab") as out:
-                self.process = subprocess.Popen(["ip", "netns", "exec", self.netns, *self.args()], stdout=out, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+                self.process = subprocess.Popen(
+                    ["ip", "netns", "exec", self.netns, *self.args()],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             _LIVE[self.process.pid] = self.process
             self._wait_ready(timeout)
         except BaseException:
@@ -237,20 +307,29 @@ class Manager:
 
     def _forward(self, timeout: float = 15.0) -> None:
         with open(self.workdir / "forward.log", "ab") as err:
-            self.forwarder = subprocess.Popen([sys.executable, "-m", "testbed.real.forward", self.netns, str(self.cp.port), str(os.getpid())],
-                                              stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                              start_new_session=True)
+            self.forwarder = subprocess.Popen(
+                [sys.executable, "-m", "testbed.real.forward", self.netns, str(self.cp.port), str(os.getpid())],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                start_new_session=True,
+            )
         _LIVE[self.forwarder.pid] = self.forwarder
         assert self.forwarder.stdout is not None
         line = self.forwarder.stdout.readline().decode().strip()  # "ready", or nothing when it died
         if line != "ready":
-            raise CapiFailed(f"the loopback forwarder into {self.netns} did not start: {(self.workdir / 'forward.log').read_text()[-500:]}")
+            raise CapiFailed(
+                f"the loopback forwarder into {self.netns} did not start: {(self.workdir / 'forward.log').read_text()[-500:]}"
+            )
 
     def _certificates(self) -> None:
         """controller-runtime's webhook server will not start without a serving pair; nobody outside the namespace can call it."""
         certs = self.workdir / "webhook-certs"
         certs.mkdir(exist_ok=True)
-        crt, key = Ca.create("capi-webhook-ca").issue("capi-webhook", dns=("localhost",), ips=("127.0.0.1",), server=True)
+        crt, key = Ca.create("capi-webhook-ca").issue(
+            "capi-webhook", dns=("localhost",), ips=("127.0.0.1",), server=True
+        )
         _write(certs / "tls.crt", crt)
         _write(certs / "tls.key", key, private=True)
 

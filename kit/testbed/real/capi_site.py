@@ -96,8 +96,13 @@ class Site:
 
     def running(self) -> list[dict[str, Any]]:
         """Machines CAPI reports Running with a nodeRef, not deleting."""
-        return [m for m in self.machines() if (m.get("status") or {}).get("phase") == "Running"
-                and ((m.get("status") or {}).get("nodeRef") or {}).get("name") and not m["metadata"].get("deletionTimestamp")]
+        return [
+            m
+            for m in self.machines()
+            if (m.get("status") or {}).get("phase") == "Running"
+            and ((m.get("status") or {}).get("nodeRef") or {}).get("name")
+            and not m["metadata"].get("deletionTimestamp")
+        ]
 
     def running_exactly(self, count: int) -> list[dict[str, Any]] | None:
         running = self.running()
@@ -115,12 +120,19 @@ class Site:
         return host
 
     def host_addresses(self) -> dict[str, str]:
-        return {h["metadata"]["name"]: h["status"]["hardware"]["nics"][0]["ip"]
-                for h in self.sim_api.list("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace)}
+        return {
+            h["metadata"]["name"]: h["status"]["hardware"]["nics"][0]["ip"]
+            for h in self.sim_api.list("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace)
+        }
 
     def events(self, reason: str, kind: str = "MachineDeployment", name: str = SPEC.pool) -> list[dict[str, Any]]:
-        return [e for e in self.api.list("v1", "Event", SPEC.namespace)
-                if e.get("reason") == reason and e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name]
+        return [
+            e
+            for e in self.api.list("v1", "Event", SPEC.namespace)
+            if e.get("reason") == reason
+            and e["involvedObject"].get("kind") == kind
+            and e["involvedObject"].get("name") == name
+        ]
 
     def metadata(self, machine: str) -> dict[str, str]:
         """The stored ``<m3m>-metadata`` Secret's flat map (the Metal3Machine has the Machine's name)."""
@@ -145,12 +157,16 @@ class Site:
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.diagnostics()}")
 
     def diagnostics(self) -> str:
-        machines = [(m["metadata"]["name"], (m.get("status") or {}).get("phase"), bool(m["metadata"].get("deletionTimestamp")))
-                    for m in self.machines()]
-        parts = [f"MachineDeployment replicas {self.md_replicas()}, Machines {machines}",
-                 f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
-                 f"simulator errors {self.sim.errors[-5:]}",
-                 "--- CAPI manager ---\n" + self.manager.tail(15)]
+        machines = [
+            (m["metadata"]["name"], (m.get("status") or {}).get("phase"), bool(m["metadata"].get("deletionTimestamp")))
+            for m in self.machines()
+        ]
+        parts = [
+            f"MachineDeployment replicas {self.md_replicas()}, Machines {machines}",
+            f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
+            f"simulator errors {self.sim.errors[-5:]}",
+            "--- CAPI manager ---\n" + self.manager.tail(15),
+        ]
         for name, pod in self.stack.pods.items():
             parts.append(f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-10:]))
         return "\n".join(parts)
@@ -204,18 +220,32 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
         for namespace in (SPEC.namespace, SPEC.slurm_namespace):
             ensure_namespace(api, namespace)
         slinky, port = _slinky(api, network)
-        slurm = Slurm(prepared.root, workdir / "slurm", SlurmConfig(address=network.host_address, port=port),
-                      slurm_key=slinky.key, jwt_key=slinky.jwt_key)  # the keys of Slinky's Secrets
+        slurm = Slurm(
+            prepared.root,
+            workdir / "slurm",
+            SlurmConfig(address=network.host_address, port=port),
+            slurm_key=slinky.key,
+            jwt_key=slinky.jwt_key,
+        )  # the keys of Slinky's Secrets
         slurm.start()
         stack.callback(slurm.close)
         seed_cluster(sim_api, cp, SPEC, replicas=0)
-        mapping = {"mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
-                   "machineDeployment": {"name": SPEC.pool, "namespace": SPEC.namespace}, "partition": slurm.config.partition,
-                   "config": {"capacityAware": True,
-                              "safeScaleIn": {"slurmrestd": slurm.restd_url, "jwtSecret": f"{slinky.namespace}/{JWT_SECRET}"}}}
+        mapping = {
+            "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
+            "machineDeployment": {"name": SPEC.pool, "namespace": SPEC.namespace},
+            "partition": slurm.config.partition,
+            "config": {
+                "capacityAware": True,
+                "safeScaleIn": {"slurmrestd": slurm.restd_url, "jwtSecret": f"{slinky.namespace}/{JWT_SECRET}"},
+            },
+        }
         values = tier_values(k8s.PREPARED.image or "localhost/slime:process", [mapping])
-        values["scaling"].update({"safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": JWT_SECRET, "namespace": slinky.namespace}]},
-                                  "capacityAware": {"enabled": True}})
+        values["scaling"].update(
+            {
+                "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": JWT_SECRET, "namespace": slinky.namespace}]},
+                "capacityAware": {"enabled": True},
+            }
+        )
         release = Release(cp, SLIME_NAMESPACE, values, workdir)
         release.install()
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
@@ -230,7 +260,9 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
         result = Site(cp, api, sim_api, pods, slurm, slinky, network, manager, sim, workdir)
         for index in range(hosts):
             result.add_host(f"host-{index + 1}")
-        say(f"CAPI site up in {time.monotonic() - started:.0f} s (CAPI manager ready in {manager.started_seconds:.1f} s)")
+        say(
+            f"CAPI site up in {time.monotonic() - started:.0f} s (CAPI manager ready in {manager.started_seconds:.1f} s)"
+        )
         try:
             yield result
         finally:

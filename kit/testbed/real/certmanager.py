@@ -43,9 +43,18 @@ from testbed.real.controlplane import _LIVE, ControlPlane, ControlPlaneError, _s
 
 MODULE = "github.com/cert-manager/cert-manager"
 STACK_MODULE = STACK / "certmanager"
-BINARIES = {"cert-manager-controller": "./cmd/cert-manager-controller", "cert-manager-cainjector": "./cmd/cert-manager-cainjector"}
-CRDS = ("cert-manager.io_certificates.yaml", "cert-manager.io_certificaterequests.yaml", "cert-manager.io_issuers.yaml",
-        "cert-manager.io_clusterissuers.yaml", "acme.cert-manager.io_orders.yaml", "acme.cert-manager.io_challenges.yaml")
+BINARIES = {
+    "cert-manager-controller": "./cmd/cert-manager-controller",
+    "cert-manager-cainjector": "./cmd/cert-manager-cainjector",
+}
+CRDS = (
+    "cert-manager.io_certificates.yaml",
+    "cert-manager.io_certificaterequests.yaml",
+    "cert-manager.io_issuers.yaml",
+    "cert-manager.io_clusterissuers.yaml",
+    "acme.cert-manager.io_orders.yaml",
+    "acme.cert-manager.io_challenges.yaml",
+)
 CLUSTER_RESOURCE_NAMESPACE = "cert-manager"
 
 
@@ -101,22 +110,45 @@ class CertManager:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         with open(self.workdir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         _LIVE[proc.pid] = proc  # stopped at exit by PID if a test forgets
         self.processes[name] = proc
 
     def start(self, timeout: float = 90.0) -> CertManager:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.cp.request("GET", "/api/v1/namespaces?fieldSelector=metadata.name=" + self.cluster_resource_namespace)["items"] == []:
-            self.cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                          "metadata": {"name": self.cluster_resource_namespace}})
-        self._spawn("cert-manager-controller", [
-            str(self.built.controller), f"--kubeconfig={self._kubeconfig('cert-manager-controller')}",
-            f"--cluster-resource-namespace={self.cluster_resource_namespace}",
-            f"--metrics-listen-address=127.0.0.1:{self.metrics_port}", "--v=2"])
-        self._spawn("cert-manager-cainjector", [
-            str(self.built.cainjector), f"--kubeconfig={self._kubeconfig('cert-manager-cainjector')}",
-            "--metrics-listen-address=0", f"--health-probe-listen-address=127.0.0.1:{self.health_port}", "--v=2"])
+        if (
+            self.cp.request("GET", "/api/v1/namespaces?fieldSelector=metadata.name=" + self.cluster_resource_namespace)[
+                "items"
+            ]
+            == []
+        ):
+            self.cp.request(
+                "POST",
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.cluster_resource_namespace}},
+            )
+        self._spawn(
+            "cert-manager-controller",
+            [
+                str(self.built.controller),
+                f"--kubeconfig={self._kubeconfig('cert-manager-controller')}",
+                f"--cluster-resource-namespace={self.cluster_resource_namespace}",
+                f"--metrics-listen-address=127.0.0.1:{self.metrics_port}",
+                "--v=2",
+            ],
+        )
+        self._spawn(
+            "cert-manager-cainjector",
+            [
+                str(self.built.cainjector),
+                f"--kubeconfig={self._kubeconfig('cert-manager-cainjector')}",
+                "--metrics-listen-address=0",
+                f"--health-probe-listen-address=127.0.0.1:{self.health_port}",
+                "--v=2",
+            ],
+        )
         try:
             self._wait("cert-manager-controller", f"http://127.0.0.1:{self.metrics_port}/metrics", timeout)
             self._wait("cert-manager-cainjector", f"http://127.0.0.1:{self.health_port}/readyz", timeout)
@@ -167,8 +199,12 @@ def certificate_ready(cp: ControlPlane, namespace: str, name: str) -> bool:
     """``Ready=True`` for the Certificate's current generation (what ``cmctl status``/``kubectl wait`` look at)."""
     cert = cp.request("GET", _certificate_path(namespace, name))
     ready = condition(cert, "Ready")
-    return bool(ready and ready.get("status") == "True" and ready.get("observedGeneration", cert["metadata"]["generation"])
-                == cert["metadata"]["generation"] and condition(cert, "Issuing") is None)
+    return bool(
+        ready
+        and ready.get("status") == "True"
+        and ready.get("observedGeneration", cert["metadata"]["generation"]) == cert["metadata"]["generation"]
+        and condition(cert, "Issuing") is None
+    )
 
 
 def renew(cp: ControlPlane, namespace: str, name: str) -> None:
@@ -181,9 +217,16 @@ def renew(cp: ControlPlane, namespace: str, name: str) -> None:
     if condition(cert, "Issuing") is not None:
         raise ControlPlaneError(f"Certificate {namespace}/{name} is already being issued")
     status = cert.setdefault("status", {})
-    status.setdefault("conditions", []).append({
-        "type": "Issuing", "status": "True", "reason": "ManuallyTriggered", "message": "Certificate re-issuance manually triggered",
-        "lastTransitionTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "observedGeneration": cert["metadata"]["generation"]})
+    status.setdefault("conditions", []).append(
+        {
+            "type": "Issuing",
+            "status": "True",
+            "reason": "ManuallyTriggered",
+            "message": "Certificate re-issuance manually triggered",
+            "lastTransitionTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "observedGeneration": cert["metadata"]["generation"],
+        }
+    )
     cp.request("PUT", _certificate_path(namespace, name) + "/status", cert)
 
 

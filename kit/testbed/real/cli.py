@@ -20,7 +20,9 @@ from testbed.real.controlplane import ControlPlane, ControlPlaneError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slime-control-plane", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="slime-control-plane", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--dir", type=Path, help="work directory (logs, PKI, etcd data); default: a new temporary one")
     parser.add_argument("--no-crds", action="store_true", help="do not install the CAPI, CAPM3 and Slinky CRDs")
     parser.add_argument("--admission-control-config-file", type=Path, help="passed to kube-apiserver")
@@ -41,11 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         cp.start()
         if crds:
             cp.install_crds(crds)
-        print(f"control plane up in {time.monotonic() - started:.1f} s ({binaries.source})\n"
-              f"  kube-apiserver {cp.url}   etcd http://127.0.0.1:{cp.etcd_port}   logs and audit log in {workdir}\n"
-              f"  export KUBECONFIG={cp.kubeconfig}\n"
-              f"  kubectl: {binaries.kubectl}\n"
-              "Ctrl-C stops it.", flush=True)
+        print(
+            f"control plane up in {time.monotonic() - started:.1f} s ({binaries.source})\n"
+            f"  kube-apiserver {cp.url}   etcd http://127.0.0.1:{cp.etcd_port}   logs and audit log in {workdir}\n"
+            f"  export KUBECONFIG={cp.kubeconfig}\n"
+            f"  kubectl: {binaries.kubectl}\n"
+            "Ctrl-C stops it.",
+            flush=True,
+        )
         while not stop.wait(1.0):
             for name, proc in cp.processes.items():
                 if proc.poll() is not None:

@@ -64,7 +64,9 @@ def render_user_data(template: str, meta_data: Mapping[str, Any]) -> str:
     first, _, rest = template.partition("\n")
     if first.strip() != JINJA_HEADER:
         raise ValueError(f"user-data does not start with {JINJA_HEADER!r}: cloud-init would not render it")
-    environment = jinja2.Environment(undefined=_CloudInitUndefined, trim_blocks=True, keep_trailing_newline=True, autoescape=False)
+    environment = jinja2.Environment(
+        undefined=_CloudInitUndefined, trim_blocks=True, keep_trailing_newline=True, autoescape=False
+    )
     return environment.from_string(rest).render(**jinja_variables(meta_data))
 
 
@@ -90,7 +92,7 @@ def _write_file(entry: Mapping[str, Any]) -> list[str]:
         raise ValueError(f"write_files encoding {encoding!r} is not supported here")
     quoted = shlex.quote(path)
     return [
-        f"mkdir -p \"$(dirname {quoted})\"",
+        f'mkdir -p "$(dirname {quoted})"',
         f"printf '%s' {shlex.quote(base64.b64encode(data).decode())} | base64 -d > {quoted}",
         f"chmod {shlex.quote(str(entry.get('permissions') or '0644'))} {quoted}",
         f"chown {shlex.quote(str(entry.get('owner') or 'root:root'))} {quoted}",
@@ -112,8 +114,13 @@ def boot_script(rendered: str) -> str:
 def meta_data_for(slurm: Slurm, hostname: str) -> dict[str, str]:
     """The metadata a node of ``slurm`` gets after injection, made here without the webhooks (for the CLI)."""
     host, port = slurm.config.address, str(slurm.config.port)
-    return {"local-hostname": hostname, "slurm_controller_host": host, "slurm_controller_port": port,
-            "slurm_conf_server": f"{host}:{port}", "slurm_key_base64": base64.b64encode(slurm.slurm_key).decode()}
+    return {
+        "local-hostname": hostname,
+        "slurm_controller_host": host,
+        "slurm_controller_port": port,
+        "slurm_conf_server": f"{host}:{port}",
+        "slurm_key_base64": base64.b64encode(slurm.slurm_key).decode(),
+    }
 
 
 class NodeDidNotJoin(AssertionError):
@@ -160,7 +167,9 @@ class Node:
             if node and node.get("address") == self.net.address and "IDLE" in (node.get("state") or []):
                 return node
             time.sleep(0.1)
-        refused = [line for line in slurm.logs().get("slurmctld.log", "").splitlines() if "authentication error" in line][-2:]
+        refused = [
+            line for line in slurm.logs().get("slurmctld.log", "").splitlines() if "authentication error" in line
+        ][-2:]
         raise NodeDidNotJoin(
             f"node {self.hostname} ({self.net.address}) did not join slurmctld within {timeout:g} s "
             f"(slurmctld has it as {(node or {}).get('state', 'nothing')}); "
@@ -175,8 +184,16 @@ class Node:
             self.boot.wait(5)
 
 
-def boot(root: SlurmRoot, network: Network, meta_data: Mapping[str, Any], nodes_dir: Path, *, shared: Path | None = None,
-         user_data: Path = USER_DATA, address: str | None = None) -> Node:
+def boot(
+    root: SlurmRoot,
+    network: Network,
+    meta_data: Mapping[str, Any],
+    nodes_dir: Path,
+    *,
+    shared: Path | None = None,
+    user_data: Path = USER_DATA,
+    address: str | None = None,
+) -> Node:
     """Boot a node from ``meta_data`` with ``user_data`` (rendered and run as cloud-init would); it returns once started."""
     hostname = str(meta_data.get("local-hostname") or "")
     if not hostname:
@@ -194,12 +211,20 @@ def boot(root: SlurmRoot, network: Network, meta_data: Mapping[str, Any], nodes_
     script.parent.mkdir(parents=True)
     script.touch(0o700)
     script.write_text(boot_script(render_user_data(user_data.read_text(), meta_data)))
-    binds = [Bind(parts["etc"], "/etc/slurm"), Bind(parts["spool"], "/var/spool/slurmd"), Bind(parts["run"], "/run"),
-             Bind(parts["log"], "/var/log/slurm"), Bind(parts["cloud"], "/var/lib/cloud"), Bind(parts["tmp"], "/tmp")]
+    binds = [
+        Bind(parts["etc"], "/etc/slurm"),
+        Bind(parts["spool"], "/var/spool/slurmd"),
+        Bind(parts["run"], "/run"),
+        Bind(parts["log"], "/var/log/slurm"),
+        Bind(parts["cloud"], "/var/lib/cloud"),
+        Bind(parts["tmp"], "/tmp"),
+    ]
     if shared is not None:
         binds.append(Bind(shared, "/srv/slime"))
     net = network.add(address)
     argv = chroot_argv(root.path, ["/bin/sh", SCRIPT], binds, hostname=hostname, prefix=net.exec_prefix())
     with open(directory / "cloud-init-output.log", "ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     return Node(hostname, net, directory, process)

@@ -30,7 +30,9 @@ COMPONENTS: dict[str, Callable[[Progress], Any]] = {
     "cert-manager": certmanager.build,  # controller + cainjector (built), its CRDs: tests/real_loop/test_cert_manager.py
     "capi": capi_site.prepare,  # the CAPI core manager (built), its CRDs, the Slurm root: tests/real_loop/test_capi*.py
     "keda": keda_site.prepare,  # KEDA (built), Debian's Prometheus, the Slurm root: tests/real_loop/test_keda.py
-    "whole-loop": lambda progress: loop.prepare(_scratch(), progress),  # all of the above: tests/real_loop/test_whole_loop.py
+    "whole-loop": lambda progress: loop.prepare(
+        _scratch(), progress
+    ),  # all of the above: tests/real_loop/test_whole_loop.py
 }
 
 
@@ -62,7 +64,9 @@ def prepare_all(config: pytest.Config) -> None:
         except Exception as exc:  # noqa: BLE001 - reported by every test that needs it
             unavailable_class = type(exc).__name__.endswith("Unavailable")
             (PREPARED.missing if unavailable_class else PREPARED.failed)[name] = f"{type(exc).__name__}: {exc}"
-        progress(f"{name}: {'ready' if name in PREPARED.ready else 'NOT ready'} after {time.monotonic() - started:.0f} s")
+        progress(
+            f"{name}: {'ready' if name in PREPARED.ready else 'NOT ready'} after {time.monotonic() - started:.0f} s"
+        )
 
 
 def component(name: str) -> Any:

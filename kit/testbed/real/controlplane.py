@@ -52,13 +52,23 @@ from testbed.real.build import ControlPlaneBinaries
 # KCM's controllers (names as of 1.33+, which end in -controller): what Deployments, garbage
 # collection, namespace deletion and the ServiceAccount admission plugin need. No scheduler and
 # no kubelet: pods stay Pending, which the tier never needs otherwise.
-KCM_CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller", "namespace-controller",
-                   "serviceaccount-controller", "serviceaccount-token-controller", "root-ca-certificate-publisher-controller",
-                   "clusterrole-aggregation-controller", "horizontal-pod-autoscaler-controller")
+KCM_CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "horizontal-pod-autoscaler-controller",
+)
 HPA_SYNC_SECONDS = 5  # kube-controller-manager's default is 15 s; idle without HPAs
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN kube-apiserver's aggregator presents (--requestheader-allowed-names)
 AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
     # Every call a service account makes (the webhooks'), with its verb, resource and answer; nothing else.
     "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}],
 }
@@ -67,9 +77,19 @@ AUDIT_POLICY = {
 # of a Machine or a Secret, whoever makes it, timed by kube-apiserver to the microsecond. Cluster
 # API's MachineSet controller creates Machines by server-side apply, a ``patch`` answered 201.
 SCALE_STEP_RULES = [
-    {"level": "Request", "verbs": ["update", "patch"],
-     "resources": [{"group": "apps", "resources": ["deployments/scale"]}, {"group": "cluster.x-k8s.io", "resources": ["machinedeployments/scale"]}]},
-    {"level": "Metadata", "verbs": ["create", "patch"], "resources": [{"group": "cluster.x-k8s.io", "resources": ["machines"]}]},
+    {
+        "level": "Request",
+        "verbs": ["update", "patch"],
+        "resources": [
+            {"group": "apps", "resources": ["deployments/scale"]},
+            {"group": "cluster.x-k8s.io", "resources": ["machinedeployments/scale"]},
+        ],
+    },
+    {
+        "level": "Metadata",
+        "verbs": ["create", "patch"],
+        "resources": [{"group": "cluster.x-k8s.io", "resources": ["machines"]}],
+    },
     {"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["secrets"]}]},
 ]
 
@@ -134,7 +154,9 @@ def _now() -> dt.datetime:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _pem_cert(cert: x509.Certificate) -> bytes:
@@ -157,18 +179,42 @@ class Ca:
     def create(cls, common_name: str) -> Ca:
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(_now() - dt.timedelta(minutes=5))
-                .not_valid_after(_now() + dt.timedelta(days=30))
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                             key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                             encipher_only=False, decipher_only=False), critical=True)
-                .sign(key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(_now() - dt.timedelta(minutes=5))
+            .not_valid_after(_now() + dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
         return cls(cert, key)
 
-    def issue(self, common_name: str, organization: str = "", dns: tuple[str, ...] = (), ips: tuple[str, ...] = (),
-              server: bool = False, client_too: bool = False) -> tuple[bytes, bytes]:
+    def issue(
+        self,
+        common_name: str,
+        organization: str = "",
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        server: bool = False,
+        client_too: bool = False,
+    ) -> tuple[bytes, bytes]:
         """A (certificate, key) PEM pair signed by this CA: a client certificate, or a serving one with SANs (``client_too``: both)."""
         usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
         if client_too or not server:
@@ -177,11 +223,17 @@ class Ca:
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         if organization:
             attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-        builder = (x509.CertificateBuilder().subject_name(x509.Name(attributes)).issuer_name(self.cert.subject)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(_now() - dt.timedelta(minutes=5)).not_valid_after(_now() + dt.timedelta(days=30))
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attributes))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(_now() - dt.timedelta(minutes=5))
+            .not_valid_after(_now() + dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        )
         if dns or ips:
             sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
             sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -189,18 +241,32 @@ class Ca:
         return _pem_cert(builder.sign(self.key, hashes.SHA256())), _pem_key(key)
 
 
-def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes | None = None, key_pem: bytes | None = None,
-               token: str | None = None, user: str = "user") -> dict[str, Any]:
+def kubeconfig(
+    server: str,
+    ca_pem: bytes,
+    cert_pem: bytes | None = None,
+    key_pem: bytes | None = None,
+    token: str | None = None,
+    user: str = "user",
+) -> dict[str, Any]:
     """A kubeconfig document with the credentials inline (client certificate or bearer token)."""
     credentials: dict[str, str] = {}
     if cert_pem is not None and key_pem is not None:
-        credentials = {"client-certificate-data": base64.b64encode(cert_pem).decode(),
-                       "client-key-data": base64.b64encode(key_pem).decode()}
+        credentials = {
+            "client-certificate-data": base64.b64encode(cert_pem).decode(),
+            "client-key-data": base64.b64encode(key_pem).decode(),
+        }
     if token is not None:
         credentials["token"] = token
     return {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "real", "cluster": {"server": server, "certificate-authority-data": base64.b64encode(ca_pem).decode()}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "real",
+                "cluster": {"server": server, "certificate-authority-data": base64.b64encode(ca_pem).decode()},
+            }
+        ],
         "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": "real", "context": {"cluster": "real", "user": user}}],
         "current-context": "real",
@@ -222,7 +288,9 @@ class ControlPlane:
     etcd_peer_port: int = field(default_factory=free_port)
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    startup_windows: list[tuple[dt.datetime, dt.datetime]] = field(default_factory=list)  # kube-apiserver start -> /readyz
+    startup_windows: list[tuple[dt.datetime, dt.datetime]] = field(
+        default_factory=list
+    )  # kube-apiserver start -> /readyz
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -230,12 +298,21 @@ class ControlPlane:
         pki.mkdir(exist_ok=True)
         self.ca = Ca.create("slime-real-k8s-ca")
         self.ca_file = _write(pki / "ca.crt", _pem_cert(self.ca.cert))
-        crt, key = self.ca.issue("kube-apiserver", dns=("localhost", "kubernetes", "kubernetes.default.svc"), ips=("127.0.0.1",), server=True)
-        self.serving_cert, self.serving_key = _write(pki / "apiserver.crt", crt), _write(pki / "apiserver.key", key, private=True)
+        crt, key = self.ca.issue(
+            "kube-apiserver", dns=("localhost", "kubernetes", "kubernetes.default.svc"), ips=("127.0.0.1",), server=True
+        )
+        self.serving_cert, self.serving_key = (
+            _write(pki / "apiserver.crt", crt),
+            _write(pki / "apiserver.key", key, private=True),
+        )
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.sa_key = _write(pki / "sa.key", _pem_key(sa_key), private=True)
-        self.sa_pub = _write(pki / "sa.pub", sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        self.sa_pub = _write(
+            pki / "sa.pub",
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ),
+        )
         self.admin_cert, self.admin_key = self.ca.issue("slime-admin", organization="system:masters")
         self.kubeconfig = self._write_kubeconfig("admin.kubeconfig", self.admin_cert, self.admin_key)
         kcm_cert, kcm_key = self.ca.issue("system:kube-controller-manager")
@@ -252,7 +329,10 @@ class ControlPlane:
         self.proxy_client_key = _write(pki / "front-proxy-client.key", proxy_key, private=True)
         self.audit_log = self.workdir / "audit.log"
         self.audit_policy = self.workdir / "audit-policy.yaml"
-        policy = {**AUDIT_POLICY, "rules": [*(SCALE_STEP_RULES if self.audit_scale_steps else []), *AUDIT_POLICY["rules"]]}
+        policy = {
+            **AUDIT_POLICY,
+            "rules": [*(SCALE_STEP_RULES if self.audit_scale_steps else []), *AUDIT_POLICY["rules"]],
+        }
         self.audit_policy.write_text(yaml.safe_dump(policy))
 
     # -- addresses and clients
@@ -267,12 +347,18 @@ class ControlPlane:
 
     def _write_kubeconfig(self, name: str, cert: bytes, key: bytes) -> Path:
         path = self.workdir / name
-        _write(path, yaml.safe_dump(kubeconfig(self.url, self.ca_pem, cert, key, user=name.split(".")[0])).encode(), private=True)
+        _write(
+            path,
+            yaml.safe_dump(kubeconfig(self.url, self.ca_pem, cert, key, user=name.split(".")[0])).encode(),
+            private=True,
+        )
         return path
 
     def write_token_kubeconfig(self, path: Path, token: str, user: str) -> Path:
         """A kubeconfig for a bearer token (a service account's), trusting this API server's CA."""
-        return _write(path, yaml.safe_dump(kubeconfig(self.url, self.ca_pem, token=token, user=user)).encode(), private=True)
+        return _write(
+            path, yaml.safe_dump(kubeconfig(self.url, self.ca_pem, token=token, user=user)).encode(), private=True
+        )
 
     def http(self, timeout: float = 10.0) -> httpx.Client:
         """An admin HTTPS client (client certificate in system:masters)."""
@@ -281,26 +367,39 @@ class ControlPlane:
         context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         return httpx.Client(base_url=self.url, verify=context, timeout=timeout)
 
-    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json", timeout: float = 10.0) -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json", timeout: float = 10.0
+    ) -> Any:
         with self.http(timeout) as client:
-            answer = client.request(method, path, content=None if body is None else json.dumps(body),
-                                    headers={"Content-Type": content_type})
+            answer = client.request(
+                method, path, content=None if body is None else json.dumps(body), headers={"Content-Type": content_type}
+            )
         if answer.status_code >= 300:
             raise ControlPlaneError(f"{method} {path}: {answer.status_code} {answer.text[:500]}")
         return answer.json() if answer.content else None
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl as the admin; ``check`` raises with its stderr on failure."""
-        proc = subprocess.run([str(self.binaries.kubectl), "--kubeconfig", str(self.kubeconfig), *args], input=stdin,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [str(self.binaries.kubectl), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
             raise ControlPlaneError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
 
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
         """A service-account token from the TokenRequest API (what the kubelet projects into a pod)."""
-        review = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}})
+        review = self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+        )
         token: str = review["status"]["token"]
         return token
 
@@ -314,7 +413,9 @@ class ControlPlane:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         with open(self.workdir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         _LIVE[proc.pid] = proc
         self.processes[name] = proc
         return proc
@@ -336,29 +437,60 @@ class ControlPlane:
     def start_etcd(self, timeout: float = 30.0) -> None:
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         client = f"http://127.0.0.1:{self.etcd_port}"
-        self._spawn("etcd", [str(self.binaries.etcd), "--name", "default", "--data-dir", str(self.workdir / "etcd"),
-                             "--listen-client-urls", client, "--advertise-client-urls", client,
-                             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                             "--initial-cluster", f"default={peer}", "--unsafe-no-fsync", "--log-level", "warn"])
+        self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name",
+                "default",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"default={peer}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ],
+        )
         self._wait("etcd", lambda: httpx.get(f"{client}/health", timeout=2).status_code == 200, timeout)
 
     def apiserver_args(self) -> list[str]:
-        args = [str(self.binaries.kube_apiserver),
-                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                f"--secure-port={self.port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-                f"--tls-cert-file={self.serving_cert}", f"--tls-private-key-file={self.serving_key}",
-                f"--client-ca-file={self.ca_file}",
-                "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC",
-                f"--service-account-issuer={self.url}", f"--service-account-key-file={self.sa_pub}",
-                f"--service-account-signing-key-file={self.sa_key}",
-                # The kubernetes Service would get 127.0.0.1 as its endpoint, which is not allowed.
-                "--endpoint-reconciler-type=none",
-                f"--audit-policy-file={self.audit_policy}", f"--audit-log-path={self.audit_log}", "--audit-log-maxbackup=1",
-                # The aggregation layer (see the module doc); no --enable-aggregator-routing.
-                f"--requestheader-client-ca-file={self.front_proxy_ca_file}", f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
-                "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={self.proxy_client_cert}", f"--proxy-client-key-file={self.proxy_client_key}"]
+        args = [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={self.serving_cert}",
+            f"--tls-private-key-file={self.serving_key}",
+            f"--client-ca-file={self.ca_file}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={self.url}",
+            f"--service-account-key-file={self.sa_pub}",
+            f"--service-account-signing-key-file={self.sa_key}",
+            # The kubernetes Service would get 127.0.0.1 as its endpoint, which is not allowed.
+            "--endpoint-reconciler-type=none",
+            f"--audit-policy-file={self.audit_policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-maxbackup=1",
+            # The aggregation layer (see the module doc); no --enable-aggregator-routing.
+            f"--requestheader-client-ca-file={self.front_proxy_ca_file}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self.proxy_client_cert}",
+            f"--proxy-client-key-file={self.proxy_client_key}",
+        ]
         if self.binaries.kube_controller_manager is None:
             # Without the service-account controller no namespace gets its `default` ServiceAccount.
             args.append("--disable-admission-plugins=ServiceAccount")
@@ -377,11 +509,21 @@ class ControlPlane:
     def start_controller_manager(self) -> None:
         if self.binaries.kube_controller_manager is None:
             return
-        self._spawn("kube-controller-manager", [
-            str(self.binaries.kube_controller_manager), f"--kubeconfig={self.kcm_kubeconfig}", "--leader-elect=false",
-            "--bind-address=127.0.0.1", "--secure-port=0", f"--controllers={','.join(KCM_CONTROLLERS)}",
-            f"--service-account-private-key-file={self.sa_key}", f"--root-ca-file={self.ca_file}",
-            "--use-service-account-credentials=true", f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_SECONDS}s"])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={self.kcm_kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                f"--controllers={','.join(KCM_CONTROLLERS)}",
+                f"--service-account-private-key-file={self.sa_key}",
+                f"--root-ca-file={self.ca_file}",
+                "--use-service-account-credentials=true",
+                f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_SECONDS}s",
+            ],
+        )
 
     def start(self) -> ControlPlane:
         started = time.monotonic()
@@ -389,7 +531,11 @@ class ControlPlane:
         self.start_apiserver()
         self.start_controller_manager()
         if self.binaries.kube_controller_manager is not None:
-            self.wait_for(lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"), 30, "the default ServiceAccount")
+            self.wait_for(
+                lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+                30,
+                "the default ServiceAccount",
+            )
         self.started_seconds = time.monotonic() - started
         return self
 
@@ -438,7 +584,13 @@ class ControlPlane:
             args += ["-f", str(path)]
         self.kubectl(*args, timeout=timeout)
         names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
-        self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *[f"crd/{n}" for n in names], timeout=timeout + 10)
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={int(timeout)}s",
+            *[f"crd/{n}" for n in names],
+            timeout=timeout + 10,
+        )
 
     def during_startup(self, timestamp: str, margin: float = 2.0) -> bool:
         """Whether an audit timestamp falls in a kube-apiserver start (spawn to /readyz, plus ``margin`` s)."""

@@ -34,8 +34,9 @@ def ensure_commands(commands: dict[str, str], progress: Progress = to_stderr) ->
         return
     packages = sorted(set(missing.values()))
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise PackagesUnavailable(f"{', '.join(sorted(missing))} missing and cannot install {' '.join(packages)} "
-                                  "(needs root and apt-get)")
+        raise PackagesUnavailable(
+            f"{', '.join(sorted(missing))} missing and cannot install {' '.join(packages)} (needs root and apt-get)"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     started = time.monotonic()
     progress(f"installing Debian packages {' '.join(packages)} (first use)")

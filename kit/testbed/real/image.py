@@ -32,7 +32,16 @@ BASE_IMAGE = "localhost/slime-python-base:bookworm"
 IMAGE_REPOSITORY = "localhost/slime"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What the Dockerfile copies (keep in step with its COPY lines): the image tag hashes these.
-IMAGE_INPUTS = ("Dockerfile", "requirements.lock", "pyproject.toml", "README.md", "common", "injection_webhook", "scaling_webhook", "certs")
+IMAGE_INPUTS = (
+    "Dockerfile",
+    "requirements.lock",
+    "pyproject.toml",
+    "README.md",
+    "common",
+    "injection_webhook",
+    "scaling_webhook",
+    "certs",
+)
 PODMAN_COMMANDS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 
 
@@ -48,8 +57,10 @@ def containers_conf() -> Path:
     nproc = 32768 if nproc_hard == resource.RLIM_INFINITY else min(int(nproc_hard), 32768)
     path = cache_root() / "containers.conf"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = (f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
-            '[engine]\nruntime = "runc"\n')
+    text = (
+        f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        '[engine]\nruntime = "runc"\n'
+    )
     if not path.is_file() or path.read_text() != text:
         path.write_text(text)
     return path
@@ -59,10 +70,14 @@ def podman_env() -> dict[str, str]:
     return {**os.environ, "CONTAINERS_CONF": str(containers_conf())}
 
 
-def podman(*args: str, timeout: float = 120.0, check: bool = True, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+def podman(
+    *args: str, timeout: float = 120.0, check: bool = True, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
     proc = subprocess.run(["podman", *args], input=stdin, capture_output=True, timeout=timeout, env=podman_env())
     if check and proc.returncode != 0:
-        raise ImageFailed(f"podman {' '.join(args[:3])} ... exited {proc.returncode}: {proc.stderr.decode(errors='replace').strip()[-1500:]}")
+        raise ImageFailed(
+            f"podman {' '.join(args[:3])} ... exited {proc.returncode}: {proc.stderr.decode(errors='replace').strip()[-1500:]}"
+        )
     return proc
 
 
@@ -97,13 +112,26 @@ def ensure_base_image(progress: Progress = to_stderr) -> str:
     progress(f"making the base image {BASE_IMAGE} with debootstrap (first use, about a minute)")
     with tempfile.TemporaryDirectory(prefix="slime-rootfs-", dir=cache_root()) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,python-is-python3,ca-certificates",
-                               "bookworm", str(rootfs), _mirror()], capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                "--include=python3,python3-venv,python-is-python3,ca-certificates",
+                "bookworm",
+                str(rootfs),
+                _mirror(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if proc.returncode != 0:
             raise ImageFailed(f"debootstrap failed: {(proc.stdout + proc.stderr).strip()[-1500:]}")
         shutil.rmtree(rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True)
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(["podman", "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, timeout=600, env=podman_env())
+        imported = subprocess.run(
+            ["podman", "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, timeout=600, env=podman_env()
+        )
         tar.wait()
         if imported.returncode != 0:
             raise ImageFailed(f"podman import failed: {imported.stderr.decode(errors='replace')[-1000:]}")
@@ -116,7 +144,11 @@ def image_tag() -> str:
     digest = hashlib.sha256()
     for name in IMAGE_INPUTS:
         root = REPO_ROOT / name
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        files = (
+            [root]
+            if root.is_file()
+            else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        )
         for path in files:
             digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
@@ -131,7 +163,17 @@ def build_image(progress: Progress = to_stderr) -> str:
     base = ensure_base_image(progress)
     started = time.monotonic()
     progress(f"building {ref} from the Dockerfile with podman (about a minute)")
-    args = ["build", "--network=host", "--pull=never", "--build-arg", f"PYTHON_IMAGE={base}", "-t", ref, "-f", str(REPO_ROOT / "Dockerfile")]
+    args = [
+        "build",
+        "--network=host",
+        "--pull=never",
+        "--build-arg",
+        f"PYTHON_IMAGE={base}",
+        "-t",
+        ref,
+        "-f",
+        str(REPO_ROOT / "Dockerfile"),
+    ]
     if HOST_CA_BUNDLE.is_file():
         args += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
     podman(*args, str(REPO_ROOT), timeout=1800)

@@ -74,7 +74,11 @@ KEDA_MODULE = "github.com/kedacore/keda/v2"
 KEDA_VERSION = "v2.21.0"
 NAMESPACE = "keda"
 SERVICE_ACCOUNT = "keda-operator"
-OPERATOR_SERVICE, ADAPTER_SERVICE, WEBHOOK_SERVICE = "keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks"
+OPERATOR_SERVICE, ADAPTER_SERVICE, WEBHOOK_SERVICE = (
+    "keda-operator",
+    "keda-metrics-apiserver",
+    "keda-admission-webhooks",
+)
 APISERVICE = "v1beta1.external.metrics.k8s.io"
 WEBHOOK_CONFIGURATION = "keda-admission"
 CLUSTER_DOMAIN = "cluster.local"
@@ -118,31 +122,50 @@ class KedaBinaries:
 def build(progress: Progress = to_stderr) -> KedaBinaries:
     """KEDA's three binaries from ``stack/keda`` (cached) and its manifests from the module zip."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        raise BuildUnavailable("KEDA runs in a mount namespace of its own (unshare --mount): needs root and util-linux's unshare")
-    built = go_build(STACK / "keda", "keda", KEDA_VERSION, {
-        "operator": f"{KEDA_MODULE}/cmd/operator",
-        "adapter": f"{KEDA_MODULE}/cmd/adapter",
-        "webhooks": f"{KEDA_MODULE}/cmd/webhooks",
-    }, f"-X={KEDA_MODULE}/version.Version={KEDA_VERSION} -X={KEDA_MODULE}/version.GitCommit=module-proxy", progress)
+        raise BuildUnavailable(
+            "KEDA runs in a mount namespace of its own (unshare --mount): needs root and util-linux's unshare"
+        )
+    built = go_build(
+        STACK / "keda",
+        "keda",
+        KEDA_VERSION,
+        {
+            "operator": f"{KEDA_MODULE}/cmd/operator",
+            "adapter": f"{KEDA_MODULE}/cmd/adapter",
+            "webhooks": f"{KEDA_MODULE}/cmd/webhooks",
+        },
+        f"-X={KEDA_MODULE}/version.Version={KEDA_VERSION} -X={KEDA_MODULE}/version.GitCommit=module-proxy",
+        progress,
+    )
     config = module_dir(KEDA_MODULE, KEDA_VERSION, progress) / "config"
     return KedaBinaries(built["operator"], built["adapter"], built["webhooks"], config)
 
 
 def dns_names(service: str, namespace: str = NAMESPACE) -> list[str]:
     """The names KEDA's certificate manager puts in its certificate for a Service (``getDNSNames``)."""
-    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.{CLUSTER_DOMAIN}"]
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.{CLUSTER_DOMAIN}",
+    ]
 
 
 def localhost_services(cp: ControlPlane) -> list[tuple[str, str]]:
     """(name, namespace) of every ``ExternalName: localhost`` Service: what resolves to 127.0.0.1 for KEDA."""
     listed = cp.request("GET", "/api/v1/services")
-    return sorted((s["metadata"]["name"], s["metadata"]["namespace"]) for s in listed.get("items") or []
-                  if s["spec"].get("type") == "ExternalName" and s["spec"].get("externalName") == "localhost")
+    return sorted(
+        (s["metadata"]["name"], s["metadata"]["namespace"])
+        for s in listed.get("items") or []
+        if s["spec"].get("type") == "ExternalName" and s["spec"].get("externalName") == "localhost"
+    )
 
 
 def hosts_file(services: list[tuple[str, str]]) -> str:
-    lines = ["# KEDA's view of cluster DNS (testbed/real/keda.py): ExternalName localhost Services -> 127.0.0.1",
-             "127.0.0.1 localhost"]
+    lines = [
+        "# KEDA's view of cluster DNS (testbed/real/keda.py): ExternalName localhost Services -> 127.0.0.1",
+        "127.0.0.1 localhost",
+    ]
     for name, namespace in services:
         lines.append(f"127.0.0.1 {name}.{namespace}.svc {name}.{namespace}.svc.{CLUSTER_DOMAIN}")
     return "\n".join(lines) + "\n"
@@ -176,9 +199,21 @@ class Keda:
     cp: ControlPlane
     binaries: KedaBinaries
     workdir: Path
-    ports: dict[str, int] = field(default_factory=lambda: {name: free_port() for name in (
-        "operator-metrics", "operator-health", "operator-grpc", "adapter-https", "adapter-metrics",
-        "webhooks-https", "webhooks-metrics", "webhooks-health")})
+    ports: dict[str, int] = field(
+        default_factory=lambda: {
+            name: free_port()
+            for name in (
+                "operator-metrics",
+                "operator-health",
+                "operator-grpc",
+                "adapter-https",
+                "adapter-metrics",
+                "webhooks-https",
+                "webhooks-metrics",
+                "webhooks-health",
+            )
+        }
+    )
     processes: dict[str, KedaProcess] = field(default_factory=dict)
     manifest: list[dict[str, Any]] = field(default_factory=list)
     restart_backoff: float = 2.0  # seconds before a process that exited is started again
@@ -218,9 +253,11 @@ class Keda:
         kind, name = obj["kind"], obj["metadata"]["name"]
         ca_bundle = base64.b64encode(ca_pem).decode()
         if kind == "Service":
-            ports = {OPERATOR_SERVICE: {"metricsservice": "operator-grpc", "metrics": "operator-metrics"},
-                     ADAPTER_SERVICE: {"https": "adapter-https", "metrics": "adapter-metrics"},
-                     WEBHOOK_SERVICE: {"https": "webhooks-https", "metrics": "webhooks-metrics"}}[name]
+            ports = {
+                OPERATOR_SERVICE: {"metricsservice": "operator-grpc", "metrics": "operator-metrics"},
+                ADAPTER_SERVICE: {"https": "adapter-https", "metrics": "adapter-metrics"},
+                WEBHOOK_SERVICE: {"https": "webhooks-https", "metrics": "webhooks-metrics"},
+            }[name]
             spec = obj["spec"]
             for port in spec["ports"]:
                 port["port"] = port["targetPort"] = self.ports[ports[port["name"]]]
@@ -243,12 +280,18 @@ class Keda:
         path.write_text(yaml.safe_dump_all(applied))
         self.cp.kubectl("apply", "--server-side", "--field-manager=slime-real-keda", "-f", str(path), timeout=timeout)
         crds = [o["metadata"]["name"] for o in applied if o["kind"] == "CustomResourceDefinition"]
-        self.cp.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *[f"crd/{n}" for n in crds],
-                        timeout=timeout + 10)
+        self.cp.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={int(timeout)}s",
+            *[f"crd/{n}" for n in crds],
+            timeout=timeout + 10,
+        )
 
     def deployment(self, name: str) -> dict[str, Any]:
-        container: dict[str, Any] = next(o for o in self.manifest if o["kind"] == "Deployment" and o["metadata"]["name"] == name)[
-            "spec"]["template"]["spec"]["containers"][0]
+        container: dict[str, Any] = next(
+            o for o in self.manifest if o["kind"] == "Deployment" and o["metadata"]["name"] == name
+        )["spec"]["template"]["spec"]["containers"][0]
         return container
 
     # -- names
@@ -269,7 +312,9 @@ class Keda:
 
     def _kubeconfig(self) -> Path:
         token = self.cp.token(NAMESPACE, SERVICE_ACCOUNT, seconds=24 * 3600)
-        return self.cp.write_token_kubeconfig(self.workdir / "keda-operator.kubeconfig", token, f"{NAMESPACE}-{SERVICE_ACCOUNT}")
+        return self.cp.write_token_kubeconfig(
+            self.workdir / "keda-operator.kubeconfig", token, f"{NAMESPACE}-{SERVICE_ACCOUNT}"
+        )
 
     def _args(self, container: dict[str, Any], overrides: dict[str, str]) -> list[str]:
         """The Deployment's args with ``/certs`` pointing at our cert dir and each ``--flag`` of ``overrides`` set (replaced or added)."""
@@ -282,8 +327,12 @@ class Keda:
         return args + [f"{flag}={value}" for flag, value in overrides.items()]
 
     def _env(self, container: dict[str, Any], kubeconfig: Path) -> dict[str, str]:
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(self.workdir), "KUBECONFIG": str(kubeconfig),
-               "KEDA_CLUSTER_OBJECT_NAMESPACE": NAMESPACE}
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(self.workdir),
+            "KUBECONFIG": str(kubeconfig),
+            "KEDA_CLUSTER_OBJECT_NAMESPACE": NAMESPACE,
+        }
         for item in container.get("env") or []:
             if "value" in item:
                 env[item["name"]] = str(item["value"])
@@ -294,8 +343,20 @@ class Keda:
     def _spawn(self, name: str, binary: Path, args: list[str], env: dict[str, str], ready_url: str = "") -> KedaProcess:
         """Run ``binary`` in a mount namespace whose /etc/hosts and /etc/resolv.conf are ours (the PID is the binary's)."""
         script = 'set -e; mount --bind "$1" /etc/hosts; mount --bind "$2" /etc/resolv.conf; shift 2; exec "$@"'
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "keda-mount-ns",
-                str(self.hosts), str(self.resolv), str(binary), *args]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "keda-mount-ns",
+            str(self.hosts),
+            str(self.resolv),
+            str(binary),
+            *args,
+        ]
         log = self.workdir / f"{name}.log"
         process = KedaProcess(name, self._popen(argv, env, log), log, argv, env, ready_url)
         self.processes[name] = process
@@ -303,8 +364,15 @@ class Keda:
 
     def _popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, cwd=self.workdir)
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                cwd=self.workdir,
+            )
         _LIVE[proc.pid] = proc
         return proc
 
@@ -323,7 +391,9 @@ class Keda:
                         continue
                     process.exited_at = None
                     with open(process.log, "ab") as out:
-                        out.write(f"--- exited {process.process.returncode}; restarted by the tier (restartPolicy Always) ---\n".encode())
+                        out.write(
+                            f"--- exited {process.process.returncode}; restarted by the tier (restartPolicy Always) ---\n".encode()
+                        )
                     _LIVE.pop(process.process.pid, None)
                     process.process = self._popen(process.argv, process.env, process.log)
                     process.restarts += 1
@@ -331,31 +401,63 @@ class Keda:
     def start(self, timeout: float = 120.0) -> Keda:
         """Start the operator, the admission webhooks and the metrics adapter; return when each is ready."""
         self.resolve()
-        self.resolv.write_text("# no DNS for KEDA here: names come from /etc/hosts (testbed/real/keda.py)\nnameserver 127.0.0.1\n")
+        self.resolv.write_text(
+            "# no DNS for KEDA here: names come from /etc/hosts (testbed/real/keda.py)\nnameserver 127.0.0.1\n"
+        )
         kubeconfig = self._kubeconfig()
         try:
             operator = self.deployment("keda-operator")
-            self._spawn("operator", self.binaries.operator, self._args(operator, {
-                "--enable-cert-rotation": "false", "--cert-dir": str(self.cert_dir),
-                "--metrics-bind-address": f"127.0.0.1:{self.ports['operator-metrics']}",
-                "--health-probe-bind-address": f"127.0.0.1:{self.ports['operator-health']}",
-                "--metrics-service-bind-address": f"127.0.0.1:{self.ports['operator-grpc']}",
-            }), self._env(operator, kubeconfig), f"http://127.0.0.1:{self.ports['operator-health']}/readyz")
+            self._spawn(
+                "operator",
+                self.binaries.operator,
+                self._args(
+                    operator,
+                    {
+                        "--enable-cert-rotation": "false",
+                        "--cert-dir": str(self.cert_dir),
+                        "--metrics-bind-address": f"127.0.0.1:{self.ports['operator-metrics']}",
+                        "--health-probe-bind-address": f"127.0.0.1:{self.ports['operator-health']}",
+                        "--metrics-service-bind-address": f"127.0.0.1:{self.ports['operator-grpc']}",
+                    },
+                ),
+                self._env(operator, kubeconfig),
+                f"http://127.0.0.1:{self.ports['operator-health']}/readyz",
+            )
             webhooks = self.deployment("keda-admission")
-            self._spawn("webhooks", self.binaries.webhooks, self._args(webhooks, {
-                "--cert-dir": str(self.cert_dir), "--port": str(self.ports["webhooks-https"]),
-                "--metrics-bind-address": f"127.0.0.1:{self.ports['webhooks-metrics']}",
-                "--health-probe-bind-address": f"127.0.0.1:{self.ports['webhooks-health']}",
-            }), self._env(webhooks, kubeconfig), f"http://127.0.0.1:{self.ports['webhooks-health']}/readyz")
+            self._spawn(
+                "webhooks",
+                self.binaries.webhooks,
+                self._args(
+                    webhooks,
+                    {
+                        "--cert-dir": str(self.cert_dir),
+                        "--port": str(self.ports["webhooks-https"]),
+                        "--metrics-bind-address": f"127.0.0.1:{self.ports['webhooks-metrics']}",
+                        "--health-probe-bind-address": f"127.0.0.1:{self.ports['webhooks-health']}",
+                    },
+                ),
+                self._env(webhooks, kubeconfig),
+                f"http://127.0.0.1:{self.ports['webhooks-health']}/readyz",
+            )
             adapter = self.deployment("keda-metrics-apiserver")
-            self._spawn("adapter", self.binaries.adapter, self._args(adapter, {
-                "--secure-port": str(self.ports["adapter-https"]), "--bind-address": "127.0.0.1",
-                "--port": str(self.ports["adapter-metrics"]),
-                "--lister-kubeconfig": str(kubeconfig),
-                "--authentication-kubeconfig": str(kubeconfig), "--authorization-kubeconfig": str(kubeconfig),
-                # The operator's gRPC metrics service by the name in-cluster adapters use (its certificate names it).
-                "--metrics-service-address": f"{OPERATOR_SERVICE}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:{self.ports['operator-grpc']}",
-            }), self._env(adapter, kubeconfig))
+            self._spawn(
+                "adapter",
+                self.binaries.adapter,
+                self._args(
+                    adapter,
+                    {
+                        "--secure-port": str(self.ports["adapter-https"]),
+                        "--bind-address": "127.0.0.1",
+                        "--port": str(self.ports["adapter-metrics"]),
+                        "--lister-kubeconfig": str(kubeconfig),
+                        "--authentication-kubeconfig": str(kubeconfig),
+                        "--authorization-kubeconfig": str(kubeconfig),
+                        # The operator's gRPC metrics service by the name in-cluster adapters use (its certificate names it).
+                        "--metrics-service-address": f"{OPERATOR_SERVICE}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:{self.ports['operator-grpc']}",
+                    },
+                ),
+                self._env(adapter, kubeconfig),
+            )
             for process in self.processes.values():
                 if process.ready_url:
                     self._wait(process, lambda p=process: httpx.get(p.ready_url, timeout=2).status_code == 200, timeout)
@@ -381,7 +483,9 @@ class Keda:
     def apiservice_available(self) -> dict[str, Any]:
         """The APIService's ``Available`` condition (kube-apiserver's own check that it reaches the adapter)."""
         obj = self.cp.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
-        condition: dict[str, Any] = next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Available"), {})
+        condition: dict[str, Any] = next(
+            (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Available"), {}
+        )
         return condition
 
     def wait_adapter(self, timeout: float = 120.0) -> None:
@@ -394,13 +498,20 @@ class Keda:
             with self.cp.http(5) as client:
                 return client.get("/apis/external.metrics.k8s.io/v1beta1").status_code == 200
 
-        self._wait(adapter, reached, timeout, f"reached through kube-apiserver (APIService {APISERVICE}: "
-                   f"{json.dumps(self.apiservice_available())})")
+        self._wait(
+            adapter,
+            reached,
+            timeout,
+            f"reached through kube-apiserver (APIService {APISERVICE}: {json.dumps(self.apiservice_available())})",
+        )
 
     def external_metric(self, namespace: str, metric: str, scaled_object: str) -> list[dict[str, Any]]:
         """``GET /apis/external.metrics.k8s.io/v1beta1/namespaces/<ns>/<metric>`` through kube-apiserver, as the HPA controller reads it."""
-        listed = self.cp.request("GET", f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}"
-                                        f"?labelSelector=scaledobject.keda.sh%2Fname%3D{scaled_object}")
+        listed = self.cp.request(
+            "GET",
+            f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}"
+            f"?labelSelector=scaledobject.keda.sh%2Fname%3D{scaled_object}",
+        )
         items: list[dict[str, Any]] = listed.get("items") or []
         return items
 

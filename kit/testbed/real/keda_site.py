@@ -113,7 +113,9 @@ class Loop:
 
     def hpa(self, demand: str) -> dict[str, Any] | None:
         """The HPA KEDA made for the mapping's ScaledObject (``keda-hpa-<name>``)."""
-        return self.api.get("autoscaling/v2", "horizontalpodautoscalers", SLIME_NAMESPACE, f"keda-hpa-{mirror_name(demand)}")
+        return self.api.get(
+            "autoscaling/v2", "horizontalpodautoscalers", SLIME_NAMESPACE, f"keda-hpa-{mirror_name(demand)}"
+        )
 
     def external_metric(self, demand: str) -> float | None:
         """The value the HPA controller reads: ``external.metrics.k8s.io`` through kube-apiserver and KEDA's adapter."""
@@ -139,7 +141,9 @@ class Loop:
         try:
             self.stack.wait_for(condition, timeout, what)
         except ControlPlaneError as exc:
-            tails = "\n".join(f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-15:]) for name, text in self.keda.logs().items())
+            tails = "\n".join(
+                f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-15:]) for name, text in self.keda.logs().items()
+            )
             raise AssertionError(f"{exc}\n{tails}") from None
 
 
@@ -150,7 +154,7 @@ def webhook_requests(cp: ControlPlane, webhook: str) -> dict[tuple[str, str, str
     for line in cp.metrics().splitlines():
         if f'name="{webhook}"' not in line:
             continue
-        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
         value = float(line.rsplit(" ", 1)[1])
         if line.startswith("apiserver_admission_webhook_request_total{"):
             key = (labels["operation"].strip('"'), labels["rejected"].strip('"'), labels["code"].strip('"'))
@@ -170,15 +174,28 @@ def _quantity(text: str) -> float:
 
 def values(image: str, prometheus_port: int, slurm: Slurm) -> dict[str, Any]:
     def mapping(demand: str) -> dict[str, Any]:
-        return {"mirror": {"name": mirror_name(demand), "namespace": SLIME_NAMESPACE},
-                "machineDeployment": {"name": md_name(demand), "namespace": MD_NAMESPACE},
-                "partition": PARTITION, "keda": {"demand": demand, "maxReplicaCount": MAX_REPLICAS}}
+        return {
+            "mirror": {"name": mirror_name(demand), "namespace": SLIME_NAMESPACE},
+            "machineDeployment": {"name": md_name(demand), "namespace": MD_NAMESPACE},
+            "partition": PARTITION,
+            "keda": {"demand": demand, "maxReplicaCount": MAX_REPLICAS},
+        }
 
     return tier_values(
-        image, [mapping(JOBS), mapping(NODES)],
-        keda={"enabled": True, "serverAddress": f"http://prometheus.{MONITORING}.svc:{prometheus_port}", "pollingInterval": 2},
-        scaling={"nodeDemand": {"slurmrestd": slurm.restd_url, "jwtSecret": {"namespace": "slurm", "name": "slurm-auth-jwths256"}},
-                 "extraArgs": ["--demand-interval-seconds=1"]},
+        image,
+        [mapping(JOBS), mapping(NODES)],
+        keda={
+            "enabled": True,
+            "serverAddress": f"http://prometheus.{MONITORING}.svc:{prometheus_port}",
+            "pollingInterval": 2,
+        },
+        scaling={
+            "nodeDemand": {
+                "slurmrestd": slurm.restd_url,
+                "jwtSecret": {"namespace": "slurm", "name": "slurm-auth-jwths256"},
+            },
+            "extraArgs": ["--demand-interval-seconds=1"],
+        },
     )
 
 
@@ -193,19 +210,34 @@ def loop(prepared: Prepared, workdir: Path) -> Iterator[Loop]:
             ensure_namespace(api, namespace)
         slinky = k8s.seed_management_cluster(api)
         # Slurm with the keys of Slinky's Secrets; slurmctld and slurmrestd on 127.0.0.1.
-        slurm = Slurm(prepared.slurm_root, workdir / "slurm", SlurmConfig(address="127.0.0.1", port=free_port(30000, 32767),
-                                                                          partition=PARTITION),
-                      slurm_key=slinky.key, jwt_key=slinky.jwt_key)
+        slurm = Slurm(
+            prepared.slurm_root,
+            workdir / "slurm",
+            SlurmConfig(address="127.0.0.1", port=free_port(30000, 32767), partition=PARTITION),
+            slurm_key=slinky.key,
+            jwt_key=slinky.jwt_key,
+        )
         stack.callback(_close_slurm, slurm)
         slurm.start()
         slurm.scontrol("create", f"NodeName={POOL_HOSTS}", "CPUs=2", "State=FUTURE")
         metrics = SlurmMetrics(slurm.restd_url, slurm.jwt_key).start()
         stack.callback(metrics.stop)
-        prometheus = Prometheus(workdir / "prometheus", prepared.prometheus, {"slurm": (METRICS_PATH, [metrics.address])}).start()
+        prometheus = Prometheus(
+            workdir / "prometheus", prepared.prometheus, {"slurm": (METRICS_PATH, [metrics.address])}
+        ).start()
         stack.callback(prometheus.stop)
-        api.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus", "namespace": MONITORING},
-                    "spec": {"type": "ExternalName", "externalName": "localhost",
-                             "ports": [{"name": "web", "port": prometheus.port, "protocol": "TCP"}]}})
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "prometheus", "namespace": MONITORING},
+                "spec": {
+                    "type": "ExternalName",
+                    "externalName": "localhost",
+                    "ports": [{"name": "web", "port": prometheus.port, "protocol": "TCP"}],
+                },
+            }
+        )
         keda = Keda(cp, prepared.keda, workdir / "keda")
         stack.callback(_stop_keda, keda)
         # KEDA first: the chart checks that the cluster serves keda.sh/v1alpha1 ScaledObject, and
@@ -213,10 +245,21 @@ def loop(prepared: Prepared, workdir: Path) -> Iterator[Loop]:
         keda.install()
         keda.start()
         for demand in (JOBS, NODES):
-            api.create(machine_deployment(md_name(demand), MD_NAMESPACE, replicas=0, version="v1beta2", cluster=k8s.CLUSTER, full=True))
-        release = Release(cp, SLIME_NAMESPACE, values(k8s.PREPARED.image or "localhost/slime:process", prometheus.port, slurm), workdir)
+            api.create(
+                machine_deployment(
+                    md_name(demand), MD_NAMESPACE, replicas=0, version="v1beta2", cluster=k8s.CLUSTER, full=True
+                )
+            )
+        release = Release(
+            cp,
+            SLIME_NAMESPACE,
+            values(k8s.PREPARED.image or "localhost/slime:process", prometheus.port, slurm),
+            workdir,
+        )
         release.install()
-        install_admissions = webhook_requests(cp, SCALED_OBJECT_WEBHOOK)  # read before the restart below resets the counters
+        install_admissions = webhook_requests(
+            cp, SCALED_OBJECT_WEBHOOK
+        )  # read before the restart below resets the counters
         keda.resolve()  # the chart's Services, now ExternalName localhost, resolve for KEDA
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
         webhooks = k8s.Stack(cp, release, api, slinky, workdir)

@@ -85,8 +85,13 @@ class Parts:
 
 def prepare(workdir: Path, progress: Progress) -> Parts:
     """Build or fetch every part (each is cached by version, so a second call takes seconds)."""
-    return Parts(certmanager.build(progress), keda.build(progress), prometheus.binaries(progress),
-                 capi.prepare(workdir, progress), prepare_root(progress))
+    return Parts(
+        certmanager.build(progress),
+        keda.build(progress),
+        prometheus.binaries(progress),
+        capi.prepare(workdir, progress),
+        prepare_root(progress),
+    )
 
 
 @dataclass
@@ -151,8 +156,13 @@ class Loop:
 
     def submit(self, nodes: int, release: str) -> int:
         """A job of ``nodes`` nodes that runs until :meth:`finish` ``release`` (one task per node, in the shared directory)."""
-        job = self.slurm.sbatch(f"-N{nodes}", "-p", PARTITION, "--wrap",
-                                f"srun -N{nodes} sh -c 'while [ ! -e /srv/slime/{release} ]; do sleep 0.2; done'")
+        job = self.slurm.sbatch(
+            f"-N{nodes}",
+            "-p",
+            PARTITION,
+            "--wrap",
+            f"srun -N{nodes} sh -c 'while [ ! -e /srv/slime/{release} ]; do sleep 0.2; done'",
+        )
         self.jobs.append(job)
         return job
 
@@ -175,16 +185,29 @@ class Loop:
     def diagnostics(self) -> str:
         phases = [(m["metadata"]["name"], (m.get("status") or {}).get("phase")) for m in self.machines()]
         scaled = self.api.get("keda.sh/v1alpha1", "scaledobjects", SLIME_NAMESPACE, MIRROR) or {}
-        conditions = [(c.get("type"), c.get("status"), c.get("reason")) for c in (scaled.get("status") or {}).get("conditions") or []]
-        waiting = {job: (j.get("job_state"), j.get("state_reason"), (j.get("node_count") or {}).get("number"))
-                   for job, j in self.slurm_jobs().items() if "COMPLETED" not in (j.get("job_state") or [])}
-        parts = [f"mirror {self.mirror_replicas()}, MachineDeployment {self.md_replicas()}, Machines {phases}",
-                 f"/demand/{PARTITION} {self._demand_or_error()}; ScaledObject conditions {conditions}",
-                 f"jobs not completed (state, reason, nodes) {waiting}",
-                 f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
-                 f"simulator errors {self.sim.errors[-5:]}", "--- CAPI manager ---\n" + self.manager.tail(10)]
-        parts += [f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-8:]) for name, text in self.keda.logs().items()]
-        parts += [f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-8:]) for name, pod in self.stack.pods.items()]
+        conditions = [
+            (c.get("type"), c.get("status"), c.get("reason"))
+            for c in (scaled.get("status") or {}).get("conditions") or []
+        ]
+        waiting = {
+            job: (j.get("job_state"), j.get("state_reason"), (j.get("node_count") or {}).get("number"))
+            for job, j in self.slurm_jobs().items()
+            if "COMPLETED" not in (j.get("job_state") or [])
+        }
+        parts = [
+            f"mirror {self.mirror_replicas()}, MachineDeployment {self.md_replicas()}, Machines {phases}",
+            f"/demand/{PARTITION} {self._demand_or_error()}; ScaledObject conditions {conditions}",
+            f"jobs not completed (state, reason, nodes) {waiting}",
+            f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
+            f"simulator errors {self.sim.errors[-5:]}",
+            "--- CAPI manager ---\n" + self.manager.tail(10),
+        ]
+        parts += [
+            f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-8:]) for name, text in self.keda.logs().items()
+        ]
+        parts += [
+            f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-8:]) for name, pod in self.stack.pods.items()
+        ]
         return "\n".join(parts)
 
     def key_leaks(self) -> list[str]:
@@ -215,18 +238,29 @@ def values(image: str, slurm: Slurm, hosts: int, prometheus_port: int) -> dict[s
         "partition": PARTITION,
         # The HPA's scale-down window as short as KEDA's cooldown: with its default 300 s, a story run
         # again within 5 minutes started its 1-node job at the previous story's 4 (chart values.yaml).
-        "keda": {"demand": "nodes", "minReplicaCount": 0, "maxReplicaCount": hosts,
-                 "pollingInterval": KEDA_POLLING_SECONDS, "cooldownPeriod": KEDA_COOLDOWN_SECONDS,
-                 "scaleDownStabilizationSeconds": KEDA_COOLDOWN_SECONDS},
-        "config": {"capacityAware": True,
-                   "safeScaleIn": {"slurmrestd": slurm.restd_url, "jwtSecret": f"{SPEC.slurm_namespace}/{JWT_SECRET}"}},
+        "keda": {
+            "demand": "nodes",
+            "minReplicaCount": 0,
+            "maxReplicaCount": hosts,
+            "pollingInterval": KEDA_POLLING_SECONDS,
+            "cooldownPeriod": KEDA_COOLDOWN_SECONDS,
+            "scaleDownStabilizationSeconds": KEDA_COOLDOWN_SECONDS,
+        },
+        "config": {
+            "capacityAware": True,
+            "safeScaleIn": {"slurmrestd": slurm.restd_url, "jwtSecret": f"{SPEC.slurm_namespace}/{JWT_SECRET}"},
+        },
     }
     return tier_values(
-        image, [mapping],
+        image,
+        [mapping],
         certManager={"enabled": True},
         keda={"enabled": True, "serverAddress": f"http://prometheus.{MONITORING}.svc:{prometheus_port}"},
-        scaling={"safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": JWT_SECRET, "namespace": SPEC.slurm_namespace}]},
-                 "capacityAware": {"enabled": True}, "extraArgs": ["--demand-interval-seconds=1"]},
+        scaling={
+            "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": JWT_SECRET, "namespace": SPEC.slurm_namespace}]},
+            "capacityAware": {"enabled": True},
+            "extraArgs": ["--demand-interval-seconds=1"],
+        },
     )
 
 
@@ -253,8 +287,13 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         slinky = seed_slinky(api, host_ip=network.host_address)
         port = free_port(30000, 32767)
         seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
-        slurm = Slurm(parts.root, workdir / "slurm", SlurmConfig(address=network.host_address, port=port, partition=PARTITION),
-                      slurm_key=slinky.key, jwt_key=slinky.jwt_key)
+        slurm = Slurm(
+            parts.root,
+            workdir / "slurm",
+            SlurmConfig(address=network.host_address, port=port, partition=PARTITION),
+            slurm_key=slinky.key,
+            jwt_key=slinky.jwt_key,
+        )
         stack.callback(slurm.close)
         slurm.start()
         names = [f"host-{index + 1}" for index in range(hosts)]
@@ -262,11 +301,22 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         step("Slurm 24.11 up, the pool's hosts declared as FUTURE records")
         metrics = SlurmMetrics(slurm.restd_url, slurm.jwt_key).start()
         stack.callback(metrics.stop)
-        prom = prometheus.Prometheus(workdir / "prometheus", parts.prometheus, {"slurm": (METRICS_PATH, [metrics.address])}).start()
+        prom = prometheus.Prometheus(
+            workdir / "prometheus", parts.prometheus, {"slurm": (METRICS_PATH, [metrics.address])}
+        ).start()
         stack.callback(prom.stop)
-        api.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus", "namespace": MONITORING},
-                    "spec": {"type": "ExternalName", "externalName": "localhost",
-                             "ports": [{"name": "web", "port": prom.port, "protocol": "TCP"}]}})
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "prometheus", "namespace": MONITORING},
+                "spec": {
+                    "type": "ExternalName",
+                    "externalName": "localhost",
+                    "ports": [{"name": "web", "port": prom.port, "protocol": "TCP"}],
+                },
+            }
+        )
         manager = certmanager.CertManager(cp, parts.certmanager, workdir / "cert-manager").start()
         stack.callback(manager.stop)
         autoscaler = keda.Keda(cp, parts.keda, workdir / "keda")
@@ -275,16 +325,30 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         autoscaler.start()
         step("Prometheus, cert-manager and KEDA up")
         seed_cluster(sim_api, cp, SPEC, replicas=0)
-        release = Release(cp, SLIME_NAMESPACE, values(tier.PREPARED.image or "localhost/slime:process", slurm, hosts, prom.port), workdir)
+        release = Release(
+            cp,
+            SLIME_NAMESPACE,
+            values(tier.PREPARED.image or "localhost/slime:process", slurm, hosts, prom.port),
+            workdir,
+        )
         release.install()
         for certificate in release.certificates():
             name = certificate["metadata"]["name"]
-            cp.wait_for(lambda name=name: certmanager.certificate_ready(cp, SLIME_NAMESPACE, name), 120, f"Certificate {name} Ready")
+            cp.wait_for(
+                lambda name=name: certmanager.certificate_ready(cp, SLIME_NAMESPACE, name),
+                120,
+                f"Certificate {name} Ready",
+            )
         autoscaler.resolve()  # the chart's Services, now ExternalName localhost, resolve for KEDA
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
         for resource in ("certificates", "issuers", "certificaterequests"):
-            cp.wait_for(lambda resource=resource: cp.request("GET", f"/apis/cert-manager.io/v1/namespaces/{SLIME_NAMESPACE}/{resource}")
-                        is not None, 60, f"cert-manager.io {resource} served again after the API server restart")
+            cp.wait_for(
+                lambda resource=resource: (
+                    cp.request("GET", f"/apis/cert-manager.io/v1/namespaces/{SLIME_NAMESPACE}/{resource}") is not None
+                ),
+                60,
+                f"cert-manager.io {resource} served again after the API server restart",
+            )
         webhooks = tier.Stack(cp, release, api, slinky, workdir)
         stack.callback(webhooks.stop_webhooks)
         for component in ("injection", "scaling"):
@@ -295,7 +359,22 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         stack.callback(capi_manager.stop)
         sim = MachineSimulator(cp, parts.root, network, workdir / "machines", SPEC.namespace, slurm=slurm).start()
         stack.callback(sim.stop)
-        loop = Loop(cp, api, sim_api, webhooks, slurm, slinky, network, metrics, prom, autoscaler, manager, capi_manager, sim, workdir)
+        loop = Loop(
+            cp,
+            api,
+            sim_api,
+            webhooks,
+            slurm,
+            slinky,
+            network,
+            metrics,
+            prom,
+            autoscaler,
+            manager,
+            capi_manager,
+            sim,
+            workdir,
+        )
         for name, address in zip(names, network.hosts(), strict=False):
             add_host(sim_api, SPEC.namespace, name, address, dict(SPEC.host_labels))
             loop.hosts.append(name)
@@ -318,7 +397,9 @@ def _keda_polled(api: RealApi) -> bool:
     scaled = api.get("keda.sh/v1alpha1", "scaledobjects", SLIME_NAMESPACE, MIRROR) or {}
     conditions = {c.get("type"): c for c in (scaled.get("status") or {}).get("conditions") or []}
     ready, active = conditions.get("Ready") or {}, conditions.get("Active") or {}
-    return ready.get("status") == "True" and active.get("status") == "False" and active.get("reason") == "ScalerNotActive"
+    return (
+        ready.get("status") == "True" and active.get("status") == "False" and active.get("reason") == "ScalerNotActive"
+    )
 
 
 # --- the timeline of a scale-up ----------------------------------------------------------------
@@ -369,21 +450,31 @@ class Recorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        events = [e for e in self.loop.cp.audit_events() if e.get("stage") == "ResponseComplete"
-                  and _timestamp(e["stageTimestamp"]) >= since]
+        events = [
+            e
+            for e in self.loop.cp.audit_events()
+            if e.get("stage") == "ResponseComplete" and _timestamp(e["stageTimestamp"]) >= since
+        ]
         for key, resource, name in (("mirror", "deployments", MIRROR), ("md", "machinedeployments", SPEC.pool)):
             for event in events:
                 ref = event.get("objectRef") or {}
                 body = event.get("requestObject") or {}
-                if (ref.get("resource"), ref.get("subresource"), ref.get("name")) == (resource, "scale", name) \
-                        and ((body.get("spec") or {}).get("replicas") or 0) >= self.target and event["responseStatus"]["code"] < 300:
+                if (
+                    (ref.get("resource"), ref.get("subresource"), ref.get("name")) == (resource, "scale", name)
+                    and ((body.get("spec") or {}).get("replicas") or 0) >= self.target
+                    and event["responseStatus"]["code"] < 300
+                ):
                     self.scale_up.mark(key, _timestamp(event["stageTimestamp"]))
                     break
         for key, resource in (("machine", "machines"), ("injected", "secrets")):
             # A creation is answered 201, whether by a create or by a server-side apply (CAPI's Machines).
-            created = sorted(_timestamp(e["stageTimestamp"]) for e in events if e["responseStatus"]["code"] == 201
-                             and (e.get("objectRef") or {}).get("resource") == resource
-                             and (resource == "machines" or str(e["objectRef"].get("name", "")).endswith("-metadata")))
+            created = sorted(
+                _timestamp(e["stageTimestamp"])
+                for e in events
+                if e["responseStatus"]["code"] == 201
+                and (e.get("objectRef") or {}).get("resource") == resource
+                and (resource == "machines" or str(e["objectRef"].get("name", "")).endswith("-metadata"))
+            )
             new = self.target - self.before
             if len(created) >= new > 0:
                 self.scale_up.mark(key, created[new - 1])
@@ -392,9 +483,13 @@ class Recorder:
                 entry = json.loads(line)
             except ValueError:
                 continue
-            if entry.get("msg") == "admission" and entry.get("name") == MIRROR and entry.get("decision") == "allowed" \
-                    and str(entry.get("reason", "")).endswith(f"follows the stored mirror to {self.target}") \
-                    and _timestamp(entry["ts"]) >= since:
+            if (
+                entry.get("msg") == "admission"
+                and entry.get("name") == MIRROR
+                and entry.get("decision") == "allowed"
+                and str(entry.get("reason", "")).endswith(f"follows the stored mirror to {self.target}")
+                and _timestamp(entry["ts"]) >= since
+            ):
                 self.scale_up.mark("admitted", _timestamp(entry["ts"]))
                 break
         return self.scale_up
@@ -452,10 +547,24 @@ class Story:
         target.mkdir(parents=True, exist_ok=True)
         text, data, image = target / "timeline.txt", target / "timeline.json", target / "timeline.png"
         text.write_text(render(self.scale_ups) + "\n")
-        data.write_text(json.dumps({
-            "scale_ups": [{"label": s.label, "since_submit": {k: s.since_submit(k) for k in s.at}, "phases": dict(s.phases())}
-                          for s in self.scale_ups],
-            "scale_in_seconds": round(self.scale_in_seconds, 1), "jobs": {str(k): v for k, v in self.jobs.items()}}, indent=2) + "\n")
+        data.write_text(
+            json.dumps(
+                {
+                    "scale_ups": [
+                        {
+                            "label": s.label,
+                            "since_submit": {k: s.since_submit(k) for k in s.at},
+                            "phases": dict(s.phases()),
+                        }
+                        for s in self.scale_ups
+                    ],
+                    "scale_in_seconds": round(self.scale_in_seconds, 1),
+                    "jobs": {str(k): v for k, v in self.jobs.items()},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         plot(self.scale_ups, image)
         return [text, data, image]
 
@@ -498,8 +607,12 @@ def _run_job(loop: Loop, story: Story, label: str, nodes: int, say: Progress) ->
 def _scale_in(loop: Loop, say: Progress) -> float:
     """Wait for KEDA's cooldown and safe scale-in to take the pool to 0 with no Machine left; the seconds it took."""
     ended = time.monotonic()
-    say(f"all jobs done; KEDA scales the mirror to 0 after its cooldown ({KEDA_COOLDOWN_SECONDS} s), then safe scale-in")
-    loop.wait_for(lambda: loop.md_replicas() == 0 and not loop.machines(), 240, "the pool back at 0 with every Machine gone")
+    say(
+        f"all jobs done; KEDA scales the mirror to 0 after its cooldown ({KEDA_COOLDOWN_SECONDS} s), then safe scale-in"
+    )
+    loop.wait_for(
+        lambda: loop.md_replicas() == 0 and not loop.machines(), 240, "the pool back at 0 with every Machine gone"
+    )
     return time.monotonic() - ended
 
 

@@ -199,7 +199,13 @@ def _owner(obj: Obj, kind: str, group: str) -> Obj | None:
 
 def _owner_ref(obj: Obj, controller: bool) -> Obj:
     meta = _meta(obj)
-    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"], "controller": controller}
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": controller,
+    }
 
 
 def _state(host: Obj) -> str:
@@ -212,13 +218,27 @@ def _state(host: Obj) -> str:
 def bare_metal_host(name: str, namespace: str, address: str, labels: dict[str, str] | None = None) -> tuple[Obj, Obj]:
     """A BareMetalHost (spec) and the status BMO reports after registration and inspection (``available``)."""
     mac = "52:54:00:" + ":".join(f"{b:02x}" for b in os.urandom(3))
-    spec = {"apiVersion": BMO_V, "kind": "BareMetalHost",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
-            "spec": {"online": False, "bootMACAddress": mac,
-                     "bmc": {"address": f"redfish-virtualmedia://bmc.invalid/redfish/v1/Systems/{name}", "credentialsName": f"{name}-bmc-secret"}}}
-    status = {"operationalStatus": "OK", "errorMessage": "", "errorCount": 0, "poweredOn": False,
-              "provisioning": {"state": "available", "ID": f"ironic-{name}"},
-              "hardware": {"hostname": name, "nics": [{"name": "eth0", "mac": mac, "ip": address}]}}
+    spec = {
+        "apiVersion": BMO_V,
+        "kind": "BareMetalHost",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {
+            "online": False,
+            "bootMACAddress": mac,
+            "bmc": {
+                "address": f"redfish-virtualmedia://bmc.invalid/redfish/v1/Systems/{name}",
+                "credentialsName": f"{name}-bmc-secret",
+            },
+        },
+    }
+    status = {
+        "operationalStatus": "OK",
+        "errorMessage": "",
+        "errorCount": 0,
+        "poweredOn": False,
+        "provisioning": {"state": "available", "ID": f"ironic-{name}"},
+        "hardware": {"hostname": name, "nics": [{"name": "eth0", "mac": mac, "ip": address}]},
+    }
     return spec, status
 
 
@@ -260,53 +280,166 @@ def seed_cluster(api: Api, cp: ControlPlane, spec: ClusterSpec, replicas: int = 
     """
     ns, name = spec.namespace, spec.cluster
     labels = {CLUSTER_LABEL: name}
-    api.create("v1", "secrets", ns, {
-        "apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
-        "metadata": {"name": f"{name}-kubeconfig", "namespace": ns, "labels": labels},
-        "data": {"value": b64(cp.kubeconfig.read_bytes())}})
+    api.create(
+        "v1",
+        "secrets",
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "cluster.x-k8s.io/secret",
+            "metadata": {"name": f"{name}-kubeconfig", "namespace": ns, "labels": labels},
+            "data": {"value": b64(cp.kubeconfig.read_bytes())},
+        },
+    )
     host, port = "127.0.0.1", cp.port
     cp_version = f"{CONTROL_PLANE_GROUP}/v1alpha1"
-    api.create(cp_version, CONTROL_PLANE_PLURAL, ns, {
-        "apiVersion": cp_version, "kind": CONTROL_PLANE_KIND, "metadata": {"name": f"{name}-control-plane", "namespace": ns, "labels": labels},
-        "spec": {"version": KUBE_VERSION, "controlPlaneEndpoint": {"host": host, "port": port}}})
-    api.patch(cp_version, CONTROL_PLANE_PLURAL, ns, f"{name}-control-plane", {"status": {
-        "initialization": {"controlPlaneInitialized": True}, "initialized": True, "ready": True,
-        "externalManagedControlPlane": True, "version": KUBE_VERSION}}, sub="status")
-    api.create(INFRA_V, "metal3clusters", ns, {
-        "apiVersion": INFRA_V, "kind": "Metal3Cluster", "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"controlPlaneEndpoint": {"host": host, "port": port}, "cloudProviderEnabled": False}})
-    api.create(CAPI_V, "clusters", ns, {
-        "apiVersion": CAPI_V, "kind": "Cluster", "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"controlPlaneRef": {"apiGroup": CONTROL_PLANE_GROUP, "kind": CONTROL_PLANE_KIND, "name": f"{name}-control-plane"},
-                 "infrastructureRef": {"apiGroup": INFRA, "kind": "Metal3Cluster", "name": name}}})
+    api.create(
+        cp_version,
+        CONTROL_PLANE_PLURAL,
+        ns,
+        {
+            "apiVersion": cp_version,
+            "kind": CONTROL_PLANE_KIND,
+            "metadata": {"name": f"{name}-control-plane", "namespace": ns, "labels": labels},
+            "spec": {"version": KUBE_VERSION, "controlPlaneEndpoint": {"host": host, "port": port}},
+        },
+    )
+    api.patch(
+        cp_version,
+        CONTROL_PLANE_PLURAL,
+        ns,
+        f"{name}-control-plane",
+        {
+            "status": {
+                "initialization": {"controlPlaneInitialized": True},
+                "initialized": True,
+                "ready": True,
+                "externalManagedControlPlane": True,
+                "version": KUBE_VERSION,
+            }
+        },
+        sub="status",
+    )
+    api.create(
+        INFRA_V,
+        "metal3clusters",
+        ns,
+        {
+            "apiVersion": INFRA_V,
+            "kind": "Metal3Cluster",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"controlPlaneEndpoint": {"host": host, "port": port}, "cloudProviderEnabled": False},
+        },
+    )
+    api.create(
+        CAPI_V,
+        "clusters",
+        ns,
+        {
+            "apiVersion": CAPI_V,
+            "kind": "Cluster",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {
+                "controlPlaneRef": {
+                    "apiGroup": CONTROL_PLANE_GROUP,
+                    "kind": CONTROL_PLANE_KIND,
+                    "name": f"{name}-control-plane",
+                },
+                "infrastructureRef": {"apiGroup": INFRA, "kind": "Metal3Cluster", "name": name},
+            },
+        },
+    )
     # The Metal3DataTemplate opts in to SliMe's injection (docs/install.md); names as metal3-dev-env's templates.
-    api.create(INFRA_V, "metal3datatemplates", ns, {
-        "apiVersion": INFRA_V, "kind": "Metal3DataTemplate",
-        "metadata": {"name": spec.data_template, "namespace": ns, "labels": {**labels, "slurm-controller-namespace": spec.slurm_namespace}},
-        "spec": {"clusterName": name, "metaData": {"objectNames": [{"key": "name", "object": "machine"},
-                                                                   {"key": "local-hostname", "object": spec.hostname_object}]}}})
-    api.create(INFRA_V, "metal3machinetemplates", ns, {
-        "apiVersion": INFRA_V, "kind": "Metal3MachineTemplate", "metadata": {"name": spec.pool, "namespace": ns, "labels": labels},
-        "spec": {"template": {"spec": {
-            "image": {"url": "http://images.invalid/slurm-worker.qcow2", "checksum": "http://images.invalid/slurm-worker.qcow2.sha256sum",
-                      "checksumType": "sha256", "format": "qcow2"},
-            "dataTemplate": {"name": spec.data_template},
-            "hostSelector": {"matchLabels": dict(spec.host_labels)}}}}})
+    api.create(
+        INFRA_V,
+        "metal3datatemplates",
+        ns,
+        {
+            "apiVersion": INFRA_V,
+            "kind": "Metal3DataTemplate",
+            "metadata": {
+                "name": spec.data_template,
+                "namespace": ns,
+                "labels": {**labels, "slurm-controller-namespace": spec.slurm_namespace},
+            },
+            "spec": {
+                "clusterName": name,
+                "metaData": {
+                    "objectNames": [
+                        {"key": "name", "object": "machine"},
+                        {"key": "local-hostname", "object": spec.hostname_object},
+                    ]
+                },
+            },
+        },
+    )
+    api.create(
+        INFRA_V,
+        "metal3machinetemplates",
+        ns,
+        {
+            "apiVersion": INFRA_V,
+            "kind": "Metal3MachineTemplate",
+            "metadata": {"name": spec.pool, "namespace": ns, "labels": labels},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "image": {
+                            "url": "http://images.invalid/slurm-worker.qcow2",
+                            "checksum": "http://images.invalid/slurm-worker.qcow2.sha256sum",
+                            "checksumType": "sha256",
+                            "format": "qcow2",
+                        },
+                        "dataTemplate": {"name": spec.data_template},
+                        "hostSelector": {"matchLabels": dict(spec.host_labels)},
+                    }
+                }
+            },
+        },
+    )
     # Bootstrap data without a bootstrap provider: the documented user-data, named by the MachineDeployment.
-    api.create("v1", "secrets", ns, {
-        "apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
-        "metadata": {"name": spec.user_data_secret, "namespace": ns, "labels": labels},
-        "data": {"value": b64(user_data.read_bytes()), "format": b64("cloud-config")}})
+    api.create(
+        "v1",
+        "secrets",
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "cluster.x-k8s.io/secret",
+            "metadata": {"name": spec.user_data_secret, "namespace": ns, "labels": labels},
+            "data": {"value": b64(user_data.read_bytes()), "format": b64("cloud-config")},
+        },
+    )
     selector = {**labels, "cluster.x-k8s.io/deployment-name": spec.pool}
-    api.create(CAPI_V, "machinedeployments", ns, {
-        "apiVersion": CAPI_V, "kind": "MachineDeployment", "metadata": {"name": spec.pool, "namespace": ns, "labels": labels},
-        "spec": {"clusterName": name, "replicas": replicas, "selector": {"matchLabels": selector},
-                 "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
-                 "deletion": {"order": "Random"},
-                 "template": {"metadata": {"labels": selector}, "spec": {
-                     "clusterName": name, "version": KUBE_VERSION,
-                     "bootstrap": {"dataSecretName": spec.user_data_secret},
-                     "infrastructureRef": {"apiGroup": INFRA, "kind": "Metal3MachineTemplate", "name": spec.pool}}}}})
+    api.create(
+        CAPI_V,
+        "machinedeployments",
+        ns,
+        {
+            "apiVersion": CAPI_V,
+            "kind": "MachineDeployment",
+            "metadata": {"name": spec.pool, "namespace": ns, "labels": labels},
+            "spec": {
+                "clusterName": name,
+                "replicas": replicas,
+                "selector": {"matchLabels": selector},
+                "rollout": {
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+                },
+                "deletion": {"order": "Random"},
+                "template": {
+                    "metadata": {"labels": selector},
+                    "spec": {
+                        "clusterName": name,
+                        "version": KUBE_VERSION,
+                        "bootstrap": {"dataSecretName": spec.user_data_secret},
+                        "infrastructureRef": {"apiGroup": INFRA, "kind": "Metal3MachineTemplate", "name": spec.pool},
+                    },
+                },
+            },
+        },
+    )
 
 
 # --- the simulator ---------------------------------------------------------------------------------
@@ -337,7 +470,9 @@ class MachineSimulator:
     booted: dict[str, Booted] = field(default_factory=dict)  # BareMetalHost name -> booted host
     violations: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the last failures of passes (retried, as a requeue)
-    events: list[tuple[float, str]] = field(default_factory=list)  # (monotonic time, what happened), for the tests' timelines
+    events: list[tuple[float, str]] = field(
+        default_factory=list
+    )  # (monotonic time, what happened), for the tests' timelines
     _since: dict[str, float] = field(default_factory=dict)  # BareMetalHost name -> when it entered its current state
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -371,9 +506,13 @@ class MachineSimulator:
     def step(self) -> None:
         """One pass over every simulated controller; failures are recorded and retried next pass."""
         with self._pass_lock:
-            for name, reconcile in (("metal3clusters", self._clusters), ("metal3machines", self._machines),
-                                    ("metal3dataclaims", self._claims), ("metal3datas", self._datas),
-                                    ("baremetalhosts", self._hosts)):
+            for name, reconcile in (
+                ("metal3clusters", self._clusters),
+                ("metal3machines", self._machines),
+                ("metal3dataclaims", self._claims),
+                ("metal3datas", self._datas),
+                ("baremetalhosts", self._hosts),
+            ):
                 try:
                     reconcile()
                 except Exception as exc:  # noqa: BLE001 - a controller logs and requeues
@@ -390,7 +529,14 @@ class MachineSimulator:
     def _clusters(self) -> None:
         for m3c in self.api.list(INFRA_V, "metal3clusters", self.namespace):
             if _owner(m3c, "Cluster", "cluster.x-k8s.io") and not (m3c.get("status") or {}).get("ready"):
-                self.api.patch(INFRA_V, "metal3clusters", self.namespace, _meta(m3c)["name"], {"status": {"ready": True}}, sub="status")
+                self.api.patch(
+                    INFRA_V,
+                    "metal3clusters",
+                    self.namespace,
+                    _meta(m3c)["name"],
+                    {"status": {"ready": True}},
+                    sub="status",
+                )
                 self.note(f"Metal3Cluster {_meta(m3c)['name']} ready")
 
     # -- Metal3Machine
@@ -427,11 +573,25 @@ class MachineSimulator:
         spec, status = m3m.get("spec") or {}, m3m.get("status") or {}
         template = spec.get("dataTemplate")
         if template and self.api.get(INFRA_V, "metal3dataclaims", self.namespace, name) is None:
-            self.api.create(INFRA_V, "metal3dataclaims", self.namespace, {
-                "apiVersion": INFRA_V, "kind": "Metal3DataClaim",
-                "metadata": {"name": name, "namespace": self.namespace, "finalizers": [M3M_FINALIZER],
-                             "labels": meta.get("labels") or {}, "ownerReferences": [_owner_ref(m3m, True)]},
-                "spec": {"template": {"name": template["name"], "namespace": template.get("namespace") or self.namespace}}})
+            self.api.create(
+                INFRA_V,
+                "metal3dataclaims",
+                self.namespace,
+                {
+                    "apiVersion": INFRA_V,
+                    "kind": "Metal3DataClaim",
+                    "metadata": {
+                        "name": name,
+                        "namespace": self.namespace,
+                        "finalizers": [M3M_FINALIZER],
+                        "labels": meta.get("labels") or {},
+                        "ownerReferences": [_owner_ref(m3m, True)],
+                    },
+                    "spec": {
+                        "template": {"name": template["name"], "namespace": template.get("namespace") or self.namespace}
+                    },
+                },
+            )
         host = self._host_of(m3m, hosts)
         if host is None:
             host = self._choose_host(m3m, hosts)
@@ -448,16 +608,41 @@ class MachineSimulator:
             if not data or not (data.get("status") or {}).get("ready"):
                 return
             metadata_ref = data["spec"]["metaData"]
-            self._patch_m3m(name, {"status": {"renderedData": {"name": _meta(data)["name"], "namespace": self.namespace},
-                                              "metaData": metadata_ref}}, sub="status")
+            self._patch_m3m(
+                name,
+                {
+                    "status": {
+                        "renderedData": {"name": _meta(data)["name"], "namespace": self.namespace},
+                        "metaData": metadata_ref,
+                    }
+                },
+                sub="status",
+            )
         host_spec = host.get("spec") or {}
         if not host_spec.get("image"):
-            self.api.patch(BMO_V, "baremetalhosts", self.namespace, _meta(host)["name"], {"spec": {
-                "image": {"url": spec["image"]["url"], "checksum": spec["image"]["checksum"],
-                          "checksumType": spec["image"].get("checksumType") or "", "format": spec["image"].get("format") or ""},
-                "userData": {"name": data_secret, "namespace": self.namespace},
-                **({"metaData": {"name": metadata_ref["name"], "namespace": self.namespace}} if metadata_ref else {}),
-                "online": True}})
+            self.api.patch(
+                BMO_V,
+                "baremetalhosts",
+                self.namespace,
+                _meta(host)["name"],
+                {
+                    "spec": {
+                        "image": {
+                            "url": spec["image"]["url"],
+                            "checksum": spec["image"]["checksum"],
+                            "checksumType": spec["image"].get("checksumType") or "",
+                            "format": spec["image"].get("format") or "",
+                        },
+                        "userData": {"name": data_secret, "namespace": self.namespace},
+                        **(
+                            {"metaData": {"name": metadata_ref["name"], "namespace": self.namespace}}
+                            if metadata_ref
+                            else {}
+                        ),
+                        "online": True,
+                    }
+                },
+            )
             self.note(f"BareMetalHost {_meta(host)['name']} gets the image, user-data and metaData of {name}")
             return
         if _state(host) != "provisioned" or (status.get("ready") and spec.get("providerID")):
@@ -471,9 +656,14 @@ class MachineSimulator:
     def _addresses(host: Obj) -> list[Obj]:
         """CAPM3's ``nodeAddresses``: each NIC's IP as InternalIP, the hostname as Hostname and InternalDNS."""
         hardware = (host.get("status") or {}).get("hardware") or {}
-        addresses = [{"type": "InternalIP", "address": nic["ip"]} for nic in hardware.get("nics") or [] if nic.get("ip")]
+        addresses = [
+            {"type": "InternalIP", "address": nic["ip"]} for nic in hardware.get("nics") or [] if nic.get("ip")
+        ]
         if hardware.get("hostname"):
-            addresses += [{"type": "Hostname", "address": hardware["hostname"]}, {"type": "InternalDNS", "address": hardware["hostname"]}]
+            addresses += [
+                {"type": "Hostname", "address": hardware["hostname"]},
+                {"type": "InternalDNS", "address": hardware["hostname"]},
+            ]
         return addresses
 
     def _host_of(self, m3m: Obj, hosts: list[Obj]) -> Obj | None:
@@ -484,8 +674,12 @@ class MachineSimulator:
 
     def _consumer_is(self, host: Obj, m3m: Obj) -> bool:
         ref = (host.get("spec") or {}).get("consumerRef") or {}
-        return (ref.get("kind") == "Metal3Machine" and ref.get("name") == _meta(m3m)["name"]
-                and (ref.get("namespace") or self.namespace) == self.namespace and str(ref.get("apiVersion", "")).startswith(INFRA + "/"))
+        return (
+            ref.get("kind") == "Metal3Machine"
+            and ref.get("name") == _meta(m3m)["name"]
+            and (ref.get("namespace") or self.namespace) == self.namespace
+            and str(ref.get("apiVersion", "")).startswith(INFRA + "/")
+        )
 
     def _choose_host(self, m3m: Obj, hosts: list[Obj]) -> Obj | None:
         """CAPM3's ``chooseHost`` (matchLabels only; by name instead of at random)."""
@@ -493,9 +687,15 @@ class MachineSimulator:
         for host in sorted(hosts, key=lambda h: str(_meta(h)["name"])):
             meta, spec, status = _meta(host), host.get("spec") or {}, host.get("status") or {}
             annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
-            if (spec.get("consumerRef") or meta.get("deletionTimestamp") or status.get("errorMessage")
-                    or PAUSED_ANNOTATION in annotations or any(a in annotations for a in UNHEALTHY_ANNOTATIONS)
-                    or _state(host) not in ("available", "ready") or any(labels.get(k) != v for k, v in wanted.items())):
+            if (
+                spec.get("consumerRef")
+                or meta.get("deletionTimestamp")
+                or status.get("errorMessage")
+                or PAUSED_ANNOTATION in annotations
+                or any(a in annotations for a in UNHEALTHY_ANNOTATIONS)
+                or _state(host) not in ("available", "ready")
+                or any(labels.get(k) != v for k, v in wanted.items())
+            ):
                 continue
             return host
         return None
@@ -503,16 +703,46 @@ class MachineSimulator:
     def _associate(self, m3m: Obj, machine: Obj, host: Obj) -> None:
         meta, host_meta = _meta(m3m), _meta(host)
         owners = [o for o in host_meta.get("ownerReferences") or [] if o.get("kind") != "Metal3Machine"]
-        self.api.patch(BMO_V, "baremetalhosts", self.namespace, host_meta["name"], {
-            "metadata": {"labels": {CLUSTER_LABEL: machine["spec"]["clusterName"]}, "ownerReferences": [*owners, _owner_ref(m3m, True)]},
-            "spec": {"consumerRef": {"apiVersion": INFRA_V, "kind": "Metal3Machine", "name": meta["name"], "namespace": self.namespace}}})
-        self._patch_m3m(meta["name"], {"metadata": {"annotations": {HOST_ANNOTATION: f"{self.namespace}/{host_meta['name']}"}}})
-        self._patch_m3m(meta["name"], {"status": {"userData": {"name": machine["spec"]["bootstrap"]["dataSecretName"],
-                                                               "namespace": self.namespace}}}, sub="status")
+        self.api.patch(
+            BMO_V,
+            "baremetalhosts",
+            self.namespace,
+            host_meta["name"],
+            {
+                "metadata": {
+                    "labels": {CLUSTER_LABEL: machine["spec"]["clusterName"]},
+                    "ownerReferences": [*owners, _owner_ref(m3m, True)],
+                },
+                "spec": {
+                    "consumerRef": {
+                        "apiVersion": INFRA_V,
+                        "kind": "Metal3Machine",
+                        "name": meta["name"],
+                        "namespace": self.namespace,
+                    }
+                },
+            },
+        )
+        self._patch_m3m(
+            meta["name"], {"metadata": {"annotations": {HOST_ANNOTATION: f"{self.namespace}/{host_meta['name']}"}}}
+        )
+        self._patch_m3m(
+            meta["name"],
+            {
+                "status": {
+                    "userData": {"name": machine["spec"]["bootstrap"]["dataSecretName"], "namespace": self.namespace}
+                }
+            },
+            sub="status",
+        )
         # The pass's list of hosts is now stale: mark this one taken, so the next Metal3Machine of the pass
         # does not choose it too (CAPM3 serializes Associate with a mutex and reads the hosts again).
-        host.setdefault("spec", {})["consumerRef"] = {"apiVersion": INFRA_V, "kind": "Metal3Machine", "name": meta["name"],
-                                                      "namespace": self.namespace}
+        host.setdefault("spec", {})["consumerRef"] = {
+            "apiVersion": INFRA_V,
+            "kind": "Metal3Machine",
+            "name": meta["name"],
+            "namespace": self.namespace,
+        }
         self.note(f"Metal3Machine {meta['name']} claimed BareMetalHost {host_meta['name']}")
 
     def _delete_machine(self, m3m: Obj, hosts: list[Obj]) -> None:
@@ -522,21 +752,36 @@ class MachineSimulator:
         if host is not None and self._consumer_is(host, m3m):
             host_name, spec = _meta(host)["name"], host.get("spec") or {}
             if spec.get("image") or spec.get("userData") or spec.get("metaData") or spec.get("online"):
-                self.api.patch(BMO_V, "baremetalhosts", self.namespace, host_name,
-                               {"spec": {"image": None, "userData": None, "metaData": None, "online": False}})
+                self.api.patch(
+                    BMO_V,
+                    "baremetalhosts",
+                    self.namespace,
+                    host_name,
+                    {"spec": {"image": None, "userData": None, "metaData": None, "online": False}},
+                )
                 self.note(f"Metal3Machine {name} deleting: BareMetalHost {host_name} deprovisioned")
                 return
             if _state(host) not in ("available", "ready"):
                 return  # "Deprovisioning BareMetalHost, requeuing"
             owners = [o for o in _meta(host).get("ownerReferences") or [] if o.get("kind") != "Metal3Machine"]
-            self.api.patch(BMO_V, "baremetalhosts", self.namespace, host_name, {
-                "metadata": {"ownerReferences": owners, "labels": {CLUSTER_LABEL: None}}, "spec": {"consumerRef": None}})
+            self.api.patch(
+                BMO_V,
+                "baremetalhosts",
+                self.namespace,
+                host_name,
+                {
+                    "metadata": {"ownerReferences": owners, "labels": {CLUSTER_LABEL: None}},
+                    "spec": {"consumerRef": None},
+                },
+            )
             self.note(f"BareMetalHost {host_name} released by {name}")
         claim = self.api.get(INFRA_V, "metal3dataclaims", self.namespace, name)
         if claim is not None:
             finalizers = [f for f in _meta(claim).get("finalizers") or [] if f != M3M_FINALIZER]
             if finalizers != (_meta(claim).get("finalizers") or []):
-                self.api.patch(INFRA_V, "metal3dataclaims", self.namespace, name, {"metadata": {"finalizers": finalizers}})
+                self.api.patch(
+                    INFRA_V, "metal3dataclaims", self.namespace, name, {"metadata": {"finalizers": finalizers}}
+                )
             if not _deleting(claim):
                 self.api.delete(INFRA_V, "metal3dataclaims", self.namespace, name)
         finalizers = [f for f in meta.get("finalizers") or [] if f != M3M_FINALIZER]
@@ -559,13 +804,30 @@ class MachineSimulator:
                     data_name = f"{template_name}-{index}"
                     data = self.api.get(INFRA_V, "metal3datas", self.namespace, data_name)
                     if data is not None:
-                        self.api.patch(INFRA_V, "metal3datas", self.namespace, data_name,
-                                       {"metadata": {"finalizers": [f for f in _meta(data).get("finalizers") or [] if f != CLAIM_FINALIZER]}})
+                        self.api.patch(
+                            INFRA_V,
+                            "metal3datas",
+                            self.namespace,
+                            data_name,
+                            {
+                                "metadata": {
+                                    "finalizers": [
+                                        f for f in _meta(data).get("finalizers") or [] if f != CLAIM_FINALIZER
+                                    ]
+                                }
+                            },
+                        )
                         self.api.delete(INFRA_V, "metal3datas", self.namespace, data_name)
-                    self.api.call("PATCH", self.api.path(INFRA_V, "metal3datatemplates", self.namespace, template_name, "status"),
-                                  {"status": {"indexes": {meta["name"]: None}}}, merge=True)
+                    self.api.call(
+                        "PATCH",
+                        self.api.path(INFRA_V, "metal3datatemplates", self.namespace, template_name, "status"),
+                        {"status": {"indexes": {meta["name"]: None}}},
+                        merge=True,
+                    )
                 finalizers = [f for f in meta.get("finalizers") or [] if f != CLAIM_FINALIZER]
-                self.api.patch(INFRA_V, "metal3dataclaims", self.namespace, meta["name"], {"metadata": {"finalizers": finalizers}})
+                self.api.patch(
+                    INFRA_V, "metal3dataclaims", self.namespace, meta["name"], {"metadata": {"finalizers": finalizers}}
+                )
                 continue
             if (claim.get("status") or {}).get("renderedData"):
                 continue
@@ -578,21 +840,60 @@ class MachineSimulator:
                 index = next(i for i in range(len(taken) + 1) if i not in taken)
             data_name = f"{template_name}-{index}"
             if self.api.get(INFRA_V, "metal3datas", self.namespace, data_name) is None:
-                self.api.create(INFRA_V, "metal3datas", self.namespace, {
-                    "apiVersion": INFRA_V, "kind": "Metal3Data",
-                    "metadata": {"name": data_name, "namespace": self.namespace, "finalizers": [CLAIM_FINALIZER],
-                                 "labels": meta.get("labels") or {},
-                                 "ownerReferences": [_owner_ref(template, True), _owner_ref(claim, False),
-                                                     {"apiVersion": INFRA_V, "kind": "Metal3Machine", "name": m3m_ref["name"],
-                                                      "uid": m3m_ref["uid"]}]},
-                    "spec": {"index": index, "template": {"name": template_name, "namespace": self.namespace},
-                             "claim": {"name": meta["name"], "namespace": self.namespace}}})
-            self.api.patch(INFRA_V, "metal3datatemplates", self.namespace, template_name, {"status": {"indexes": {meta["name"]: index}}}, sub="status")
+                self.api.create(
+                    INFRA_V,
+                    "metal3datas",
+                    self.namespace,
+                    {
+                        "apiVersion": INFRA_V,
+                        "kind": "Metal3Data",
+                        "metadata": {
+                            "name": data_name,
+                            "namespace": self.namespace,
+                            "finalizers": [CLAIM_FINALIZER],
+                            "labels": meta.get("labels") or {},
+                            "ownerReferences": [
+                                _owner_ref(template, True),
+                                _owner_ref(claim, False),
+                                {
+                                    "apiVersion": INFRA_V,
+                                    "kind": "Metal3Machine",
+                                    "name": m3m_ref["name"],
+                                    "uid": m3m_ref["uid"],
+                                },
+                            ],
+                        },
+                        "spec": {
+                            "index": index,
+                            "template": {"name": template_name, "namespace": self.namespace},
+                            "claim": {"name": meta["name"], "namespace": self.namespace},
+                        },
+                    },
+                )
+            self.api.patch(
+                INFRA_V,
+                "metal3datatemplates",
+                self.namespace,
+                template_name,
+                {"status": {"indexes": {meta["name"]: index}}},
+                sub="status",
+            )
             if CLAIM_FINALIZER not in (meta.get("finalizers") or []):
-                self.api.patch(INFRA_V, "metal3dataclaims", self.namespace, meta["name"],
-                               {"metadata": {"finalizers": [*(meta.get("finalizers") or []), CLAIM_FINALIZER]}})
-            self.api.patch(INFRA_V, "metal3dataclaims", self.namespace, meta["name"],
-                           {"status": {"renderedData": {"name": data_name, "namespace": self.namespace}}}, sub="status")
+                self.api.patch(
+                    INFRA_V,
+                    "metal3dataclaims",
+                    self.namespace,
+                    meta["name"],
+                    {"metadata": {"finalizers": [*(meta.get("finalizers") or []), CLAIM_FINALIZER]}},
+                )
+            self.api.patch(
+                INFRA_V,
+                "metal3dataclaims",
+                self.namespace,
+                meta["name"],
+                {"status": {"renderedData": {"name": data_name, "namespace": self.namespace}}},
+                sub="status",
+            )
             self.note(f"Metal3DataClaim {meta['name']} rendered as Metal3Data {data_name}")
 
     def _datas(self) -> None:
@@ -600,14 +901,24 @@ class MachineSimulator:
             meta = _meta(data)
             if _deleting(data):
                 if DATA_FINALIZER in (meta.get("finalizers") or []):
-                    self.api.patch(INFRA_V, "metal3datas", self.namespace, meta["name"],
-                                   {"metadata": {"finalizers": [f for f in meta.get("finalizers") or [] if f != DATA_FINALIZER]}})
+                    self.api.patch(
+                        INFRA_V,
+                        "metal3datas",
+                        self.namespace,
+                        meta["name"],
+                        {"metadata": {"finalizers": [f for f in meta.get("finalizers") or [] if f != DATA_FINALIZER]}},
+                    )
                 continue
             if (data.get("status") or {}).get("ready"):
                 continue
             if DATA_FINALIZER not in (meta.get("finalizers") or []):
-                data = self.api.patch(INFRA_V, "metal3datas", self.namespace, meta["name"],
-                                      {"metadata": {"finalizers": [*(meta.get("finalizers") or []), DATA_FINALIZER]}})
+                data = self.api.patch(
+                    INFRA_V,
+                    "metal3datas",
+                    self.namespace,
+                    meta["name"],
+                    {"metadata": {"finalizers": [*(meta.get("finalizers") or []), DATA_FINALIZER]}},
+                )
                 meta = _meta(data)
             self._render(data)
 
@@ -629,15 +940,31 @@ class MachineSimulator:
         secret_name = f"{_meta(m3m)['name']}-metadata"
         if self.api.get("v1", "secrets", self.namespace, secret_name) is None:
             content = render_meta_data(template, data, m3m, machine, host)
-            self.api.create("v1", "secrets", self.namespace, {
-                "apiVersion": "v1", "kind": "Secret", "type": "infrastructure.cluster.x-k8s.io/secret",
-                "metadata": {"name": secret_name, "namespace": self.namespace,
-                             "labels": {CLUSTER_LABEL: (_meta(template).get("labels") or {}).get(CLUSTER_LABEL, "")},
-                             "ownerReferences": [_owner_ref(data, True)]},
-                "data": {"metaData": b64(yaml.safe_dump(content))}})
+            self.api.create(
+                "v1",
+                "secrets",
+                self.namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "infrastructure.cluster.x-k8s.io/secret",
+                    "metadata": {
+                        "name": secret_name,
+                        "namespace": self.namespace,
+                        "labels": {CLUSTER_LABEL: (_meta(template).get("labels") or {}).get(CLUSTER_LABEL, "")},
+                        "ownerReferences": [_owner_ref(data, True)],
+                    },
+                    "data": {"metaData": b64(yaml.safe_dump(content))},
+                },
+            )
             self.note(f"Secret {secret_name} created through the API server (admitted by the injection webhook)")
-        self.api.patch(INFRA_V, "metal3datas", self.namespace, meta["name"],
-                       {"spec": {"metaData": {"name": secret_name, "namespace": self.namespace}}})
+        self.api.patch(
+            INFRA_V,
+            "metal3datas",
+            self.namespace,
+            meta["name"],
+            {"spec": {"metaData": {"name": secret_name, "namespace": self.namespace}}},
+        )
         self.api.patch(INFRA_V, "metal3datas", self.namespace, meta["name"], {"status": {"ready": True}}, sub="status")
 
     # -- BareMetalHost (BMO + Ironic), cloud-init and the kubelet
@@ -690,8 +1017,15 @@ class MachineSimulator:
         user_data_file = self.nodes_dir / f"{name}-user-data.yaml"
         user_data_file.write_bytes(user_data)
         address = ((host.get("status") or {}).get("hardware") or {}).get("nics", [{}])[0].get("ip")
-        node = boot(self.root, self.network, meta_data, self.nodes_dir, shared=self.slurm.shared if self.slurm else None,
-                    user_data=user_data_file, address=address)
+        node = boot(
+            self.root,
+            self.network,
+            meta_data,
+            self.nodes_dir,
+            shared=self.slurm.shared if self.slurm else None,
+            user_data=user_data_file,
+            address=address,
+        )
         consumer = spec["consumerRef"]["name"]
         self.booted[name] = Booted(name, consumer, node)
         self.note(f"BareMetalHost {name} booted {node.hostname} at {node.net.address} (netns {node.net.netns})")
@@ -702,18 +1036,58 @@ class MachineSimulator:
         existing = self.api.get("v1", "nodes", "", node.hostname)
         if existing is not None:  # a node of the same name from an earlier life (CAPI deletes it after the Machine)
             self.api.delete("v1", "nodes", "", node.hostname)
-        self.api.create("v1", "nodes", "", {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node.hostname, "labels": {"kubernetes.io/hostname": node.hostname, "node.slime.local/simulated": "true"}},
-            "spec": {"providerID": provider_id}})
+        self.api.create(
+            "v1",
+            "nodes",
+            "",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node.hostname,
+                    "labels": {"kubernetes.io/hostname": node.hostname, "node.slime.local/simulated": "true"},
+                },
+                "spec": {"providerID": provider_id},
+            },
+        )
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.api.patch("v1", "nodes", "", node.hostname, {"status": {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated kubelet",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "addresses": [{"type": "InternalIP", "address": node.net.address}, {"type": "Hostname", "address": node.hostname}],
-            "nodeInfo": {"kubeletVersion": KUBE_VERSION, "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
-                         "osImage": "Debian GNU/Linux 13 (trixie)", "containerRuntimeVersion": "", "kubeProxyVersion": "",
-                         "operatingSystem": "linux", "architecture": "amd64"}}}, sub="status")
+        self.api.patch(
+            "v1",
+            "nodes",
+            "",
+            node.hostname,
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
+                            "message": "simulated kubelet",
+                            "lastHeartbeatTime": now,
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                    "addresses": [
+                        {"type": "InternalIP", "address": node.net.address},
+                        {"type": "Hostname", "address": node.hostname},
+                    ],
+                    "nodeInfo": {
+                        "kubeletVersion": KUBE_VERSION,
+                        "machineID": "",
+                        "systemUUID": "",
+                        "bootID": "",
+                        "kernelVersion": "",
+                        "osImage": "Debian GNU/Linux 13 (trixie)",
+                        "containerRuntimeVersion": "",
+                        "kubeProxyVersion": "",
+                        "operatingSystem": "linux",
+                        "architecture": "amd64",
+                    },
+                }
+            },
+            sub="status",
+        )
         self.note(f"Node {node.hostname} registered ({provider_id})")
 
     def _power_off(self, booted: Booted, check: bool = True) -> None:
@@ -780,4 +1154,3 @@ def command_line(pid: int) -> str:
 
 def machine_phase(machine: Obj) -> str:
     return str((machine.get("status") or {}).get("phase") or "")
-

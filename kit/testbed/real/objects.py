@@ -15,11 +15,22 @@ from testbed.real.controlplane import ControlPlane, ControlPlaneError
 
 # kind -> (plural, namespaced); the kinds the tier's objects use.
 KINDS: dict[str, tuple[str, bool]] = {
-    "Namespace": ("namespaces", False), "Pod": ("pods", True), "Service": ("services", True), "Secret": ("secrets", True),
-    "ConfigMap": ("configmaps", True), "Event": ("events", True), "ServiceAccount": ("serviceaccounts", True),
-    "Deployment": ("deployments", True), "StatefulSet": ("statefulsets", True), "ReplicaSet": ("replicasets", True),
-    "Controller": ("controllers", True), "Metal3Data": ("metal3datas", True), "Metal3DataTemplate": ("metal3datatemplates", True),
-    "MachineDeployment": ("machinedeployments", True), "Cluster": ("clusters", True), "Machine": ("machines", True),
+    "Namespace": ("namespaces", False),
+    "Pod": ("pods", True),
+    "Service": ("services", True),
+    "Secret": ("secrets", True),
+    "ConfigMap": ("configmaps", True),
+    "Event": ("events", True),
+    "ServiceAccount": ("serviceaccounts", True),
+    "Deployment": ("deployments", True),
+    "StatefulSet": ("statefulsets", True),
+    "ReplicaSet": ("replicasets", True),
+    "Controller": ("controllers", True),
+    "Metal3Data": ("metal3datas", True),
+    "Metal3DataTemplate": ("metal3datatemplates", True),
+    "MachineDeployment": ("machinedeployments", True),
+    "Cluster": ("clusters", True),
+    "Machine": ("machines", True),
 }
 
 
@@ -44,7 +55,9 @@ class RealApi:
         if obj["kind"] == "Controller" and obj["apiVersion"] == "slinky.slurm.net/v1beta1":
             # Slinky 1.0's CRD requires both key references; testbed.world names only the slurm key.
             spec = body.setdefault("spec", {})
-            spec.setdefault("jwtHs256KeyRef", {"name": f"{obj['metadata']['name']}-auth-jwths256", "key": "jwt_hs256.key"})
+            spec.setdefault(
+                "jwtHs256KeyRef", {"name": f"{obj['metadata']['name']}-auth-jwths256", "key": "jwt_hs256.key"}
+            )
             spec.setdefault("slurmKeyRef", {"name": f"{obj['metadata']['name']}-auth-slurm", "key": "slurm.key"})
         deadline = time.monotonic() + 30
         while True:
@@ -53,36 +66,67 @@ class RealApi:
                 break
             except ControlPlaneError as exc:
                 # A namespace's `default` ServiceAccount appears a moment after the namespace (KCM).
-                if "serviceaccount \\\"default\\\" not found" not in str(exc) and 'serviceaccount "default" not found' not in str(exc):
+                if 'serviceaccount \\"default\\" not found' not in str(
+                    exc
+                ) and 'serviceaccount "default" not found' not in str(exc):
                     raise
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
         if obj.get("status"):
-            created = self.cp.request("PATCH", f"{path}/{created['metadata']['name']}/status", {"status": obj["status"]},
-                                      content_type="application/merge-patch+json")
+            created = self.cp.request(
+                "PATCH",
+                f"{path}/{created['metadata']['name']}/status",
+                {"status": obj["status"]},
+                content_type="application/merge-patch+json",
+            )
         return created
 
     def get(self, api_version: str, kind_or_plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            found: dict[str, Any] = self.cp.request("GET", f"{collection_path(api_version, kind_or_plural, namespace)}/{name}")
+            found: dict[str, Any] = self.cp.request(
+                "GET", f"{collection_path(api_version, kind_or_plural, namespace)}/{name}"
+            )
             return found
         except ControlPlaneError as exc:
             if ": 404 " in str(exc):
                 return None
             raise
 
-    def list(self, api_version: str, kind_or_plural: str, namespace: str = "",
-             label_selector: str = "", field_selector: str = "") -> list[dict[str, Any]]:
-        query = "&".join(q for q in (f"labelSelector={label_selector}" if label_selector else "",
-                                     f"fieldSelector={field_selector}" if field_selector else "") if q)
-        listed = self.cp.request("GET", collection_path(api_version, kind_or_plural, namespace) + (f"?{query}" if query else ""))
+    def list(
+        self,
+        api_version: str,
+        kind_or_plural: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> list[dict[str, Any]]:
+        query = "&".join(
+            q
+            for q in (
+                f"labelSelector={label_selector}" if label_selector else "",
+                f"fieldSelector={field_selector}" if field_selector else "",
+            )
+            if q
+        )
+        listed = self.cp.request(
+            "GET", collection_path(api_version, kind_or_plural, namespace) + (f"?{query}" if query else "")
+        )
         items: list[dict[str, Any]] = listed.get("items") or []
         return items
 
-    def patch(self, api_version: str, kind_or_plural: str, namespace: str, name: str, patch: dict[str, Any],
-              subresource: str = "") -> dict[str, Any]:
-        path = f"{collection_path(api_version, kind_or_plural, namespace)}/{name}" + (f"/{subresource}" if subresource else "")
+    def patch(
+        self,
+        api_version: str,
+        kind_or_plural: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        path = f"{collection_path(api_version, kind_or_plural, namespace)}/{name}" + (
+            f"/{subresource}" if subresource else ""
+        )
         patched: dict[str, Any] = self.cp.request("PATCH", path, patch, content_type="application/merge-patch+json")
         return patched
 

@@ -193,8 +193,15 @@ def _atomic_write(target: Path, files: dict[str, bytes], mode: int, fs_group: in
     return True
 
 
-def _materialize(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], container: dict[str, Any], token: str,
-                 root: Path, synced: list[tuple[dict[str, Any], Path, int | None]] | None = None) -> tuple[dict[str, Path], list[str]]:
+def _materialize(
+    cp: ControlPlane,
+    namespace: str,
+    pod_spec: dict[str, Any],
+    container: dict[str, Any],
+    token: str,
+    root: Path,
+    synced: list[tuple[dict[str, Any], Path, int | None]] | None = None,
+) -> tuple[dict[str, Path], list[str]]:
     """Write each mounted volume under ``root``; return mountPath -> host dir, and the tmpfs mount paths.
 
     With ``synced`` (a list to fill), secret and configMap volumes are published as kubelet's
@@ -256,8 +263,14 @@ def _ports(container: dict[str, Any]) -> dict[str, int]:
     return {p["name"]: int(p["containerPort"]) for p in container.get("ports") or []}
 
 
-def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: Path, ready_timeout: float = 90.0,
-            kubelet_volumes: bool = False) -> Pod:
+def run_pod(
+    cp: ControlPlane,
+    deployment: dict[str, Any],
+    image: str,
+    workdir: Path,
+    ready_timeout: float = 90.0,
+    kubelet_volumes: bool = False,
+) -> Pod:
     """Run the Deployment's pod template with podman on the host network; return once it is ready.
 
     ``kubelet_volumes``: secret and configMap volumes in kubelet's atomic layout, refreshable with
@@ -298,8 +311,15 @@ def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: P
         args += ["--entrypoint", json.dumps(container["command"])]
     args += [image, *(container.get("args") or [])]
     started = podman(*args, timeout=120)
-    pod = Pod(name, namespace, container, root, container_id=started.stdout.decode().strip(), ports=_ports(container),
-              synced_volumes=synced)
+    pod = Pod(
+        name,
+        namespace,
+        container,
+        root,
+        container_id=started.stdout.decode().strip(),
+        ports=_ports(container),
+        synced_volumes=synced,
+    )
     try:
         pod.wait_ready(ready_timeout)
     except PodFailed:
@@ -308,8 +328,13 @@ def run_pod(cp: ControlPlane, deployment: dict[str, Any], image: str, workdir: P
     return pod
 
 
-def run_process(cp: ControlPlane, deployment: dict[str, Any], workdir: Path, ready_timeout: float = 60.0,
-                kubelet_volumes: bool = False) -> Pod:
+def run_process(
+    cp: ControlPlane,
+    deployment: dict[str, Any],
+    workdir: Path,
+    ready_timeout: float = 60.0,
+    kubelet_volumes: bool = False,
+) -> Pod:
     """The inner-loop variant: the pod's console script as a local process, same env, token and files."""
     namespace = deployment["metadata"]["namespace"]
     pod_spec, container = _pod_parts(deployment)
@@ -322,16 +347,31 @@ def run_process(cp: ControlPlane, deployment: dict[str, Any], workdir: Path, rea
     for key, value in list(env.items()):  # paths under a mountPath point at the materialized copy
         for path, host in mounts.items():
             if value.startswith(path.rstrip("/") + "/"):
-                env[key] = str(host) + value[len(path.rstrip("/")):]
+                env[key] = str(host) + value[len(path.rstrip("/")) :]
     env["KUBECONFIG"] = str(cp.write_token_kubeconfig(root / "token.kubeconfig", token, pod_spec["serviceAccountName"]))
     command = [*(container.get("command") or []), *(container.get("args") or [])]
     script = Path(sys.executable).parent / command[0]
     command[0] = str(script) if script.exists() else (shutil.which(command[0]) or command[0])
     log_file = root / "process.log"
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    pod = Pod(name, namespace, container, root, process=proc, log_file=log_file, ports=_ports(container), synced_volumes=synced)
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pod = Pod(
+        name,
+        namespace,
+        container,
+        root,
+        process=proc,
+        log_file=log_file,
+        ports=_ports(container),
+        synced_volumes=synced,
+    )
     try:
         pod.wait_ready(ready_timeout)
     except PodFailed:

@@ -49,8 +49,13 @@ class PrometheusBinaries:
 
 def _candidate() -> str:
     """The version of ``prometheus`` apt would install here ("" when the package lists do not know it)."""
-    proc = subprocess.run(["apt-cache", "policy", PACKAGE], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "LANG": "C", "LC_ALL": "C"})
+    proc = subprocess.run(
+        ["apt-cache", "policy", PACKAGE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LANG": "C", "LC_ALL": "C"},
+    )
     found = re.search(r"^\s*Candidate:\s*(\S+)", proc.stdout, re.MULTILINE)
     return "" if not found or found.group(1) == "(none)" else found.group(1)
 
@@ -59,8 +64,13 @@ def _apt_update(progress: Progress) -> None:
     if os.geteuid() != 0:
         raise PackagesUnavailable(f"apt does not know the {PACKAGE} package and only root can run apt-get update")
     progress("fetching the Debian package lists (apt-get update), once")
-    proc = subprocess.run([*APT, "update"], capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    proc = subprocess.run(
+        [*APT, "update"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
     if proc.returncode != 0:
         raise PackagesUnavailable(f"apt-get update failed: {proc.stderr.strip()[-500:]}")
 
@@ -94,7 +104,9 @@ def binaries(progress: Progress = to_stderr) -> PrometheusBinaries:
             debs = sorted(work.glob("*.deb"))
             if proc.returncode != 0 or not debs:
                 raise PackagesUnavailable(f"apt-get download {PACKAGE}={version} failed: {proc.stderr.strip()[-500:]}")
-            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(work / "root")], check=True, capture_output=True, timeout=300)
+            subprocess.run(
+                ["dpkg-deb", "-x", str(debs[0]), str(work / "root")], check=True, capture_output=True, timeout=300
+            )
             partial = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
@@ -146,25 +158,39 @@ class Prometheus:
 
     def config(self) -> dict[str, Any]:
         return {
-            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval,
-                       "scrape_timeout": self.scrape_interval},
-            "scrape_configs": [{"job_name": name, "metrics_path": path, "static_configs": [{"targets": targets}]}
-                               for name, (path, targets) in self.jobs.items()],
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.scrape_interval,
+                "scrape_timeout": self.scrape_interval,
+            },
+            "scrape_configs": [
+                {"job_name": name, "metrics_path": path, "static_configs": [{"targets": targets}]}
+                for name, (path, targets) in self.jobs.items()
+            ],
         }
 
     def start(self, timeout: float = 60.0) -> Prometheus:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         config.write_text(yaml.safe_dump(self.config()))
-        args = [str(self.binaries.prometheus), f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=2h", "--log.level=warn"]
+        args = [
+            str(self.binaries.prometheus),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=2h",
+            "--log.level=warn",
+        ]
         with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited {self.process.returncode}: {self.log_file.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"prometheus exited {self.process.returncode}: {self.log_file.read_text(errors='replace')[-2000:]}"
+                )
             try:
                 if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
                     return self
@@ -172,7 +198,9 @@ class Prometheus:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"prometheus not ready after {timeout:.0f} s: {self.log_file.read_text(errors='replace')[-2000:]}")
+        raise RuntimeError(
+            f"prometheus not ready after {timeout:.0f} s: {self.log_file.read_text(errors='replace')[-2000:]}"
+        )
 
     def stop(self) -> None:
         """SIGTERM by PID, SIGKILL after 10 s."""

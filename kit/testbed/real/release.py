@@ -57,7 +57,9 @@ def tier_values(image: str, mappings: list[dict[str, Any]], **overrides: Any) ->
     }
     for component in COMPONENTS:
         values[component] = {
-            "replicas": 1, "port": free_port(), "metricsPort": free_port(),
+            "replicas": 1,
+            "port": free_port(),
+            "metricsPort": free_port(),
             # Host network here: listen on loopback only (the services' --host, a chart value).
             "extraEnv": [{"name": "SLIME_HOST", "value": "127.0.0.1"}],
         }
@@ -113,13 +115,21 @@ class Release:
         return [d for d in yaml.safe_load_all(out) if d]
 
     def service_name(self, component: str) -> str:
-        name: str = next(o["metadata"]["name"] for o in self.manifest()
-                         if o["kind"] == "Service" and o["metadata"]["labels"].get("app.kubernetes.io/component") == f"{component}-webhook")
+        name: str = next(
+            o["metadata"]["name"]
+            for o in self.manifest()
+            if o["kind"] == "Service"
+            and o["metadata"]["labels"].get("app.kubernetes.io/component") == f"{component}-webhook"
+        )
         return name
 
     def deployment(self, component: str) -> dict[str, Any]:
-        return next(o for o in self.manifest()
-                    if o["kind"] == "Deployment" and o["metadata"]["labels"].get("app.kubernetes.io/component") == f"{component}-webhook")
+        return next(
+            o
+            for o in self.manifest()
+            if o["kind"] == "Deployment"
+            and o["metadata"]["labels"].get("app.kubernetes.io/component") == f"{component}-webhook"
+        )
 
     def port(self, component: str) -> int:
         return int(self.values[component]["port"])
@@ -129,15 +139,34 @@ class Release:
 
     def route_to_localhost(self) -> None:
         """Turn the two webhook Services into ExternalName ``localhost`` (see the module doc)."""
-        patch = {"spec": {"type": "ExternalName", "externalName": "localhost", "clusterIP": None, "clusterIPs": None,
-                          "selector": None, "ipFamilies": None, "ipFamilyPolicy": None, "internalTrafficPolicy": None,
-                          "sessionAffinity": None}}
+        patch = {
+            "spec": {
+                "type": "ExternalName",
+                "externalName": "localhost",
+                "clusterIP": None,
+                "clusterIPs": None,
+                "selector": None,
+                "ipFamilies": None,
+                "ipFamilyPolicy": None,
+                "internalTrafficPolicy": None,
+                "sessionAffinity": None,
+            }
+        }
         for component in COMPONENTS:
             if not self.values.get(component, {}).get("enabled", True):
                 continue
             name = self.service_name(component)
-            self.cp.kubectl("-n", self.namespace, "patch", "service", name, "--type=merge", "-p", json.dumps(patch),
-                            "--field-manager=slime-real-k8s")
+            self.cp.kubectl(
+                "-n",
+                self.namespace,
+                "patch",
+                "service",
+                name,
+                "--type=merge",
+                "-p",
+                json.dumps(patch),
+                "--field-manager=slime-real-k8s",
+            )
 
     def secret_data(self, name: str) -> dict[str, bytes]:
         obj = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
@@ -149,33 +178,62 @@ class Release:
         With ``certManager.enabled`` the chart renders a Certificate (the one with ``client auth``
         usage) instead of the Secret; its ``secretName`` holds the pair once it is issued.
         """
-        auth = [o for o in self.manifest() if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "admission-auth"]
+        auth = [
+            o
+            for o in self.manifest()
+            if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "admission-auth"
+        ]
         name = next((o["metadata"]["name"] for o in auth if o["kind"] == "Secret"), None)
         if name is None:
-            name = next(o["spec"]["secretName"] for o in auth if o["kind"] == "Certificate" and "client auth" in o["spec"].get("usages", []))
+            name = next(
+                o["spec"]["secretName"]
+                for o in auth
+                if o["kind"] == "Certificate" and "client auth" in o["spec"].get("usages", [])
+            )
         return self.secret_data(name)
 
     def certificates(self) -> list[dict[str, Any]]:
         """The release's cert-manager Certificates as rendered (none with ``certManager.enabled=false``)."""
-        return [o for o in self.manifest() if o["kind"] == "Certificate" and o["apiVersion"].startswith("cert-manager.io/")]
+        return [
+            o for o in self.manifest() if o["kind"] == "Certificate" and o["apiVersion"].startswith("cert-manager.io/")
+        ]
 
     def admission_configuration(self, directory: Path) -> Path:
         """AdmissionConfiguration + kubeconfig giving kube-apiserver the chart's client certificate (docs/install.md)."""
         directory.mkdir(parents=True, exist_ok=True)
         client = self.client_certificate()
-        users = [{"name": f"{self.service_name(c)}.{self.namespace}.svc:{self.port(c)}",
-                  "user": {"client-certificate-data": base64.b64encode(client["tls.crt"]).decode(),
-                           "client-key-data": base64.b64encode(client["tls.key"]).decode()}}
-                 for c in COMPONENTS if self.values.get(c, {}).get("enabled", True)]
+        users = [
+            {
+                "name": f"{self.service_name(c)}.{self.namespace}.svc:{self.port(c)}",
+                "user": {
+                    "client-certificate-data": base64.b64encode(client["tls.crt"]).decode(),
+                    "client-key-data": base64.b64encode(client["tls.key"]).decode(),
+                },
+            }
+            for c in COMPONENTS
+            if self.values.get(c, {}).get("enabled", True)
+        ]
         kubeconfig = directory / "webhook-kubeconfig.yaml"
         kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": users}))
         kubeconfig.chmod(0o600)
-        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": str(kubeconfig)}
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig),
+        }
         config = directory / "admission.yaml"
-        config.write_text(yaml.safe_dump({
-            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-            "plugins": [{"name": "ValidatingAdmissionWebhook", "configuration": plugin},
-                        {"name": "MutatingAdmissionWebhook", "configuration": plugin}]}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "AdmissionConfiguration",
+                    "plugins": [
+                        {"name": "ValidatingAdmissionWebhook", "configuration": plugin},
+                        {"name": "MutatingAdmissionWebhook", "configuration": plugin},
+                    ],
+                }
+            )
+        )
         return config
 
 
@@ -184,7 +242,10 @@ def webhook_configurations(cp: ControlPlane, release: str) -> list[str]:
     names: list[str] = []
     for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
         try:
-            listed = cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}?labelSelector=app.kubernetes.io/instance={release}")
+            listed = cp.request(
+                "GET",
+                f"/apis/admissionregistration.k8s.io/v1/{kind}?labelSelector=app.kubernetes.io/instance={release}",
+            )
         except ControlPlaneError:
             continue
         names += [f"{kind}/{o['metadata']['name']}" for o in listed.get("items") or []]

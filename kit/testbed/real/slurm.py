@@ -127,7 +127,9 @@ def _apt_host_install(*packages: str) -> None:
     if subprocess.run(install, capture_output=True, text=True, timeout=900, env=env).returncode == 0:
         return
     for _ in range(60):  # apt-get update has no lock timeout of its own: retry while another apt runs
-        update = subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"], capture_output=True, text=True, timeout=900, env=env)
+        update = subprocess.run(
+            ["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"], capture_output=True, text=True, timeout=900, env=env
+        )
         if update.returncode == 0 or "lock" not in update.stderr.lower():
             break
         time.sleep(5)
@@ -167,12 +169,15 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def _run_logged(cmd: list[str], log: Path, what: str, timeout: float, progress: Progress,
-                env: Mapping[str, str] | None = None) -> None:
+def _run_logged(
+    cmd: list[str], log: Path, what: str, timeout: float, progress: Progress, env: Mapping[str, str] | None = None
+) -> None:
     """Run ``cmd`` with its output in ``log``; a progress line every PROGRESS_SECONDS; SlurmFailed with the log's tail."""
     started = time.monotonic()
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env) if env else None)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env) if env else None
+        )
         while True:
             try:
                 code = proc.wait(timeout=PROGRESS_SECONDS)
@@ -214,8 +219,23 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
         started = time.monotonic()
         progress(f"making the Debian {SUITE} root once (debootstrap --variant=minbase from {MIRROR}); log {log}")
         # In a mount namespace of its own: the /proc and /sys debootstrap mounts vanish with it, even if it is killed.
-        _run_logged(["unshare", "--mount", "--propagation", "private", "debootstrap", "--variant=minbase", SUITE, str(partial), MIRROR],
-                    log, "debootstrap", 600, progress)
+        _run_logged(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "debootstrap",
+                "--variant=minbase",
+                SUITE,
+                str(partial),
+                MIRROR,
+            ],
+            log,
+            "debootstrap",
+            600,
+            progress,
+        )
         progress(f"debootstrap done in {time.monotonic() - started:.0f} s; installing {' '.join(PACKAGES)}")
         certs = partial / "etc/ssl/certs"
         certs.mkdir(parents=True, exist_ok=True)
@@ -224,22 +244,49 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
         policy = partial / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\n# no daemon starts while packages install\nexit 101\n")
         policy.chmod(0o755)
-        install = "apt-get update && apt-get install -y --no-install-recommends " + " ".join(PACKAGES) + " && apt-get clean"
-        _run_logged(chroot_argv(partial, ["sh", "-c", install], env={"DEBIAN_FRONTEND": "noninteractive"}),
-                    log, "apt-get install in the root", 600, progress)
+        install = (
+            "apt-get update && apt-get install -y --no-install-recommends " + " ".join(PACKAGES) + " && apt-get clean"
+        )
+        _run_logged(
+            chroot_argv(partial, ["sh", "-c", install], env={"DEBIAN_FRONTEND": "noninteractive"}),
+            log,
+            "apt-get install in the root",
+            600,
+            progress,
+        )
         _no_dns(partial)
-        for directory in ("var/lib/cloud", "var/spool/slurmctld", "var/spool/slurmd", "var/log/slurm", "srv/slime", "etc/slurm"):
+        for directory in (
+            "var/lib/cloud",
+            "var/spool/slurmctld",
+            "var/spool/slurmd",
+            "var/log/slurm",
+            "srv/slime",
+            "etc/slurm",
+        ):
             (partial / directory).mkdir(parents=True, exist_ok=True)
         for lists in (partial / "var/lib/apt/lists").glob("*_*"):
             lists.unlink()
         version = subprocess.run(chroot_argv(partial, ["slurmctld", "-V"]), capture_output=True, text=True, timeout=60)
         release = version.stdout.strip().split()[-1] if version.stdout.strip() else ""
         if not release.startswith(SLURM_SERIES):
-            raise SlurmFailed(f"the root has Slurm {release or '?'} ({version.stderr.strip()[-300:]}), expected {SLURM_SERIES}")
+            raise SlurmFailed(
+                f"the root has Slurm {release or '?'} ({version.stderr.strip()[-300:]}), expected {SLURM_SERIES}"
+            )
         uid, gid = _user_ids(partial, "slurm")
-        (partial / ".slime-ready.json").write_text(json.dumps(
-            {"release": release, "slurm_uid": uid, "slurm_gid": gid, "suite": SUITE, "mirror": MIRROR, "packages": list(PACKAGES),
-             "recipe": RECIPE, "seconds": round(time.monotonic() - started, 1)}))
+        (partial / ".slime-ready.json").write_text(
+            json.dumps(
+                {
+                    "release": release,
+                    "slurm_uid": uid,
+                    "slurm_gid": gid,
+                    "suite": SUITE,
+                    "mirror": MIRROR,
+                    "packages": list(PACKAGES),
+                    "recipe": RECIPE,
+                    "seconds": round(time.monotonic() - started, 1),
+                }
+            )
+        )
         partial.rename(final)
         progress(f"root ready in {time.monotonic() - started:.0f} s: Slurm {release} at {final}")
         return SlurmRoot.load(final)
@@ -248,7 +295,9 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
 def _no_dns(root: Path) -> None:
     """No name service but files: a daemon in the root never sends a DNS query (there is none it needs)."""
     nsswitch = root / "etc/nsswitch.conf"
-    lines = [("hosts:          files" if line.startswith("hosts:") else line) for line in nsswitch.read_text().splitlines()]
+    lines = [
+        ("hosts:          files" if line.startswith("hosts:") else line) for line in nsswitch.read_text().splitlines()
+    ]
     nsswitch.write_text("\n".join(lines) + "\n")
     resolv = root / "etc/resolv.conf"
     if resolv.is_symlink() or resolv.exists():
@@ -276,8 +325,15 @@ class Bind:
     target: str
 
 
-def chroot_argv(root: Path, argv: Sequence[str], binds: Sequence[Bind] = (), *, hostname: str | None = None,
-                env: Mapping[str, str] | None = None, prefix: Sequence[str] = ()) -> list[str]:
+def chroot_argv(
+    root: Path,
+    argv: Sequence[str],
+    binds: Sequence[Bind] = (),
+    *,
+    hostname: str | None = None,
+    env: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
+) -> list[str]:
     """A command line that runs ``argv`` chroot-ed into ``root`` in a private mount namespace.
 
     The namespace gets /dev, /proc and /sys, then ``binds``; with ``hostname``, a UTS namespace of
@@ -285,7 +341,13 @@ def chroot_argv(root: Path, argv: Sequence[str], binds: Sequence[Bind] = (), *, 
     goes in front (``ip netns exec <ns>``). The whole chain execs: the PID of the process started
     from this command line is the PID of ``argv``.
     """
-    lines = ["set -e", 'R="$1"; shift', 'mount --rbind /dev "$R/dev"', 'mount -t proc proc "$R/proc"', 'mount --rbind /sys "$R/sys"']
+    lines = [
+        "set -e",
+        'R="$1"; shift',
+        'mount --rbind /dev "$R/dev"',
+        'mount -t proc proc "$R/proc"',
+        'mount --rbind /sys "$R/sys"',
+    ]
     if hostname:
         lines.append(f"hostname {shlex.quote(hostname)}")
     for bind in binds:
@@ -463,9 +525,15 @@ class Slurm:
 
     def binds(self) -> list[Bind]:
         """The controller side's own directories, mounted over the root's."""
-        return [Bind(self.etc, "/etc/slurm"), Bind(self.state, "/var/spool/slurmctld"), Bind(self.run, "/run"),
-                Bind(self.log, "/var/log/slurm"), Bind(self.shared, "/srv/slime"), Bind(self.tmp, "/tmp"),
-                Bind(self.workdir / "hosts", "/etc/hosts")]
+        return [
+            Bind(self.etc, "/etc/slurm"),
+            Bind(self.state, "/var/spool/slurmctld"),
+            Bind(self.run, "/run"),
+            Bind(self.log, "/var/log/slurm"),
+            Bind(self.shared, "/srv/slime"),
+            Bind(self.tmp, "/tmp"),
+            Bind(self.workdir / "hosts", "/etc/hosts"),
+        ]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -502,7 +570,9 @@ class Slurm:
     def start_controller(self, timeout: float = 30.0) -> None:
         argv = chroot_argv(self.root.path, ["slurmctld", "-D", "-i"], self.binds(), hostname=self.config.hostname)
         with open(self.log / "slurmctld.log", "ab") as out:
-            self.ctld = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.ctld = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.ctld.poll() is not None:
@@ -510,14 +580,33 @@ class Slurm:
             if "UP" in self.client(["scontrol", "ping"], check=False, timeout=10).stdout:
                 return
             time.sleep(0.1)
-        raise SlurmFailed(f"slurmctld did not answer scontrol ping within {timeout:g} s:\n{_tail(self.log / 'slurmctld.log')}")
+        raise SlurmFailed(
+            f"slurmctld did not answer scontrol ping within {timeout:g} s:\n{_tail(self.log / 'slurmctld.log')}"
+        )
 
     def start_restd(self, timeout: float = 30.0) -> None:
         env = {"SLURM_JWT": "daemon", "SLURMRESTD_SECURITY": "disable_unshare_files,disable_unshare_sysv"}
-        argv = chroot_argv(self.root.path, ["slurmrestd", "-u", "nobody", "-g", "nogroup", "-a", "rest_auth/jwt",
-                                            "-s", "openapi/slurmctld", f"127.0.0.1:{self.restd_port}"], self.binds(), env=env)
+        argv = chroot_argv(
+            self.root.path,
+            [
+                "slurmrestd",
+                "-u",
+                "nobody",
+                "-g",
+                "nogroup",
+                "-a",
+                "rest_auth/jwt",
+                "-s",
+                "openapi/slurmctld",
+                f"127.0.0.1:{self.restd_port}",
+            ],
+            self.binds(),
+            env=env,
+        )
         with open(self.log / "slurmrestd.log", "ab") as out:
-            self.restd = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.restd = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.restd.poll() is not None:
@@ -547,7 +636,9 @@ class Slurm:
 
     # --- clients -----------------------------------------------------------------------------
 
-    def client(self, argv: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    def client(
+        self, argv: Sequence[str], check: bool = True, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
         """A Slurm command (scontrol, sbatch, srun, squeue, ...) as root on the controller's host (its name, its files)."""
         command = chroot_argv(self.root.path, argv, self.binds(), hostname=self.config.hostname)
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -586,10 +677,21 @@ class Slurm:
     def token(self, user: str = "slurm", lifetime: int = 60, key: bytes | None = None) -> str:
         """An HS256 JWT as Slinky (and SliMe) sign it: ``sun``, ``iat``, ``exp``."""
         now = int(time.time())
-        return jwt.encode({"sun": user, "iat": now, "exp": now + lifetime}, key if key is not None else self.jwt_key, algorithm="HS256")
+        return jwt.encode(
+            {"sun": user, "iat": now, "exp": now + lifetime},
+            key if key is not None else self.jwt_key,
+            algorithm="HS256",
+        )
 
-    def rest(self, method: str, path: str, body: Any = None, token: str | None = "good", timeout: float = 15.0,
-             headers: Mapping[str, str] | None = None) -> httpx.Response:
+    def rest(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = "good",
+        timeout: float = 15.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         """One request to slurmrestd; ``token="good"`` signs a fresh one, None sends none."""
         sent = dict(headers or {})
         if token is not None:

@@ -46,8 +46,11 @@ class RealCapi:
 
     def machines(self) -> list[dict[str, Any]]:
         return sorted(
-            (m for m in self.site.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)
-             if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/deployment-name") == MD),
+            (
+                m
+                for m in self.site.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)
+                if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/deployment-name") == MD
+            ),
             key=lambda m: m["metadata"]["name"],
         )
 
@@ -74,13 +77,20 @@ class RealCapi:
         self.counter += 1
         name = f"{MD}-{self.counter:03d}"
         self._host_for(name)
-        self.site.emulator.create({
-            "apiVersion": f"{CAPI}/v1beta1", "kind": "Machine",
-            "metadata": {"name": name, "namespace": MD_NS, "finalizers": [FINALIZER],
-                         "labels": {"cluster.x-k8s.io/deployment-name": MD, "cluster.x-k8s.io/cluster-name": "c1"}},
-            "spec": {"clusterName": "c1", "bootstrap": {"dataSecretName": f"{name}-bootstrap"}},
-            "status": {"phase": "Provisioning", "bootstrapReady": True, "infrastructureReady": False},
-        })
+        self.site.emulator.create(
+            {
+                "apiVersion": f"{CAPI}/v1beta1",
+                "kind": "Machine",
+                "metadata": {
+                    "name": name,
+                    "namespace": MD_NS,
+                    "finalizers": [FINALIZER],
+                    "labels": {"cluster.x-k8s.io/deployment-name": MD, "cluster.x-k8s.io/cluster-name": "c1"},
+                },
+                "spec": {"clusterName": "c1", "bootstrap": {"dataSecretName": f"{name}-bootstrap"}},
+                "status": {"phase": "Provisioning", "bootstrapReady": True, "infrastructureReady": False},
+            }
+        )
         if provision:
             self.provision(name)
         return name
@@ -89,10 +99,25 @@ class RealCapi:
         """CAPM3 makes the host's metaData Secret (admitted by the injection webhook), the host is provisioned and boots."""
         index = int(name.rsplit("-", 1)[1])
         secret = self.site.create_metadata_secret(index, self.hostname(name), machine=name if self.host_names else None)
-        address = next(a for a in self.site.network.hosts() if a not in {n.address for n in self.site.network.nodes.values()})
-        self.site.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, name, {"status": {
-            "phase": "Provisioned", "infrastructureReady": True,
-            "addresses": [{"type": "Hostname", "address": self.hostname(name)}, {"type": "InternalIP", "address": address}]}})
+        address = next(
+            a for a in self.site.network.hosts() if a not in {n.address for n in self.site.network.nodes.values()}
+        )
+        self.site.emulator.patch(
+            f"{CAPI}/v1beta1",
+            "Machine",
+            MD_NS,
+            name,
+            {
+                "status": {
+                    "phase": "Provisioned",
+                    "infrastructureReady": True,
+                    "addresses": [
+                        {"type": "Hostname", "address": self.hostname(name)},
+                        {"type": "InternalIP", "address": address},
+                    ],
+                }
+            },
+        )
         node = self.site.boot(secret, address=address)
         self.hosts[name] = node
         node.wait_joined(self.site.slurm)
@@ -113,7 +138,10 @@ class RealCapi:
         live = self.live()
         if len(live) > replicas:
             # CAPI: Machines with the delete-machine annotation go first (then, here, by name).
-            order = sorted(live, key=lambda m: (DELETE_MACHINE not in (m["metadata"].get("annotations") or {}), m["metadata"]["name"]))
+            order = sorted(
+                live,
+                key=lambda m: (DELETE_MACHINE not in (m["metadata"].get("annotations") or {}), m["metadata"]["name"]),
+            )
             for victim in order[: len(live) - replicas]:
                 self.site.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, victim["metadata"]["name"])
         for _ in range(replicas - len(live)):
@@ -123,10 +151,14 @@ class RealCapi:
             meta = machine["metadata"]
             if not meta.get("deletionTimestamp"):
                 continue
-            if any(k.startswith("pre-drain.delete.hook.machine.cluster.x-k8s.io") for k in meta.get("annotations") or {}):
+            if any(
+                k.startswith("pre-drain.delete.hook.machine.cluster.x-k8s.io") for k in meta.get("annotations") or {}
+            ):
                 continue  # held by a hook
             self._power_off(meta["name"])
-            self.site.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, meta["name"], {"metadata": {"finalizers": []}})
+            self.site.emulator.patch(
+                f"{CAPI}/v1beta1", "Machine", MD_NS, meta["name"], {"metadata": {"finalizers": []}}
+            )
             self.removed.append(meta["name"])
             released.append(meta["name"])
         return released
@@ -147,14 +179,20 @@ class RealCapi:
         return machine is not None and PRE_DRAIN_HOOK in (machine["metadata"].get("annotations") or {})
 
     def annotated(self) -> list[str]:
-        return [m["metadata"]["name"] for m in self.machines() if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)]
+        return [
+            m["metadata"]["name"]
+            for m in self.machines()
+            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
+        ]
 
     def wait_all_released(self, reconcile: Any, timeout: float = 30.0) -> None:
         """Reconcile and step until no Machine is deleting (bounded)."""
         deadline = time.monotonic() + timeout
         while any(m["metadata"].get("deletionTimestamp") for m in self.machines()):
             if time.monotonic() > deadline:
-                raise AssertionError(f"Machines still deleting after {timeout:g} s: {[m['metadata']['name'] for m in self.machines()]}")
+                raise AssertionError(
+                    f"Machines still deleting after {timeout:g} s: {[m['metadata']['name'] for m in self.machines()]}"
+                )
             reconcile()
             self.step()
             time.sleep(0.2)

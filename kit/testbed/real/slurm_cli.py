@@ -38,10 +38,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``slime-slurm``: start the tier's Slurm (and N bare-metal nodes booted from the documented user-data) for a person."""
     parser = argparse.ArgumentParser(prog="slime-slurm", description=main.__doc__)
     parser.add_argument("--nodes", type=int, default=2, help="bare-metal nodes to boot (default 2)")
-    parser.add_argument("--workdir", type=Path, default=None, help="where the keys, configs and logs go (default: a new temporary directory)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the keys, configs and logs go (default: a new temporary directory)",
+    )
     parser.add_argument("--check", action="store_true", help="run srun -N<nodes> hostname, print the result and stop")
-    parser.add_argument("--token", type=Path, metavar="JWT_KEY_FILE",
-                        help="only print a JWT for slurmrestd (sun=slurm, valid 1 h) signed with this jwt_hs256.key")
+    parser.add_argument(
+        "--token",
+        type=Path,
+        metavar="JWT_KEY_FILE",
+        help="only print a JWT for slurmrestd (sun=slurm, valid 1 h) signed with this jwt_hs256.key",
+    )
     args = parser.parse_args(argv)
     if args.token is not None:
         now = int(time.time())
@@ -68,19 +77,38 @@ def _serve(root: SlurmRoot, count: int, workdir: Path | None, check: bool) -> in
         with Slurm(root, workdir / "controller", config) as slurm:
             nodes = []
             for index in range(count):
-                nodes.append(boot(root, network, meta_data_for(slurm, f"bm-node-{index + 1}"), workdir / "nodes", shared=slurm.shared))
+                nodes.append(
+                    boot(
+                        root,
+                        network,
+                        meta_data_for(slurm, f"bm-node-{index + 1}"),
+                        workdir / "nodes",
+                        shared=slurm.shared,
+                    )
+                )
             for node in nodes:
                 node.wait_joined(slurm)
-            print(f"Slurm {root.release}: slurmctld {config.hostname}({slurm.conf_server}), slurmrestd {slurm.restd_url}")
+            print(
+                f"Slurm {root.release}: slurmctld {config.hostname}({slurm.conf_server}), slurmrestd {slurm.restd_url}"
+            )
             print(f"  nodes: {', '.join(f'{n.hostname} ({n.net.address}, netns {n.net.netns})' for n in nodes)}")
-            print(f"  files: {workdir} (slurm.key and jwt_hs256.key in controller/etc, mode 0600; logs in controller/log)")
-            print(f"  API:   curl -H \"X-SLURM-USER-TOKEN: $(slime-slurm --token {slurm.etc / 'jwt_hs256.key'})\" "
-                  f"{slurm.restd_url}/slurm/{API_VERSION}/nodes/")
+            print(
+                f"  files: {workdir} (slurm.key and jwt_hs256.key in controller/etc, mode 0600; logs in controller/log)"
+            )
+            print(
+                f'  API:   curl -H "X-SLURM-USER-TOKEN: $(slime-slurm --token {slurm.etc / "jwt_hs256.key"})" '
+                f"{slurm.restd_url}/slurm/{API_VERSION}/nodes/"
+            )
             helper = workdir / "slurm"
-            helper.write_text("#!/bin/sh\n# Run a Slurm command (sinfo, squeue, sbatch, scontrol ...) on the controller's side.\nexec "
-                              + shlex.join(chroot_argv(root.path, [], slurm.binds(), hostname=config.hostname)) + ' "$@"\n')
+            helper.write_text(
+                "#!/bin/sh\n# Run a Slurm command (sinfo, squeue, sbatch, scontrol ...) on the controller's side.\nexec "
+                + shlex.join(chroot_argv(root.path, [], slurm.binds(), hostname=config.hostname))
+                + ' "$@"\n'
+            )
             helper.chmod(0o755)
-            print(f"  CLI:   {helper} sinfo    ({helper} sbatch -N2 --wrap 'srun hostname', {helper} scontrol show nodes, ...)")
+            print(
+                f"  CLI:   {helper} sinfo    ({helper} sbatch -N2 --wrap 'srun hostname', {helper} scontrol show nodes, ...)"
+            )
             if check:
                 out = slurm.client(["srun", f"-N{count}", "hostname"], timeout=60).stdout
                 print(f"  srun -N{count} hostname: {' '.join(sorted(out.split()))}")

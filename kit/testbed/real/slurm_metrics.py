@@ -90,8 +90,11 @@ def partition_counts(jobs: Iterable[Mapping[str, Any]], partitions: Iterable[str
 
 def render(counts: Mapping[str, Mapping[str, int]]) -> str:
     """The text of 25.11's ``/metrics/partitions`` for these counts (partitions in Slurm's order)."""
-    lines = ["# HELP slurm_partitions Total number of partitions", "# TYPE slurm_partitions gauge",
-             f"slurm_partitions {len(counts)}"]
+    lines = [
+        "# HELP slurm_partitions Total number of partitions",
+        "# TYPE slurm_partitions gauge",
+        f"slurm_partitions {len(counts)}",
+    ]
     for name, key, desc in PARTITION_METRICS:
         lines += [f"# HELP {name} {desc}", f"# TYPE {name} gauge"]
         lines += [f'{name}{{partition="{partition}"}} {values[key]}' for partition, values in counts.items()]

@@ -58,7 +58,9 @@ class Pool:
         return md_events(self.site.emulator, MD_NS, MD, reason)
 
 
-def make_pool(site: Site, start: Callable[..., Scaling], replicas: int, hosts: tuple[str, ...] = (), **safe: Any) -> Pool:
+def make_pool(
+    site: Site, start: Callable[..., Scaling], replicas: int, hosts: tuple[str, ...] = (), **safe: Any
+) -> Pool:
     """``replicas`` Machines whose hosts boot and join (named from ``hosts`` when given, see :class:`RealCapi`); ``safe``: safeScaleIn options."""
     emulator = site.emulator
     # Slinky's JWT Secret (seeded with the Controller) holds the key slurmctld verifies tokens with.

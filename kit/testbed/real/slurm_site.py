@@ -65,23 +65,37 @@ class Admission:
         if not secret or "metaData" not in (secret.get("data") or {}):
             return False
         owners = (secret.get("metadata") or {}).get("ownerReferences") or []
-        return any(o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/") for o in owners)
+        return any(
+            o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/")
+            for o in owners
+        )
 
     def _inject(self, attrs: AdmissionAttributes) -> dict[str, Any]:
         assert self.injection is not None, "no injection webhook is running"
         secret = attrs.object or {}
         request = {
-            "kind": attrs.kind, "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
-            "requestKind": attrs.kind, "requestResource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
-            "name": attrs.name or secret["metadata"]["name"], "namespace": attrs.namespace, "operation": attrs.operation,
+            "kind": attrs.kind,
+            "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "requestKind": attrs.kind,
+            "requestResource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "name": attrs.name or secret["metadata"]["name"],
+            "namespace": attrs.namespace,
+            "operation": attrs.operation,
             "userInfo": {"username": "system:serviceaccount:capm3-system:capm3-manager"},
-            "object": secret, "oldObject": attrs.old_object, "dryRun": attrs.dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if attrs.operation == "CREATE" else "UpdateOptions"},
+            "object": secret,
+            "oldObject": attrs.old_object,
+            "dryRun": attrs.dry_run,
+            "options": {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "CreateOptions" if attrs.operation == "CREATE" else "UpdateOptions",
+            },
         }
         response = self.injection.review("/mutate", request)
         if not response["allowed"]:
-            raise AdmissionDenied(f'admission webhook "injection.slime.dev" denied the request: {response["status"]["message"]}',
-                                  response["status"]["code"])
+            raise AdmissionDenied(
+                f'admission webhook "injection.slime.dev" denied the request: {response["status"]["message"]}',
+                response["status"]["code"],
+            )
         self.admitted.append(f"{attrs.namespace}/{request['name']}")
         if "patch" not in response:
             return secret
@@ -112,12 +126,15 @@ class Site:
         from one Machine to the next, each Machine has its own Secret.
         """
         _, data = seed_metal3(self.emulator, namespace=METAL3_NS, template_labels=OPT_IN, index=index)
-        secret = metadata_secret(data, machine=machine or hostname, host=f"bmh-{index}", extra={"local-hostname": hostname})
+        secret = metadata_secret(
+            data, machine=machine or hostname, host=f"bmh-{index}", extra={"local-hostname": hostname}
+        )
         api = self.api()
         try:
             api.create_namespaced_secret(METAL3_NS, secret)  # type: ignore[arg-type]  # the client accepts a plain dict body
             stored: dict[str, Any] = api.api_client.sanitize_for_serialization(
-                api.read_namespaced_secret(secret["metadata"]["name"], METAL3_NS))
+                api.read_namespaced_secret(secret["metadata"]["name"], METAL3_NS)
+            )
         finally:
             api.api_client.close()
         return stored
@@ -130,8 +147,15 @@ class Site:
 
     def boot(self, secret: dict[str, Any], address: str | None = None) -> Node:
         """The host of ``secret`` boots: cloud-init runs the documented user-data with the Secret's metadata."""
-        node = boot(self.root, self.network, self.meta_data(secret), self.workdir / "nodes", shared=self.slurm.shared,
-                    user_data=self.user_data, address=address)
+        node = boot(
+            self.root,
+            self.network,
+            self.meta_data(secret),
+            self.workdir / "nodes",
+            shared=self.slurm.shared,
+            user_data=self.user_data,
+            address=address,
+        )
         self.nodes.append(node)
         return node
 

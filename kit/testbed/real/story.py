@@ -94,10 +94,19 @@ def start_stack(workdir: Path) -> Stack:
         for namespace in (MD_NAMESPACE, "slurm"):
             ensure_namespace(api, namespace)
         slurm = seed_management_cluster(api)
-        api.create(machine_deployment(MD_NAME, MD_NAMESPACE, replicas=MD_START, version="v1beta2", cluster=CLUSTER, full=True))
-        values = tier_values(PREPARED.image or "localhost/slime:process", [
-            {"mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
-             "machineDeployment": {"name": MD_NAME, "namespace": MD_NAMESPACE}, "partition": "batch"}])
+        api.create(
+            machine_deployment(MD_NAME, MD_NAMESPACE, replicas=MD_START, version="v1beta2", cluster=CLUSTER, full=True)
+        )
+        values = tier_values(
+            PREPARED.image or "localhost/slime:process",
+            [
+                {
+                    "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
+                    "machineDeployment": {"name": MD_NAME, "namespace": MD_NAMESPACE},
+                    "partition": "batch",
+                }
+            ],
+        )
         release = Release(cp, SLIME_NAMESPACE, values, workdir)
         release.install()
         cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
@@ -114,7 +123,9 @@ def client_context(stack: Stack, with_certificate: bool = True) -> ssl.SSLContex
     """TLS as kube-apiserver calls a webhook: trust the chart's CA bundle, present the chart's client certificate."""
     tls = stack.release.secret_data(stack.release.service_name("injection") + "-tls")
     context = ssl.create_default_context(cadata=tls["ca.crt"].decode())
-    context.check_hostname = False  # dialled at 127.0.0.1; the certificate names <svc>.<ns>.svc (the chain is still verified)
+    context.check_hostname = (
+        False  # dialled at 127.0.0.1; the certificate names <svc>.<ns>.svc (the chain is still verified)
+    )
     if with_certificate:
         client = stack.release.client_certificate()
         directory = stack.workdir / "client"
@@ -130,7 +141,11 @@ def client_context(stack: Stack, with_certificate: bool = True) -> ssl.SSLContex
 def send_review(stack: Stack, component: str, request: dict[str, Any], with_certificate: bool = True) -> dict[str, Any]:
     """POST one AdmissionReview straight to a webhook pod (not through the API server): a forged review."""
     path = "/mutate" if component == "injection" else "/validate"
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": str(uuid.uuid4()), **request}}
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": str(uuid.uuid4()), **request},
+    }
     if with_certificate not in stack.contexts:
         stack.contexts[with_certificate] = client_context(stack, with_certificate)
     with httpx.Client(verify=stack.contexts[with_certificate], timeout=10) as client:

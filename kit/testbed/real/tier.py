@@ -67,15 +67,21 @@ def prepare(progress: Progress) -> Prepared:
         PREPARED.error = f"{type(exc).__name__}: {exc}"
     PREPARED.seconds = time.monotonic() - started
     state = PREPARED.missing or PREPARED.error or "ready"
-    progress(f"prerequisites {state} after {PREPARED.seconds:.0f} s "
-             f"({PREPARED.binaries.source if PREPARED.binaries else 'no control plane'}; runner {RUNNER})")
+    progress(
+        f"prerequisites {state} after {PREPARED.seconds:.0f} s "
+        f"({PREPARED.binaries.source if PREPARED.binaries else 'no control plane'}; runner {RUNNER})"
+    )
     return PREPARED
 
 
-def start_control_plane(workdir: Path, admission_config: Path | None = None, audit_scale_steps: bool = False) -> ControlPlane:
+def start_control_plane(
+    workdir: Path, admission_config: Path | None = None, audit_scale_steps: bool = False
+) -> ControlPlane:
     """A control plane with the upstream CRDs (after :func:`prepare` succeeded)."""
     assert PREPARED.binaries is not None, "prepare() has not succeeded"
-    cp = ControlPlane(workdir, PREPARED.binaries, admission_config=admission_config, audit_scale_steps=audit_scale_steps)
+    cp = ControlPlane(
+        workdir, PREPARED.binaries, admission_config=admission_config, audit_scale_steps=audit_scale_steps
+    )
     try:
         cp.start()
         cp.install_crds(PREPARED.crds)
@@ -120,7 +126,9 @@ class Stack:
         try:
             self.cp.wait_for(condition, timeout, what)
         except ControlPlaneError as exc:
-            tails = "\n".join(f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-12:]) for name, pod in self.pods.items())
+            tails = "\n".join(
+                f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-12:]) for name, pod in self.pods.items()
+            )
             raise ControlPlaneError(f"{exc}\n{tails}") from None
 
 

@@ -65,8 +65,10 @@ class ScaleUp:
 
     def phases(self) -> list[tuple[str, float | None]]:
         """Each phase's duration in seconds (None when one of its ends was not seen)."""
-        return [(name, self.at[end] - self.at[start] if start in self.at and end in self.at else None)
-                for name, start, end in PHASES]
+        return [
+            (name, self.at[end] - self.at[start] if start in self.at and end in self.at else None)
+            for name, start, end in PHASES
+        ]
 
 
 def _seconds(value: float | None) -> str:
@@ -83,7 +85,9 @@ def render(scale_ups: Sequence[ScaleUp]) -> str:
         for key, what in STEPS:
             lines.append(f"  {_seconds(scale_up.since_submit(key)):>10}  {what}")
         lines.append("  phases: " + ", ".join(f"{name} {_seconds(seconds)}" for name, seconds in scale_up.phases()))
-        problems = [f"{a} after {b}" for a, b in scale_up.out_of_order()] + [f"{key} not seen" for key in scale_up.missing()]
+        problems = [f"{a} after {b}" for a, b in scale_up.out_of_order()] + [
+            f"{key} not seen" for key in scale_up.missing()
+        ]
         if problems:
             lines.append("  NOT IN ORDER: " + "; ".join(problems))
     return "\n".join(lines)
@@ -107,13 +111,17 @@ def plot(scale_ups: Sequence[ScaleUp], path: Path, title: str = "SliMe scale-up,
                 left, right = scale_up.since_submit(start), scale_up.since_submit(end)
                 if left is None or right is None:
                     continue
-                axis.barh(row, max(right - left, 1e-4), left=left - shift, color=colour, label=name if row == 0 else None)
+                axis.barh(
+                    row, max(right - left, 1e-4), left=left - shift, color=colour, label=name if row == 0 else None
+                )
         axis.set_yticks(range(len(scale_ups)), [s.label for s in scale_ups])
         axis.invert_yaxis()
         if around_admission:
             axis.set_xlim(*_admission_window(scale_ups))
             axis.set_xlabel("seconds since the scaling webhook admitted the mirror's /scale")
-            axis.set_title("zoomed around the admission: the scaling webhook and the leader's MachineDeployment write", fontsize=9)
+            axis.set_title(
+                "zoomed around the admission: the scaling webhook and the leader's MachineDeployment write", fontsize=9
+            )
         else:
             axis.set_xlabel("seconds since the job was submitted")
             axis.set_title(title, fontsize=10)

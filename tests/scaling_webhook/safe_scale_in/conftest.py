@@ -15,13 +15,22 @@ from testbed.world import machine_deployment, mirror
 
 
 @pytest.fixture
-def env(emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes, scaling_factory: Callable[..., Scaling]) -> Callable[..., Env]:
+def env(
+    emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes, scaling_factory: Callable[..., Scaling]
+) -> Callable[..., Env]:
     """``env(n, hosts=())``: a mirror and a MachineDeployment at n replicas, n Machines joined to Slurm
     (their hosts named from ``hosts`` when given, see :class:`CapiSim`)."""
 
     def make(replicas: int, hosts: tuple[str, ...] = ()) -> Env:
-        emulator.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
-                         "type": "Opaque", "data": {JWT_KEY: base64.b64encode(jwt_key).decode()}})
+        emulator.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": JWT_SECRET, "namespace": JWT_NS},
+                "type": "Opaque",
+                "data": {JWT_KEY: base64.b64encode(jwt_key).decode()},
+            }
+        )
         emulator.create(mirror(MIRROR, replicas=replicas))
         emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
         capi = CapiSim(emulator, slurm, hosts=hosts)

@@ -61,7 +61,11 @@ def test_too_few_idle_nodes_defers_and_reconciler_finishes(env: Callable[[int], 
     e.scale(scaling, 0)
     assert e.annotated() == ["md-003"] and md_replicas(e.emulator, MD_NS, MD) == 2
     (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "ScaleInDeferred")[:1], what="the deferral event")
-    assert event["type"] == "Warning" and "2 replica(s) deferred" in event["message"] and "md-001 (ALLOCATED)" in event["message"]
+    assert (
+        event["type"] == "Warning"
+        and "2 replica(s) deferred" in event["message"]
+        and "md-001 (ALLOCATED)" in event["message"]
+    )
     assert (scaling.metric("slime_scaling_scale_in_deferred_total") or 0) >= 2
     e.slurm.finish_jobs("node-001")
     scaling.service.reconcile_once()
@@ -77,7 +81,9 @@ def test_slurmrestd_down_no_scale_in_but_scale_up_works(env: Callable[[int], Env
     e.slurm.stop()
     e.scale(scaling, 1)
     assert e.annotated() == [] and md_replicas(e.emulator, MD_NS, MD) == 3
-    (event,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the SlurmUnavailable event")
+    (event,) = wait_for(
+        lambda: md_events(e.emulator, MD_NS, MD, "SlurmUnavailable")[:1], what="the SlurmUnavailable event"
+    )
     assert event["type"] == "Warning" and "cannot reach slurmrestd" in event["message"]
     assert "eyJ" not in event["message"]  # never a token
     scaling.service.reconcile_once()
@@ -339,7 +345,9 @@ def _partition_nodes(slurm: FakeSlurmrestd) -> int:
     return int(partition["nodes"]["total"])
 
 
-def test_scale_in_to_zero_keeps_the_pools_records_and_its_hosts_take_them_again(slurm: FakeSlurmrestd, env: Callable[..., Env]) -> None:
+def test_scale_in_to_zero_keeps_the_pools_records_and_its_hosts_take_them_again(
+    slurm: FakeSlurmrestd, env: Callable[..., Env]
+) -> None:
     """The pool's hosts were declared FUTURE; after a scale-in to 0 Slurm still has their records, and they come back."""
     for host in ("bm-1", "bm-2"):
         slurm.declare_future(host)  # scontrol create NodeName=bm-[1-2] State=FUTURE
@@ -354,14 +362,18 @@ def test_scale_in_to_zero_keeps_the_pools_records_and_its_hosts_take_them_again(
     assert slurm.nodes == {} and sorted(slurm.returned) == ["bm-1", "bm-2"] and slurm.deleted == []
     assert slurm.state("bm-1") == slurm.state("bm-2") == ["FUTURE", "DYNAMIC_NORM"]
     assert _partition_nodes(slurm) == 2  # a 2-node job is still accepted and queues
-    events = wait_for(lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeReturnedToFuture")) and len(found) == 2 and found,
-                      what="two SlurmNodeReturnedToFuture events")
+    events = wait_for(
+        lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeReturnedToFuture")) and len(found) == 2 and found,
+        what="two SlurmNodeReturnedToFuture events",
+    )
     assert all("drained and idle, returned to FUTURE: Slurm keeps its record" in event["message"] for event in events)
     assert md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted") == []
     e.scale(scaling, 2)  # the pool grows again: the hosts boot, their slurmd -Z take the records
     e.capi.step()
     assert sorted(slurm.nodes) == ["bm-1", "bm-2"] and slurm.future == {}
-    assert slurm.state("bm-1") == IDLE and slurm.nodes["bm-1"].reason == DRAIN_REASON  # no DRAIN; the reason waits for a job
+    assert (
+        slurm.state("bm-1") == IDLE and slurm.nodes["bm-1"].reason == DRAIN_REASON
+    )  # no DRAIN; the reason waits for a job
     scaling.service.reconcile_once()
     assert all(e.hooked(m["metadata"]["name"]) for m in e.capi.machines())
     e.scale(scaling, 1)  # an old reason without DRAIN is not a drain of ours: an idle node like any other
@@ -376,9 +388,13 @@ def test_released_nodes_delete_deletes_the_record(env: Callable[..., Env]) -> No
     scaling.service.reconcile_once()
     e.capi.step()
     assert e.capi.machines() == [] and sorted(e.slurm.deleted) == ["node-001", "node-002"] and e.slurm.returned == []
-    assert e.slurm.state("node-001") is None and _partition_nodes(e.slurm) == 0  # a job for the pool would now be refused
-    events = wait_for(lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted")) and len(found) == 2 and found,
-                      what="two SlurmNodeDeleted events")
+    assert (
+        e.slurm.state("node-001") is None and _partition_nodes(e.slurm) == 0
+    )  # a job for the pool would now be refused
+    events = wait_for(
+        lambda: (found := md_events(e.emulator, MD_NS, MD, "SlurmNodeDeleted")) and len(found) == 2 and found,
+        what="two SlurmNodeDeleted events",
+    )
     assert all("drained and idle, deleted from Slurm (releasedNodes: delete)" in event["message"] for event in events)
 
 
@@ -417,7 +433,9 @@ def test_a_future_slurm_refuses_holds_the_machine_until_slurm_shows_the_node_gon
     assert "not releasing Machine md-001" in event["message"] and "answered 500 to POST" in event["message"]
     assert (scaling.metric("slime_scaling_slurm_errors_total") or 0) >= 1
     scaling.service.reconcile_once()
-    assert not e.hooked("md-001")  # the next read shows the node gone (FUTURE is not listed): its recorded node joined and left
+    assert not e.hooked(
+        "md-001"
+    )  # the next read shows the node gone (FUTURE is not listed): its recorded node joined and left
     assert e.slurm.state("node-001") == ["FUTURE", "DYNAMIC_NORM"] and e.capi.violations == []
 
 
@@ -426,7 +444,10 @@ def test_a_future_slurm_refuses_holds_the_machine_until_slurm_shows_the_node_gon
 
 def _machine(name: str, host: str, deleting: bool = False, provisioned: bool = True) -> dict:
     meta = {"name": name, **({"deletionTimestamp": "2024-01-01T00:00:00Z"} if deleting else {})}
-    return {"metadata": meta, "status": {"infrastructureReady": provisioned, "addresses": [{"type": "InternalIP", "address": host}]}}
+    return {
+        "metadata": meta,
+        "status": {"infrastructureReady": provisioned, "addresses": [{"type": "InternalIP", "address": host}]},
+    }
 
 
 def test_order_candidates() -> None:
@@ -441,24 +462,51 @@ def test_order_candidates() -> None:
         SlurmNode("n8", address="10.0.0.8", states=frozenset({"DOWN", "ALLOCATED", "NOT_RESPONDING"})),
     ]
     machines = [_machine(f"m{i}", f"10.0.0.{i}") for i in range(1, 9)]
-    machines += [_machine("m9", "10.0.0.9", provisioned=False), _machine("ma", "10.0.0.10"), _machine("m0", "10.0.0.1", deleting=True)]
+    machines += [
+        _machine("m9", "10.0.0.9", provisioned=False),
+        _machine("ma", "10.0.0.10"),
+        _machine("m0", "10.0.0.1", deleting=True),
+    ]
     eligible, ineligible = order_candidates(machines, nodes)
     # not provisioned < DOWN < drained by us < idle < provisioned but not joined < an admin's drain
     assert [c.machine for c in eligible] == ["m9", "m7", "m3", "m1", "ma", "m6"]
     assert {c.machine: c.why for c in ineligible} == {
-        "m0": "already deleting", "m2": "MIXED", "m4": "ALLOCATED", "m5": "COMPLETING", "m8": "ALLOCATED"}
+        "m0": "already deleting",
+        "m2": "MIXED",
+        "m4": "ALLOCATED",
+        "m5": "COMPLETING",
+        "m8": "ALLOCATED",
+    }
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ("{slurmrestd: 'ftp://x', jwtSecret: a/b}", "safeScaleIn.slurmrestd: 'ftp://x' is not an http:// or https:// URL"),
-    ("{slurmrestd: 'http://x:6820', jwtSecret: b}", "safeScaleIn.jwtSecret: 'b' is not of the form <namespace>/<name>"),
-    ("{slurmrestd: 'http://x', jwtSecret: a/b, apiVersion: v0.0.41}", "apiVersion: 'v0.0.41' is not supported"),
-    ("{slurmrestd: 'http://x', jwtSecret: a/b, drainTimeoutSeconds: 0}", "drainTimeoutSeconds: must be a positive number"),
-    ("{slurmrestd: 'http://x'}", "safeScaleIn: missing key jwtSecret"),
-    ("{slurmrestd: 'http://x', jwtSecret: a/b, foo: 1}", "safeScaleIn: unknown key(s) foo"),
-    ("{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: keep}", "safeScaleIn.releasedNodes: 'keep' is not one of future, delete"),
-    ("{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: true}", "safeScaleIn.releasedNodes: True is not one of future, delete"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            "{slurmrestd: 'ftp://x', jwtSecret: a/b}",
+            "safeScaleIn.slurmrestd: 'ftp://x' is not an http:// or https:// URL",
+        ),
+        (
+            "{slurmrestd: 'http://x:6820', jwtSecret: b}",
+            "safeScaleIn.jwtSecret: 'b' is not of the form <namespace>/<name>",
+        ),
+        ("{slurmrestd: 'http://x', jwtSecret: a/b, apiVersion: v0.0.41}", "apiVersion: 'v0.0.41' is not supported"),
+        (
+            "{slurmrestd: 'http://x', jwtSecret: a/b, drainTimeoutSeconds: 0}",
+            "drainTimeoutSeconds: must be a positive number",
+        ),
+        ("{slurmrestd: 'http://x'}", "safeScaleIn: missing key jwtSecret"),
+        ("{slurmrestd: 'http://x', jwtSecret: a/b, foo: 1}", "safeScaleIn: unknown key(s) foo"),
+        (
+            "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: keep}",
+            "safeScaleIn.releasedNodes: 'keep' is not one of future, delete",
+        ),
+        (
+            "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: true}",
+            "safeScaleIn.releasedNodes: True is not one of future, delete",
+        ),
+    ],
+)
 def test_config_validation(options: str, message: str) -> None:
     with pytest.raises(MappingError) as error:
         parse_mappings({"mappings": f"- {{mirror: a/m, machineDeployment: b/md, safeScaleIn: {options}}}"}, "slime")
@@ -466,16 +514,34 @@ def test_config_validation(options: str, message: str) -> None:
 
 
 def test_config_defaults() -> None:
-    table = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
-                                        "{slurmrestd: 'http://slurm-restapi.slurm:6820/', jwtSecret: slurm/k}}"}, "slime")
+    table = parse_mappings(
+        {
+            "mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+            "{slurmrestd: 'http://slurm-restapi.slurm:6820/', jwtSecret: slurm/k}}"
+        },
+        "slime",
+    )
     (mapping,) = table
     config = mapping.safe_scale_in
     assert config is not None and config.slurmrestd == "http://slurm-restapi.slurm:6820"
     # No drain timeout unless an operator sets one (and then it only warns).
-    assert (config.jwt_key, config.api_version, config.drain_timeout_seconds, config.token_user) == ("jwt_hs256.key", None, None, "slurm")
+    assert (config.jwt_key, config.api_version, config.drain_timeout_seconds, config.token_user) == (
+        "jwt_hs256.key",
+        None,
+        None,
+        "slurm",
+    )
     # A released node's record is kept (FUTURE) unless the mapping says delete.
     assert config.released_nodes == "future"
-    (deleting,) = parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
-                                              "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: delete}}"}, "slime")
+    (deleting,) = parse_mappings(
+        {
+            "mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+            "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: delete}}"
+        },
+        "slime",
+    )
     assert deleting.safe_scale_in is not None and deleting.safe_scale_in.released_nodes == "delete"
-    assert parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in is None
+    assert (
+        parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in
+        is None
+    )
