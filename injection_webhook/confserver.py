@@ -29,8 +29,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-CONF_SERVER_ANNOTATION = "slurm-conf-server"
-EXTRA_JOIN_DATA_ANNOTATION = "slurm-extra-join-data"
 HOST_IP: Final = "hostIP"
 SERVICE: Final = "service"
 SLURMCTLD_PORT = 6817

@@ -12,11 +12,8 @@ from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny, patch_response
 from common.meta import is_dns1123_label, owner_reference
+from common.names import CLUSTER_NAME_LABEL, METADATA_KEY, METAL3_GROUP
 from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
-
-METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
-CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
-METADATA_KEY = "metaData"
 
 
 @dataclass(frozen=True, slots=True)

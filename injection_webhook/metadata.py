@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
+from common.names import CONTROLLER_NAME_KEY, JWT_KEY_KEY
+
 JOIN_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
 # Added only where the template (or the chart default) opts in: see confserver.py.
-CONTROLLER_NAME_KEY = "slurm_controller_name"
-JWT_KEY_KEY = "slurm_jwt_hs256_key_base64"
 # kube-apiserver refuses a Secret whose data exceed 1 MiB (validation.MaxSecretSize), so a
 # larger metaData cannot come from a real API server and is not worth parsing.
 MAX_METADATA_BYTES = 1024 * 1024

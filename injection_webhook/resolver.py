@@ -30,10 +30,18 @@ from common.cache import Informer, InformerSet
 from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
 from common.logs import redactor
 from common.meta import owner_name
-from injection_webhook.confserver import (
+from common.names import (
+    CLUSTER_NAME_LABEL,
+    CLUSTER_OVERRIDE_LABEL,
     CONF_SERVER_ANNOTATION,
-    CONTROLLER_NAME,
+    CONTROLLER_NAME_LABEL,
     EXTRA_JOIN_DATA_ANNOTATION,
+    METAL3_GROUP,
+    OPT_IN_LABEL,
+    SLINKY_GROUP,
+)
+from injection_webhook.confserver import (
+    CONTROLLER_NAME,
     HOST_IP,
     JWT_KEY,
     SERVICE,
@@ -49,23 +57,11 @@ from injection_webhook.confserver import (
     service_endpoint,
     shown,
 )
-from injection_webhook.handler import (
-    CLUSTER_NAME_LABEL,
-    METAL3_GROUP,
-    JoinInfo,
-    MetaDataSecret,
-    NotOptedIn,
-    Resolution,
-    Unresolved,
-)
+from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved
 
 log = logging.getLogger("slime.injection.resolver")
 
-OPT_IN_LABEL = "slurm-controller-namespace"
-CLUSTER_OVERRIDE_LABEL = "slurm-controller-cluster"
-CONTROLLER_NAME_LABEL = "slurm-controller-name"
 LOCAL_CLUSTER = "local"
-SLINKY_GROUP = "slinky.slurm.net"
 METAL3_VERSIONS = ("v1beta2", "v1beta1")
 SLINKY_VERSIONS = ("v1beta1", "v1alpha1")
 

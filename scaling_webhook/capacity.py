@@ -23,16 +23,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from common.names import BMH_PAUSED_ANNOTATION, NODE_REUSE_LABEL
+
 Obj = dict[str, Any]
 
 METAL3_MACHINE_TEMPLATE = "Metal3MachineTemplate"
 AVAILABLE_STATES = frozenset({"available", "ready"})  # "ready" is BMO's name for it before 0.5
-PAUSED_ANNOTATION = "baremetalhost.metal3.io/paused"
 UNHEALTHY_ANNOTATIONS = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
 # CAPM3 node reuse: a host with this label is kept for the pool its value names; CAPM3 compares
 # it with "md-" + the MachineDeployment's name (getMachineDeploymentName in
 # baremetal/metal3machine_manager.go), so it is free only for that pool.
-NODE_REUSE_LABEL = "infrastructure.cluster.x-k8s.io/node-reuse"
 
 
 class CapacityUnknown(ValueError):
@@ -164,7 +164,7 @@ def host_is_free(host: Obj, pool: str) -> bool:
         not spec.get("consumerRef")
         and not metadata.get("deletionTimestamp")
         and not status.get("errorMessage")
-        and PAUSED_ANNOTATION not in annotations
+        and BMH_PAUSED_ANNOTATION not in annotations
         and not any(a in annotations for a in UNHEALTHY_ANNOTATIONS)
         and ((status.get("provisioning") or {}).get("state") in AVAILABLE_STATES)
         and (reuse is None or reuse == f"md-{pool}")

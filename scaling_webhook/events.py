@@ -24,8 +24,6 @@ log = logging.getLogger("slime.scaling.events")
 
 COMPONENT = "slime-scaling-webhook"
 EVENTS = ResourcePath("", "v1", "events")
-REASON_SCALED = "ScaledFromMirror"
-REASON_DRIFT = "DriftCorrected"
 QUEUE_SIZE = 1000
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny
+from common.names import CAPI_PAUSED_ANNOTATION
 from scaling_webhook.mappings import MAX_INT32, Mapping, MappingTable
 
-PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 # cluster-autoscaler's Cluster API provider: a MachineDeployment with these is its node group.
 AUTOSCALER_ANNOTATIONS = (
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size",
@@ -161,14 +161,14 @@ def pause_reason(mapping: Mapping, machine_deployment: dict[str, Any] | None, cl
     md = mapping.machine_deployment_ref
     if ((machine_deployment or {}).get("spec") or {}).get("paused") is True:
         return f"MachineDeployment {md} has spec.paused"
-    if PAUSED_ANNOTATION in _annotations(machine_deployment):
-        return f"MachineDeployment {md} has the {PAUSED_ANNOTATION} annotation"
+    if CAPI_PAUSED_ANNOTATION in _annotations(machine_deployment):
+        return f"MachineDeployment {md} has the {CAPI_PAUSED_ANNOTATION} annotation"
     if cluster is not None:
         name = (cluster.get("metadata") or {}).get("name")
         if (cluster.get("spec") or {}).get("paused") is True:
             return f"Cluster {mapping.machine_deployment[0]}/{name} has spec.paused"
-        if PAUSED_ANNOTATION in _annotations(cluster):
-            return f"Cluster {mapping.machine_deployment[0]}/{name} has the {PAUSED_ANNOTATION} annotation"
+        if CAPI_PAUSED_ANNOTATION in _annotations(cluster):
+            return f"Cluster {mapping.machine_deployment[0]}/{name} has the {CAPI_PAUSED_ANNOTATION} annotation"
     return ""
 
 

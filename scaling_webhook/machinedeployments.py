@@ -17,11 +17,11 @@ import time
 from typing import Any
 
 from common.kube import KubeClient, KubeError, ResourcePath
+from common.names import CAPI_GROUP
 from scaling_webhook.errors import ScaleError, denial_code
 
 log = logging.getLogger("slime.scaling.machinedeployments")
 
-CAPI_GROUP = "cluster.x-k8s.io"
 MACHINEDEPLOYMENTS = "machinedeployments"
 CAPI_VERSIONS = ("v1beta2", "v1beta1")
 MERGE_PATCH = "application/merge-patch+json"

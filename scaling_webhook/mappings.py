@@ -34,6 +34,7 @@ import yaml
 from common.cache import Informer
 from common.kube import KubeClient, ResourcePath
 from common.meta import is_dns1123_label, is_dns1123_subdomain
+from common.names import CAPACITY_AWARE_KEY, MAPPINGS_KEY, MAX_REPLICAS_KEY, NODE_DEMAND_KEY, SAFE_SCALE_IN_KEY
 from scaling_webhook.safe_scale_in.config import (
     SLURM_API_VERSIONS,
     NodeDemandConfig,
@@ -53,13 +54,8 @@ THESIS_KEYS = (
     "mirrorDeploymentName",
     "mirrorDeploymentNamespace",
 )
-MAPPINGS_KEY = "mappings"
 ITEM_KEYS = ("mirror", "machineDeployment")
 # Per-mapping options: ``maxReplicas`` and ``safeScaleIn`` (docs/scaling.md).
-MAX_REPLICAS_KEY = "maxReplicas"
-SAFE_SCALE_IN_KEY = "safeScaleIn"
-CAPACITY_AWARE_KEY = "capacityAware"
-NODE_DEMAND_KEY = "nodeDemand"
 OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AWARE_KEY, NODE_DEMAND_KEY)
 # Replicas are int32 in Kubernetes (autoscaling/v1 Scale, CAPI MachineDeployment).
 MAX_INT32 = 2**31 - 1

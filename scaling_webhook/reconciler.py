@@ -37,9 +37,19 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from common.names import (
+    ADOPTED_ANNOTATION,
+    REASON_ADOPTED,
+    REASON_AUTOSCALER,
+    REASON_CAPACITY,
+    REASON_CAPPED,
+    REASON_DRIFT,
+    REASON_PAUSED,
+    REASON_SCALED,
+)
 from scaling_webhook.capacity import CapacityUnknown
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.events import REASON_DRIFT, REASON_SCALED, EventRecorder, ScaleEvent
+from scaling_webhook.events import EventRecorder, ScaleEvent
 from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.leader import LeaderElector, NotLeader
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
@@ -50,12 +60,6 @@ from scaling_webhook.watches import MappedObjects
 
 log = logging.getLogger("slime.scaling.reconciler")
 
-ADOPTED_ANNOTATION = "slime/machine-deployment"
-REASON_ADOPTED = "AdoptedByMirror"
-REASON_AUTOSCALER = "ClusterAutoscalerManaged"
-REASON_PAUSED = "WaitingForUnpause"
-REASON_CAPPED = "ReplicasCapped"
-REASON_CAPACITY = "CapacityLimited"
 SYNC_WAIT_SECONDS = 5.0  # a pass waits this long for new watches to list once (then the next pass tries)
 RETRY_SECONDS = (1.0, 30.0)  # after a failed write: retry after 1 s, doubling, at most 30 s (or the resync, if shorter)
 

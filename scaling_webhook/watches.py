@@ -21,9 +21,11 @@ from typing import Any
 
 from common.cache import Informer
 from common.kube import KubeClient, KubeError, ResourcePath
+from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL
+from common.names import METAL3_GROUP
 from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_name
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.machinedeployments import CAPI_GROUP, DEPLOYMENTS, MachineDeploymentScaler
+from scaling_webhook.machinedeployments import DEPLOYMENTS, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable, Ref
 
 log = logging.getLogger("slime.scaling.watches")
@@ -31,9 +33,7 @@ log = logging.getLogger("slime.scaling.watches")
 Obj = dict[str, Any]
 
 BAREMETALHOSTS = ResourcePath("metal3.io", "v1alpha1", "baremetalhosts")
-INFRASTRUCTURE_GROUP = "infrastructure.cluster.x-k8s.io"
 METAL3_VERSIONS = ("v1beta2", "v1beta1")
-DEPLOYMENT_NAME_LABEL = "cluster.x-k8s.io/deployment-name"
 
 
 def _slim_host(obj: Obj) -> Obj:
@@ -151,7 +151,7 @@ class MappedObjects:
     def _metal3_templates(self) -> ResourcePath:
         if self._templates is None:
             try:
-                self._templates = self.client.resource(INFRASTRUCTURE_GROUP, "metal3machinetemplates", METAL3_VERSIONS)
+                self._templates = self.client.resource(METAL3_GROUP, "metal3machinetemplates", METAL3_VERSIONS)
             except KubeError as exc:
                 raise ScaleError(f"Metal3MachineTemplates are not served: {exc.message}", 503) from None
         return self._templates

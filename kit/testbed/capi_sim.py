@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.names import DELETE_MACHINE_ANNOTATION, PRE_DRAIN_HOOK
 from kubemu import Emulator
-from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, PRE_DRAIN_HOOK
 from testbed.fake_slurmrestd import FakeSlurmrestd
 from testbed.services import Scaling
 from testbed.world import CAPI, SLIME_NAMESPACE, config_map, md_replicas, scale_mirror
@@ -120,7 +120,10 @@ class CapiSim:
             # CAPI: Machines with the delete-machine annotation go first (then, here, by name).
             order = sorted(
                 live,
-                key=lambda m: (DELETE_MACHINE not in (m["metadata"].get("annotations") or {}), m["metadata"]["name"]),
+                key=lambda m: (
+                    DELETE_MACHINE_ANNOTATION not in (m["metadata"].get("annotations") or {}),
+                    m["metadata"]["name"],
+                ),
             )
             for victim in order[: len(live) - replicas]:
                 self.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, victim["metadata"]["name"])
@@ -167,7 +170,7 @@ class Env:
         return [
             m["metadata"]["name"]
             for m in self.capi.machines()
-            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
+            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION)
         ]
 
     def hooked(self, name: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from scaling_webhook.reconciler import ADOPTED_ANNOTATION
+from common.names import ADOPTED_ANNOTATION
 
 Obj = dict[str, Any]
 

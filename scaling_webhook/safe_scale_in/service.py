@@ -34,20 +34,33 @@ from datetime import datetime
 from typing import Any
 
 from common.kube import KubeClient, KubeError
+from common.names import (
+    CAPI_GROUP,
+    DELETE_MACHINE_ANNOTATION,
+    DELETE_MACHINE_VALUE,
+    DEPLOYMENT_NAME_LABEL,
+    HOOK_OWNER,
+    PRE_DRAIN_HOOK,
+    REASON_DEFERRED,
+    REASON_DRAIN_OVERDUE,
+    REASON_NODE_DELETED,
+    REASON_NODE_FUTURE,
+    REASON_RECLAIMED,
+    REASON_RELEASED,
+    REASON_SLURM,
+    REASON_UNDRAINED,
+    REASON_VICTIMS,
+    SLURM_NODE_ANNOTATION,
+)
 from scaling_webhook.errors import ScaleError, denial_code
 from scaling_webhook.events import EventRecorder, ScaleEvent
-from scaling_webhook.machinedeployments import CAPI_GROUP, CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler
+from scaling_webhook.machinedeployments import CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
 from scaling_webhook.safe_scale_in.victims import (
-    DELETE_MACHINE,
-    DELETE_MACHINE_VALUE,
     DRAIN_REASON,
-    PRE_DRAIN_HOOK,
-    PRE_DRAIN_HOOK_OWNER,
-    SLURM_NODE_ANNOTATION,
     Candidate,
     choose_victims,
     drained_by_us,
@@ -61,16 +74,6 @@ from scaling_webhook.safe_scale_in.victims import (
 
 log = logging.getLogger("slime.scaling.safe_scale_in")
 
-DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
-REASON_VICTIMS = "ScaleInVictims"
-REASON_DEFERRED = "ScaleInDeferred"
-REASON_SLURM = "SlurmUnavailable"
-REASON_RECLAIMED = "Reclaimed"
-REASON_NODE_FUTURE = "SlurmNodeReturnedToFuture"
-REASON_NODE_DELETED = "SlurmNodeDeleted"
-REASON_RELEASED = "ReleasedNeverJoined"
-REASON_DRAIN_OVERDUE = "DrainOverdue"
-REASON_UNDRAINED = "OrphanDrainUndone"
 
 Fence = Callable[[], None]  # raises when this replica may not write
 
@@ -157,7 +160,10 @@ class SafeScaleIn:
         try:
             path = self.client.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
             listing = self.client.request(
-                "GET", path.collection(namespace), query=[("labelSelector", f"{DEPLOYMENT_LABEL}={name}")], timeout=5.0
+                "GET",
+                path.collection(namespace),
+                query=[("labelSelector", f"{DEPLOYMENT_NAME_LABEL}={name}")],
+                timeout=5.0,
             )
         except KubeError as exc:
             raise ScaleError(
@@ -242,7 +248,7 @@ class SafeScaleIn:
             except SlurmUnavailable as exc:
                 self._slurm_failed(mapping, exc, f"cannot undrain the node of Machine {name}")
                 return
-            self._annotate(mapping, name, {DELETE_MACHINE: None}, fence)
+            self._annotate(mapping, name, {DELETE_MACHINE_ANNOTATION: None}, fence)
             outcome.reclaimed.append(name)
             self.metrics.reclaimed.inc()
         if outcome.reclaimed:
@@ -293,8 +299,8 @@ class SafeScaleIn:
                 drained = []  # the drains made stay ours (reason): the next pass reuses or undoes them
             for candidate, _ in drained:
                 values: dict[str, str | None] = {
-                    DELETE_MACHINE: DELETE_MACHINE_VALUE,
-                    PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER,
+                    DELETE_MACHINE_ANNOTATION: DELETE_MACHINE_VALUE,
+                    PRE_DRAIN_HOOK: HOOK_OWNER,
                 }
                 if candidate.node is not None:
                     values[SLURM_NODE_ANNOTATION] = candidate.node.name
@@ -361,7 +367,7 @@ class SafeScaleIn:
             machines = self.machines(mapping)
             for machine in machines:
                 if not is_deleting(machine) and PRE_DRAIN_HOOK not in machine_annotations(machine):
-                    self._annotate(mapping, machine_name(machine), {PRE_DRAIN_HOOK: PRE_DRAIN_HOOK_OWNER}, fence)
+                    self._annotate(mapping, machine_name(machine), {PRE_DRAIN_HOOK: HOOK_OWNER}, fence)
             held = [m for m in machines if is_deleting(m) and PRE_DRAIN_HOOK in machine_annotations(m)]
             for machine in held:
                 if not self._release(mapping, config, machine, fence):

@@ -21,15 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.names import DELETE_MACHINE_ANNOTATION, DELETE_MACHINE_VALUE, SLURM_NODE_ANNOTATION
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 
-DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
-DELETE_MACHINE_VALUE = "slime"
-PRE_DRAIN_HOOK = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
-PRE_DRAIN_HOOK_OWNER = "slime-scaling-webhook"
 # On a Machine whose node SliMe drained: the Slurm node name, so a node that later disappears
 # from Slurm is known to have joined (and to be gone), not to be still on its way.
-SLURM_NODE_ANNOTATION = "slime/slurm-node"
 DRAIN_REASON = "slime: scale-in"
 ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
 
@@ -57,7 +53,9 @@ def is_deleting(machine: dict[str, Any]) -> bool:
 
 def is_pending_victim(machine: dict[str, Any]) -> bool:
     """Marked for deletion by us, not yet being deleted (so it can still be reclaimed)."""
-    return machine_annotations(machine).get(DELETE_MACHINE) == DELETE_MACHINE_VALUE and not is_deleting(machine)
+    return machine_annotations(machine).get(DELETE_MACHINE_ANNOTATION) == DELETE_MACHINE_VALUE and not is_deleting(
+        machine
+    )
 
 
 def drained_by_us(node: SlurmNode) -> bool:

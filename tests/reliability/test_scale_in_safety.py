@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from common.names import DELETE_MACHINE_ANNOTATION
 from kubemu import Emulator, Fault
-from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE
 from testbed.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, safe_config_map
 from testbed.fake_slurmrestd import FakeSlurmrestd
 from testbed.reliability import Services
@@ -120,7 +120,7 @@ def test_two_replicas_racing_scale_downs_mark_no_double_victim_and_release_no_bu
             marked = [
                 m
                 for m in capi.machines()
-                if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
+                if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION)
                 and not m["metadata"].get("deletionTimestamp")
             ]
             live = [m for m in capi.machines() if not m["metadata"].get("deletionTimestamp")]

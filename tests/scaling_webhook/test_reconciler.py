@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from common.names import ADOPTED_ANNOTATION
 from kubemu import Emulator, Fault
-from scaling_webhook.reconciler import ADOPTED_ANNOTATION
 from testbed.reviews import scale_request
 from testbed.services import Scaling
 from testbed.wait import wait_for

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaling_webhook.reconciler import ADOPTED_ANNOTATION
+from common.names import ADOPTED_ANNOTATION
 from testbed.audit import EVIDENCE
 from testbed.real import keda as keda_mod
 from testbed.real import prometheus as prometheus_mod

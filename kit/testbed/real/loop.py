@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from scaling_webhook.reconciler import ADOPTED_ANNOTATION
+from common.names import ADOPTED_ANNOTATION
 from testbed.real import capi, certmanager, keda, prometheus, tier
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.machines import Api, ApiError, ClusterSpec, MachineSimulator, add_host, seed_cluster

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, PRE_DRAIN_HOOK
+from common.names import DELETE_MACHINE_ANNOTATION, PRE_DRAIN_HOOK
 from testbed.capi_sim import FINALIZER, MD, MD_NS
 from testbed.real.cloudinit import Node
 from testbed.real.machines import command_line
@@ -140,7 +140,10 @@ class RealCapi:
             # CAPI: Machines with the delete-machine annotation go first (then, here, by name).
             order = sorted(
                 live,
-                key=lambda m: (DELETE_MACHINE not in (m["metadata"].get("annotations") or {}), m["metadata"]["name"]),
+                key=lambda m: (
+                    DELETE_MACHINE_ANNOTATION not in (m["metadata"].get("annotations") or {}),
+                    m["metadata"]["name"],
+                ),
             )
             for victim in order[: len(live) - replicas]:
                 self.site.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, victim["metadata"]["name"])
@@ -182,7 +185,7 @@ class RealCapi:
         return [
             m["metadata"]["name"]
             for m in self.machines()
-            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE)
+            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION)
         ]
 
     def wait_all_released(self, reconcile: Any, timeout: float = 30.0) -> None:

@@ -16,9 +16,10 @@ import httpx
 import jwt
 import pytest
 
+from common.names import DELETE_MACHINE_ANNOTATION, SLURM_NODE_ANNOTATION
 from scaling_webhook.mappings import MappingError, parse_mappings
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
-from scaling_webhook.safe_scale_in.victims import DELETE_MACHINE, DRAIN_REASON, SLURM_NODE_ANNOTATION, order_candidates
+from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
 from testbed.capi_sim import MD, MD_NS, Env
 from testbed.fake_slurmrestd import FakeSlurmrestd
 from testbed.wait import wait_for
@@ -312,7 +313,7 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], En
                 e.slurm.start_job(name, time.time() + rng.randint(10, 1000))
         e.scale(scaling, rng.randint(0, 6))
         for machine in e.capi.machines():
-            if (machine["metadata"].get("annotations") or {}).get(DELETE_MACHINE):
+            if (machine["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION):
                 node = e.slurm.nodes.get(e.capi.node_of(machine))
                 if node is not None and node.busy and not node.drain:
                     annotated_busy.append(machine["metadata"]["name"])

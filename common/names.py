@@ -1,0 +1,71 @@
+"""The names SliMe shares with the outside world, each spelled once.
+
+Labels and annotations an operator or another controller writes or reads, the keys the
+injection webhook adds to the Metal3 ``metaData`` (cloud-init reads them as
+``ds.meta_data.<key>``), the keys of the scaling ConfigMap, and the reasons of the Events the
+services raise. Code imports them from here; ``tests/common/test_names.py`` holds the chart and
+``docs/interfaces.md`` against this module, so a name cannot change in one place only.
+Names that belong to upstream projects (Cluster API, Metal3, Slinky) are here too when the
+product depends on their exact spelling.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- upstream names the product relies on -----------------------------------------------------
+METAL3_GROUP: Final = "infrastructure.cluster.x-k8s.io"
+CAPI_GROUP: Final = "cluster.x-k8s.io"
+SLINKY_GROUP: Final = "slinky.slurm.net"
+CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
+DEPLOYMENT_NAME_LABEL: Final = "cluster.x-k8s.io/deployment-name"
+CAPI_PAUSED_ANNOTATION: Final = "cluster.x-k8s.io/paused"
+DELETE_MACHINE_ANNOTATION: Final = "cluster.x-k8s.io/delete-machine"
+BMH_PAUSED_ANNOTATION: Final = "baremetalhost.metal3.io/paused"
+NODE_REUSE_LABEL: Final = "infrastructure.cluster.x-k8s.io/node-reuse"
+METADATA_KEY: Final = "metaData"  # the one key of CAPM3's metadata Secret
+
+# --- Metal3DataTemplate: opt-in and per-template choices (injection) --------------------------
+OPT_IN_LABEL: Final = "slurm-controller-namespace"
+CLUSTER_OVERRIDE_LABEL: Final = "slurm-controller-cluster"
+CONTROLLER_NAME_LABEL: Final = "slurm-controller-name"
+CONF_SERVER_ANNOTATION: Final = "slurm-conf-server"
+EXTRA_JOIN_DATA_ANNOTATION: Final = "slurm-extra-join-data"
+
+# --- keys added to metaData (cloud-init: ds.meta_data.<key>) ----------------------------------
+CONTROLLER_HOST_KEY: Final = "slurm_controller_host"
+CONTROLLER_PORT_KEY: Final = "slurm_controller_port"
+CONF_SERVER_KEY: Final = "slurm_conf_server"
+SLURM_KEY_KEY: Final = "slurm_key_base64"
+CONTROLLER_NAME_KEY: Final = "slurm_controller_name"
+JWT_KEY_KEY: Final = "slurm_jwt_hs256_key_base64"
+
+# --- scaling: annotations on mirrors and Machines, the ConfigMap's keys ------------------------
+ADOPTED_ANNOTATION: Final = "slime/machine-deployment"
+SLURM_NODE_ANNOTATION: Final = "slime/slurm-node"
+DELETE_MACHINE_VALUE: Final = "slime"
+PRE_DRAIN_HOOK: Final = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
+HOOK_OWNER: Final = "slime-scaling-webhook"
+MAPPINGS_KEY: Final = "mappings"
+MAX_REPLICAS_KEY: Final = "maxReplicas"
+SAFE_SCALE_IN_KEY: Final = "safeScaleIn"
+CAPACITY_AWARE_KEY: Final = "capacityAware"
+NODE_DEMAND_KEY: Final = "nodeDemand"
+
+# --- Event reasons (scaling webhook) ----------------------------------------------------------
+REASON_SCALED: Final = "ScaledFromMirror"
+REASON_DRIFT: Final = "DriftCorrected"
+REASON_ADOPTED: Final = "AdoptedByMirror"
+REASON_AUTOSCALER: Final = "ClusterAutoscalerManaged"
+REASON_PAUSED: Final = "WaitingForUnpause"
+REASON_CAPPED: Final = "ReplicasCapped"
+REASON_CAPACITY: Final = "CapacityLimited"
+REASON_VICTIMS: Final = "ScaleInVictims"
+REASON_DEFERRED: Final = "ScaleInDeferred"
+REASON_SLURM: Final = "SlurmUnavailable"
+REASON_RECLAIMED: Final = "Reclaimed"
+REASON_NODE_FUTURE: Final = "SlurmNodeReturnedToFuture"
+REASON_NODE_DELETED: Final = "SlurmNodeDeleted"
+REASON_RELEASED: Final = "ReleasedNeverJoined"
+REASON_DRAIN_OVERDUE: Final = "DrainOverdue"
+REASON_UNDRAINED: Final = "OrphanDrainUndone"
