@@ -21,8 +21,7 @@ from typing import Any
 
 from common.cache import Informer
 from common.kube import KubeClient, KubeError, ResourcePath
-from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL
-from common.names import METAL3_GROUP
+from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL, METAL3_GROUP
 from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_name
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import DEPLOYMENTS, MachineDeploymentScaler
