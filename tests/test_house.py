@@ -1,6 +1,6 @@
 """House rules, checked on every run: ruff (lint + import order), mypy (strict), and the layering of imports.
 
-The layering is the one the README describes: ``common/`` imports no service; neither service
+The layering is the one docs/architecture.md describes: ``common/`` imports no service; neither service
 imports the other, nor the emulator, the demo, the benchmark or the test kit; nothing but the
 tests imports ``tests``.
 """
@@ -90,3 +90,48 @@ def test_ruff_format() -> None:
 def test_mypy_strict() -> None:
     result = _run("mypy", "--no-incremental")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_is_short_and_ci_runs_its_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    commands = [line for line in readme.splitlines() if line.startswith("python3 -m pip install")]
+    assert len(commands) == 2 and commands[0].endswith("slime-demo") and commands[1].endswith("python3 -m pytest")
+    assert (
+        commands[1].replace("python3 -m pip install", "python3 -m pip install -q") in (REPO / ".ci" / "run").read_text()
+    )
+
+
+def test_the_product_wheel_holds_no_kit_module(tmp_path: Path) -> None:
+    import zipfile
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = tmp_path.glob("slime-*.whl")
+    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if not name.startswith("slime-")}
+    assert top == set(PRODUCT), top
+
+
+def test_the_image_copies_only_the_product() -> None:
+    copied = {
+        line.split()[1]
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+    }
+    assert copied <= {"requirements.lock", "pyproject.toml", "README.md*", *PRODUCT}, copied
+    assert set(PRODUCT) <= copied

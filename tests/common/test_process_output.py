@@ -1,7 +1,7 @@
 """What an operator sees from a real ``injection-webhook`` process: plain JSON log lines, one
 "serving" line, a reason on every admission it acts on, and ``/metrics`` without ``_created``.
 
-The process is started the way the README's "running against a real cluster" steps start it:
+The process is started the way CONTRIBUTING.md's "Running the services yourself" steps start it:
 a dev certificate from ``slime-dev-certs`` (valid for localhost and 127.0.0.1) and a kubeconfig.
 """
 
@@ -71,7 +71,7 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
 
         wait_for(ready, 30, "injection-webhook /readyz")
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        # The dev certificate is valid for both names the README uses.
+        # The dev certificate is valid for both names CONTRIBUTING.md uses.
         context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         for host in ("localhost", "127.0.0.1"):
             review = {

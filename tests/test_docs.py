@@ -1,0 +1,145 @@
+"""The configuration page and the public names stay true to the code and the chart.
+
+``docs/configuration.md`` lists every flag with its environment twin, and every chart value;
+``common/names.py`` spells every public name, ``docs/interfaces.md`` documents them and the chart
+spells none of its own. A setting, value or name added to one side only fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from common import names
+from common.settings import ServiceSettings
+from injection_webhook.settings import InjectionSettings
+from scaling_webhook.settings import ScalingSettings
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGURATION = REPO / "docs" / "configuration.md"
+SERVICES: dict[str, type[ServiceSettings]] = {
+    "Both services": ServiceSettings,
+    "`injection-webhook`": InjectionSettings,
+    "`scaling-webhook`": ScalingSettings,
+}
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the markdown section whose heading line ends with ``heading``."""
+    match = re.search(rf"^#+ {re.escape(heading)}\n(.*?)(?=^#+ |\Z)", text, re.M | re.S)
+    assert match, f"docs/configuration.md has no section {heading!r}"
+    return match.group(1)
+
+
+def first_cells(table: str) -> list[str]:
+    """The first code span of each table row (the key the row documents)."""
+    return [m.group(1) for m in re.finditer(r"^\| `([^`]+)` \|", table, re.M)]
+
+
+def documented_flags(heading: str) -> dict[str, str]:
+    """flag -> its env variable, as the section's table gives them."""
+    rows = re.findall(r"^\| `(--[a-z-]+)` \| `([A-Z_]+)` \|", section(CONFIGURATION.read_text(), heading), re.M)
+    return dict(rows)
+
+
+def own_fields(settings: type[ServiceSettings]) -> dict[str, str]:
+    """flag -> env of the fields a service adds to the shared ones."""
+    shared = ServiceSettings.model_fields if settings is not ServiceSettings else {}
+    return {
+        "--" + name.replace("_", "-"): settings.env_name(name) for name in settings.model_fields if name not in shared
+    }
+
+
+@pytest.mark.parametrize("heading", SERVICES)
+def test_every_flag_and_its_variable_is_documented_and_nothing_else(heading: str) -> None:
+    assert documented_flags(heading) == own_fields(SERVICES[heading])
+
+
+def value_paths(values: Any, prefix: str = "") -> set[str]:
+    """Every key path of values.yaml, inner maps included."""
+    paths = {prefix} if prefix else set()
+    if isinstance(values, dict):
+        for key, child in values.items():
+            paths |= value_paths(child, f"{prefix}.{key}" if prefix else key)
+    return paths
+
+
+def leaf_paths(values: Any, prefix: str = "") -> set[str]:
+    if isinstance(values, dict) and values:
+        return set().union(*(leaf_paths(v, f"{prefix}.{k}" if prefix else k) for k, v in values.items()))
+    return {prefix}
+
+
+def test_every_chart_value_is_documented_and_every_documented_value_exists() -> None:
+    values = yaml.safe_load((REPO / "charts" / "slime" / "values.yaml").read_text())
+    documented = set(first_cells(section(CONFIGURATION.read_text(), "Chart values")))
+    undocumented = sorted(
+        leaf for leaf in leaf_paths(values) if not any(leaf == d or leaf.startswith(d + ".") for d in documented)
+    )
+    assert not undocumented, f"chart values missing from docs/configuration.md: {undocumented}"
+    unknown = sorted(documented - value_paths(values))
+    assert not unknown, f"docs/configuration.md documents chart values that do not exist: {unknown}"
+
+
+def test_every_chart_value_a_flag_row_names_exists() -> None:
+    values = value_paths(yaml.safe_load((REPO / "charts" / "slime" / "values.yaml").read_text()))
+    text = CONFIGURATION.read_text()
+    named = set()
+    for heading in SERVICES:
+        for row in re.findall(r"^\| `--.*$", section(text, heading), re.M):
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            named |= set(re.findall(r"`([a-zA-Z][\w.]+)`", cells[3]))
+    assert named and not sorted(named - values)
+
+
+PUBLIC: dict[str, str] = {key: value for key, value in vars(names).items() if key.isupper() and isinstance(value, str)}
+
+
+def test_docs_interfaces_names_every_public_name() -> None:
+    interfaces = (REPO / "docs" / "interfaces.md").read_text()
+    missing = sorted(f"{key} = {value}" for key, value in PUBLIC.items() if value not in interfaces)
+    assert not missing, f"docs/interfaces.md does not mention: {missing}"
+
+
+# SliMe's own spellings: a string of these shapes in the chart must be one of common/names.py.
+OWN_NAME = re.compile(
+    r"\b(slime/[a-z-]+|slurm-(?:controller-[a-z]+|conf-server|extra-join-data)|[a-z-]+\.hook\.machine\."
+    r"cluster\.x-k8s\.io/[a-z-]+|slurm_[a-z0-9_]+)\b"
+)
+
+
+def test_the_chart_spells_only_public_names() -> None:
+    found = set()
+    for path in (REPO / "charts" / "slime").rglob("*"):
+        if path.is_file():
+            found |= set(OWN_NAME.findall(path.read_text()))
+    unknown = sorted(n for n in found if n not in PUBLIC.values() and not n.startswith("slurm_partition_"))
+    assert not unknown, f"the chart spells names common/names.py does not hold: {unknown}"
+
+
+def test_the_name_check_catches_an_unknown_name() -> None:
+    assert OWN_NAME.findall("annotations: {slime/made-up: x}") == ["slime/made-up"]
+    assert "slime/made-up" not in PUBLIC.values()
+
+
+def registered_metrics() -> set[str]:
+    """The metric families both services register (their instruments, built as the services build them)."""
+    from common.metrics import WebhookMetrics
+    from scaling_webhook.demand_poller import DemandGauges
+    from scaling_webhook.metrics import ScalingMetrics
+
+    scaling = ScalingMetrics(WebhookMetrics())  # the scaling service's registry holds the shared instruments too
+    DemandGauges(scaling)
+    return {family.name for family in scaling.webhook.registry.collect()}
+
+
+def test_docs_operations_lists_every_metric() -> None:
+    operations = (REPO / "docs" / "operations.md").read_text()
+    documented = set(re.findall(r"^\| `(slime_[a-z_]+)` \|", operations, re.M))
+    # prometheus_client names a counter's family without its _total suffix
+    registered = {n if n in documented else n + "_total" for n in registered_metrics()}
+    assert registered == documented
