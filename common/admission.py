@@ -16,7 +16,11 @@ from typing import Any, Literal
 
 REVIEW_API_VERSION = "admission.k8s.io/v1"
 REVIEW_KIND = "AdmissionReview"
-DEFAULT_MAX_BODY_BYTES = 7 * 1024 * 1024  # controller-runtime's cap
+# The largest review SliMe reads. CAPM3's metaData Secrets are a few kilobytes and a /scale
+# review about two, so a body over 1 MiB cannot be a review SliMe acts on; refusing it before it
+# is read in full (on its Content-Length, or as soon as the stream passes the cap) keeps a hostile
+# client from making the service hold and parse megabytes (controller-runtime's cap is 7 MiB).
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MAX_WARNING_CHARS = 120  # kube-apiserver truncates longer warnings
 
 Outcome = Literal["allowed", "patched", "denied", "errored"]
@@ -80,13 +84,17 @@ def decode_review(body: bytes) -> dict[str, Any]:
     if not body:
         raise AdmissionError(400, "request body is empty")
     try:
-        review = json.loads(body)
+        review = json.loads(body, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
         raise AdmissionError(400, f"request body is not UTF-8: invalid byte at position {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise AdmissionError(400, f"couldn't decode AdmissionReview: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
         raise AdmissionError(400, "couldn't decode AdmissionReview: nesting too deep") from None
+    except ValueError as exc:
+        # A number Python will not convert (more digits than sys.get_int_max_str_digits()), or
+        # NaN/Infinity, which JSON does not have and kube-apiserver never sends.
+        raise AdmissionError(400, f"couldn't decode AdmissionReview: {_first_line(exc)}") from None
     if not isinstance(review, dict):
         raise AdmissionError(400, "AdmissionReview must be a JSON object")
     request = review.get("request")
@@ -104,6 +112,15 @@ def decode_review(body: bytes) -> dict[str, Any]:
     if not uid:
         raise AdmissionError(400, "request.uid must be a non-empty string")
     return request
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).split("\n", 1)[0]
+    return text[:120]
 
 
 def encode_review(uid: str, response: AdmissionResponse) -> bytes:
@@ -135,6 +152,7 @@ class RequestSummary:
     name: str
     operation: str
     dry_run: bool
+    requester: str  # request.userInfo.username: who the API server says sent the write
 
     @classmethod
     def of(cls, request: dict[str, Any]) -> RequestSummary:
@@ -146,7 +164,15 @@ class RequestSummary:
             name=_text(request.get("name")) or _object_name(request.get("object")),
             operation=_text(request.get("operation")),
             dry_run=request.get("dryRun") is True,
+            requester=requester(request),
         )
+
+
+def requester(request: dict[str, Any]) -> str:
+    """``request.userInfo.username``, or "" when the review names none."""
+    info = request.get("userInfo")
+    # Cut short: a forged review may carry any text here, and it goes into log lines.
+    return _text(info.get("username"))[:253] if isinstance(info, dict) else ""
 
 
 def _text(value: Any) -> str:

@@ -41,6 +41,24 @@ class WebhookMetrics:
             ["webhook"],
             registry=self.registry,
         )
+        self.malformed = Counter(
+            "slime_webhook_malformed_requests_total",
+            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415), by code.",
+            ["webhook", "code"],
+            registry=self.registry,
+        )
+        self.deadline_exceeded = Counter(
+            "slime_webhook_deadline_exceeded_total",
+            "Admissions answered with an error because their handler passed the admission deadline.",
+            ["webhook"],
+            registry=self.registry,
+        )
+        self.dropped_connections = Counter(
+            "slime_webhook_dropped_connections_total",
+            "Connections closed by the server: a request not read in full in time (slow), or over the connection cap.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.cert_reloads = Counter(
             "slime_certificate_reloads_total",
             "Serving certificate loads by result (success, failure).",

@@ -13,6 +13,16 @@ from __future__ import annotations
 
 from typing import Final
 
+# --- the services: their Event component and API user agent --------------------------------
+INJECTION_COMPONENT: Final = "slime-injection-webhook"
+SCALING_COMPONENT: Final = "slime-scaling-webhook"
+
+# The identity CAPM3's manager runs as in its upstream manifests (cluster-api-provider-metal3
+# config/default/capm3/kustomization.yaml: namespace capm3-system, namePrefix capm3-; and
+# config/rbac/service_account.yaml: ServiceAccount manager): the injection webhook's default
+# --allowed-requesters.
+CAPM3_MANAGER_USERNAME: Final = "system:serviceaccount:capm3-system:capm3-manager"
+
 # --- upstream names the product relies on -----------------------------------------------------
 METAL3_GROUP: Final = "infrastructure.cluster.x-k8s.io"
 CAPI_GROUP: Final = "cluster.x-k8s.io"
@@ -45,7 +55,7 @@ ADOPTED_ANNOTATION: Final = "slime/machine-deployment"
 SLURM_NODE_ANNOTATION: Final = "slime/slurm-node"
 DELETE_MACHINE_VALUE: Final = "slime"
 PRE_DRAIN_HOOK: Final = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
-HOOK_OWNER: Final = "slime-scaling-webhook"
+HOOK_OWNER: Final = SCALING_COMPONENT  # the value of the lifecycle hook annotations: who holds them
 MAPPINGS_KEY: Final = "mappings"
 MAX_REPLICAS_KEY: Final = "maxReplicas"
 SAFE_SCALE_IN_KEY: Final = "safeScaleIn"
@@ -58,6 +68,9 @@ MD_NAMESPACE_ANNOTATION: Final = "slime/machine-deployment-namespace"  # on mirr
 TLS_SOURCE_ANNOTATION: Final = "slime/tls-source"  # on chart-generated TLS Secrets
 PURPOSE_ANNOTATION: Final = "slime/purpose"  # on the generated kube-apiserver client certificate
 PREREQUISITES_ANNOTATION: Final = "slime/prerequisites"  # in Chart.yaml: the optional CRD groups
+
+# --- Event reasons (injection webhook, on a Metal3Data) -----------------------------------------
+REASON_JOIN_DATA_WITHHELD: Final = "SlurmJoinDataWithheld"
 
 # --- Event reasons (scaling webhook) ----------------------------------------------------------
 REASON_SCALED: Final = "ScaledFromMirror"

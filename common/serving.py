@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from common.http import guarded_protocol
 from common.metrics import WebhookMetrics
 from common.settings import ServiceSettings
 
@@ -230,19 +231,50 @@ class Listeners:
 
 
 class _EmbeddedServer(uvicorn.Server):
-    """A uvicorn server that leaves signals to :class:`ServiceRunner`, which runs two of them."""
+    """A uvicorn server on listening sockets it is given, leaving signals to :class:`ServiceRunner`.
+
+    Its startup is uvicorn's for given sockets, with one difference: ``loop.create_server`` gets a
+    TLS handshake timeout (asyncio's default is 60 s), so a client that opens a TLS connection and
+    stalls is let go as quickly as one that trickles its request.
+    """
+
+    def __init__(self, config: uvicorn.Config, handshake_timeout: float | None = None) -> None:
+        super().__init__(config)
+        self.handshake_timeout = handshake_timeout
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        assert sockets, "ServiceRunner always binds the sockets itself"
+        config = self.config
+        state = self.lifespan.state
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=state, _loop=_loop
+            )
+
+        loop = asyncio.get_running_loop()
+        handshake = self.handshake_timeout if config.ssl else None
+        self.servers = [
+            await loop.create_server(
+                create_protocol, sock=sock, ssl=config.ssl, backlog=config.backlog, ssl_handshake_timeout=handshake
+            )
+            for sock in sockets
+        ]
+        self.started = True
+
 
 @dataclass
 class ServiceRunner:
-    """Runs the TLS webhook server and the health server on one event loop.
+    """Runs the TLS webhook server on the main event loop and the health server on a thread of its own.
 
-    ``background`` coroutines factories (cache watchers, reconcilers) run alongside and are
-    cancelled at shutdown; ``on_stop`` callbacks release threads and clients.
+    The health and metrics port (``/healthz``, ``/readyz``, ``/metrics``, a service's own read-only
+    routes) has its own thread and event loop, so no admission work, however slow, can hold up the
+    probes. ``background`` coroutine factories (cache watchers, reconcilers) run on the main loop
+    and are cancelled at shutdown; ``on_stop`` callbacks release threads and clients.
     """
 
     webhook_app: Any
@@ -253,6 +285,8 @@ class ServiceRunner:
     port: int = 8443
     metrics_port: int = 8080
     shutdown_delay_seconds: float = 0.0
+    read_timeout_seconds: float = 10.0
+    max_connections: int = 512
     background: list[Callable[[asyncio.Event], Any]] = field(default_factory=list)
     on_stop: list[Callable[[], None]] = field(default_factory=list)
     health_routes: list[Route] = field(default_factory=list)  # extra read-only routes on the plain-HTTP port
@@ -263,14 +297,16 @@ class ServiceRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[uvicorn.Server] = []
         self.readiness.add(
-            "certificate", lambda: None if self.certificate.loaded else (self.certificate.last_error or "not loaded")
+            "certificate",
+            lambda: None if self.certificate.loaded else (self.certificate.last_error or "not loaded"),
         )
 
-    def _config(self, app: Any, port: int) -> uvicorn.Config:
+    def _config(self, app: Any, port: int, http: Any = "auto") -> uvicorn.Config:
         config = uvicorn.Config(
             app,
             host=self.host,
             port=port,
+            http=http,
             log_config=None,
             access_log=False,
             lifespan="off",
@@ -297,21 +333,22 @@ class ServiceRunner:
                 admission.close()
                 raise
         self.certificate.reload_if_changed()
-        tls_config = self._config(self.webhook_app, self.port)
+        protocol = guarded_protocol(self.read_timeout_seconds, self.max_connections, self.metrics)
+        tls_config = self._config(self.webhook_app, self.port, http=protocol)
         tls_config.ssl = self.certificate.context
-        self._servers = [
-            _EmbeddedServer(tls_config),
-            _EmbeddedServer(
-                self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)
-            ),
-        ]
-        sockets = (listeners.admission, listeners.health)
-        tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(self._servers, sockets, strict=True)]
+        admission_server = _EmbeddedServer(tls_config, handshake_timeout=self.read_timeout_seconds)
+        health_server = _EmbeddedServer(
+            self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)
+        )
+        self._servers = [admission_server, health_server]
+        health_thread = _HealthThread(health_server, listeners.health)
+        health_thread.start()
+        admission_task = asyncio.create_task(admission_server.serve(sockets=[listeners.admission]))
         helpers = [asyncio.create_task(self.certificate.watch(self._stop))]
         helpers += [asyncio.create_task(factory(self._stop)) for factory in self.background]
-        while not all(s.started for s in self._servers):
-            if any(t.done() for t in tasks):  # a server that ended before it started: its error is raised below
-                self._stop.set()
+        while not (admission_server.started and health_server.started):
+            if admission_task.done() or health_thread.ended.is_set():
+                self._stop.set()  # a server that ended before it started: its error is raised below
                 break
             await asyncio.sleep(0.01)
         else:
@@ -329,16 +366,18 @@ class ServiceRunner:
         self.readiness.stopping = True
         if self.shutdown_delay_seconds:
             await asyncio.sleep(self.shutdown_delay_seconds)
-        for server in self._servers:
-            server.should_exit = True
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        admission_server.should_exit = True
+        health_server.should_exit = True  # a plain flag its loop polls
+        results = [*(await asyncio.gather(admission_task, return_exceptions=True))]
+        await asyncio.to_thread(health_thread.join, 15)
+        results.append(health_thread.error)
         for helper in helpers:
             helper.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
         for callback in self.on_stop:
             callback()
         for result in results:
-            if isinstance(result, Exception):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 raise result
         if not self.started.is_set():
             raise SystemExit(f"could not start serving on ports {self.port} and {self.metrics_port}")
@@ -359,6 +398,25 @@ class ServiceRunner:
             await self.serve(listeners)
 
         asyncio.run(main())
+
+
+class _HealthThread(threading.Thread):
+    """The health server on an event loop of its own; ``error`` is what ended it badly, if anything."""
+
+    def __init__(self, server: _EmbeddedServer, sock: socket.socket) -> None:
+        super().__init__(name="health-server", daemon=True)
+        self.server = server
+        self.sock = sock
+        self.error: BaseException | None = None
+        self.ended = threading.Event()
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self.server.serve(sockets=[self.sock]))
+        except BaseException as exc:  # noqa: BLE001 - handed to the main loop, which raises it
+            self.error = exc
+        finally:
+            self.ended.set()
 
 
 def runner_for(
@@ -383,6 +441,8 @@ def runner_for(
         port=settings.port,
         metrics_port=settings.metrics_port,
         shutdown_delay_seconds=settings.shutdown_delay_seconds,
+        read_timeout_seconds=settings.read_timeout_seconds,
+        max_connections=settings.max_connections,
         background=list(background),
         on_stop=list(on_stop),
         health_routes=list(health_routes),

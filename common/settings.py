@@ -40,7 +40,22 @@ class ServiceSettings(BaseSettings):
     cert_poll_seconds: float = Field(
         10.0, gt=0, le=10, description="Backstop poll for certificate changes (at most 10 s)."
     )
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024, description="Largest accepted AdmissionReview body.")
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES,
+        ge=1024,
+        le=7 * 1024 * 1024,
+        description="Largest accepted AdmissionReview body; a larger one is refused (413) before it is read in full.",
+    )
+    read_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="A client must send each whole request (headers and body) within this long, else its connection "
+        "is closed; also the TLS handshake's bound.",
+    )
+    max_connections: int = Field(
+        512, ge=1, description="Open connections the admission port keeps; one more is closed at once."
+    )
     shutdown_delay_seconds: float = Field(
         0.0, ge=0, description="Stay up, not ready, this long after SIGTERM so endpoints drain."
     )

@@ -3,10 +3,17 @@
 This is the only place that reads request bodies, counts outcomes, times requests and recovers
 from exceptions, so neither service repeats any of it. A handler is an async callable from the
 decoded ``request`` dict to an :class:`AdmissionResponse`.
+
+Every request gets an AdmissionReview answer, never a bare 5xx: a body that is not a usable
+review is answered with an errored review (400, 413 or 415) and counted as malformed; a handler
+that raises or passes ``deadline_seconds`` is answered 500 or 503 and counted. A body larger than
+:data:`DECODE_OFF_LOOP_BYTES` is decoded in a worker thread, so a burst of large hostile bodies
+shares the interpreter with the admissions around them instead of queueing them on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +39,8 @@ AdmissionHandler = Callable[[dict[str, Any]], Awaitable[AdmissionResponse]]
 
 log = logging.getLogger("slime.admission")
 
+DECODE_OFF_LOOP_BYTES = 64 * 1024  # CAPM3's and KEDA's reviews are a few kilobytes
+
 
 class AdmissionEndpoint:
     """A Starlette endpoint serving one webhook path."""
@@ -42,10 +51,13 @@ class AdmissionEndpoint:
         handler: AdmissionHandler,
         metrics: WebhookMetrics,
         max_body_bytes: int,
+        deadline_seconds: float = 5.0,
     ) -> None:
         self.webhook = webhook
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.deadline_seconds = deadline_seconds
+        self._metrics = metrics
         self._too_large = f"request entity is too large; limit is {max_body_bytes} bytes"
         self._latency = metrics.latency.labels(webhook)
         self._in_flight = metrics.in_flight.labels(webhook)
@@ -55,7 +67,12 @@ class AdmissionEndpoint:
         started = time.perf_counter()
         self._in_flight.inc()
         try:
-            uid, response, summary = await self._review(http_request)
+            try:
+                uid, response, summary = await self._review(http_request)
+            except Exception as exc:
+                log.exception("admission failed", extra={"webhook": self.webhook, "error_type": type(exc).__name__})
+                uid, summary = "", None
+                response = errored(500, f"internal error ({type(exc).__name__}) in {self.webhook} webhook")
             body = encode_review(uid, response)
             self._outcomes[response.outcome].inc()
             self._log(summary, uid, response, time.perf_counter() - started)
@@ -67,12 +84,19 @@ class AdmissionEndpoint:
     async def _review(self, http_request: Request) -> tuple[str, AdmissionResponse, RequestSummary | None]:
         try:
             check_content_type(http_request.headers.get("content-type"))
-            request = decode_review(await self._read_body(http_request))
+            raw = await self._read_body(http_request)
+            large = len(raw) > DECODE_OFF_LOOP_BYTES
+            request = await asyncio.to_thread(decode_review, raw) if large else decode_review(raw)
         except AdmissionError as exc:
+            self._metrics.malformed.labels(self.webhook, str(exc.code)).inc()
             return exc.uid, errored(exc.code, exc.message), None
         summary = RequestSummary.of(request)
         try:
-            return summary.uid, await self.handler(request), summary
+            return summary.uid, await asyncio.wait_for(self.handler(request), self.deadline_seconds), summary
+        except TimeoutError:
+            self._metrics.deadline_exceeded.labels(self.webhook).inc()
+            message = f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {summary.uid}); retry"
+            return summary.uid, errored(503, message), summary
         except Exception as exc:
             log.exception(
                 "handler failed",
@@ -111,6 +135,7 @@ class AdmissionEndpoint:
                 name=summary.name,
                 operation=summary.operation,
                 dry_run=summary.dry_run,
+                requester=summary.requester,
             )
         if response.message:
             fields["reason"] = response.message

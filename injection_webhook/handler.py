@@ -1,31 +1,39 @@
 """The injection decision, as pure functions: no I/O, no clock, no globals.
 
 ``select`` picks out the requests we act on: a Secret CREATE or UPDATE, owned by a Metal3Data,
-with a ``metaData`` key. ``respond`` turns a resolution into the AdmissionResponse. The resolver
-between them (``resolver.py``) is the only part that knows about clusters.
+with a ``metaData`` key. ``withheld`` says whether this requester may get join data at all: only
+the configured identities (CAPM3's manager) on a request that is really stored, never a dry run.
+``respond`` turns a resolution into the AdmissionResponse. The resolver between them
+(``resolver.py``) is the only part that knows about clusters, and it resolves nothing before it
+has verified the owner the review names against its caches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from common.admission import AdmissionResponse, allow, deny, patch_response
+from common.admission import AdmissionResponse, allow, deny, patch_response, requester
 from common.meta import is_dns1123_label, owner_reference
-from common.names import CLUSTER_NAME_LABEL, METADATA_KEY, METAL3_GROUP
+from common.names import METADATA_KEY, METAL3_GROUP
 from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
 
 
 @dataclass(frozen=True, slots=True)
 class MetaDataSecret:
-    """The facts of one admission request that the resolver and the patch need."""
+    """The facts of one admission request that the resolver and the patch need.
+
+    Everything here comes from the review, so nothing here is trusted until the resolver has
+    found the owner Metal3Data, with this uid, in its cache."""
 
     namespace: str
     name: str
     metal3data: str
-    cluster_name: str
     encoded_metadata: str
     metal3data_uid: str = ""  # the uid the owner reference names: only readers of Metal3Data know it
+    requester: str = ""  # request.userInfo.username
+    dry_run: bool = False
+    metadata_unchanged: bool = False  # an UPDATE that leaves data.metaData as it was
 
     @property
     def ref(self) -> str:
@@ -41,7 +49,6 @@ class JoinInfo:
     port: int
     key_base64: str
     source: str  # e.g. "Controller slurm/slurm in cluster local": for messages and logs
-    metal3data_uid: str = ""  # the uid of the owner Metal3Data as the cluster has it
     conf_server: str = ""  # "" means host:port; may list several host:port, tried in order
     controller_name: str = ""  # the SlurmctldHost name, when the template opts in
     jwt_key_base64: str = ""  # the auth/jwt key, when the template opts in
@@ -69,7 +76,18 @@ class Unresolved:
     reason: str
 
 
-Resolution = JoinInfo | NotOptedIn | Unresolved
+@dataclass(frozen=True, slots=True)
+class Unverified:
+    """The review names an owner the caches do not hold (no such Metal3Data there, or another uid).
+
+    Its answer is one message for every such case, so it tells the sender nothing about what
+    exists."""
+
+
+Resolution = JoinInfo | NotOptedIn | Unresolved | Unverified
+
+DRY_RUN = "dry-run"
+REQUESTER = "requester"
 
 
 def metal3data_owner(metadata: dict[str, Any]) -> dict[str, Any] | None:
@@ -98,20 +116,52 @@ def select(request: dict[str, Any]) -> MetaDataSecret | None:
     owner = metal3data_owner(metadata)
     if owner is None or not isinstance(encoded, str):
         return None
-    labels = metadata.get("labels")
-    cluster = labels.get(CLUSTER_NAME_LABEL) if isinstance(labels, dict) else None
     namespace = request.get("namespace") or metadata.get("namespace")
     if not isinstance(namespace, str) or not is_dns1123_label(namespace):
         return None
     name = metadata.get("name")
     uid = owner.get("uid")
+    old = request.get("oldObject")
+    old_data = old.get("data") if isinstance(old, dict) else None
     return MetaDataSecret(
         namespace=namespace,
         name=name if isinstance(name, str) else "",
         metal3data=str(owner["name"]),
         metal3data_uid=uid if isinstance(uid, str) else "",
-        cluster_name=cluster if isinstance(cluster, str) else "",
         encoded_metadata=encoded,
+        requester=requester(request),
+        dry_run=request.get("dryRun") is True,
+        metadata_unchanged=isinstance(old_data, dict) and old_data.get(METADATA_KEY) == encoded,
+    )
+
+
+def withheld(secret: MetaDataSecret, allowed_requesters: frozenset[str]) -> str | None:
+    """Why this request gets no join data whatever its owner (DRY_RUN or REQUESTER), or None.
+
+    A dry run is never stored, so its answer would hand the key to whoever asked for it; and
+    only the configured identities (CAPM3's manager) create the Secrets nodes boot from."""
+    if secret.dry_run:
+        return DRY_RUN
+    if secret.requester not in allowed_requesters:
+        return REQUESTER
+    return None
+
+
+def withhold(secret: MetaDataSecret, reason: str) -> AdmissionResponse:
+    """Allowed without join data, with a warning the requester sees and a message for the log."""
+    if reason == DRY_RUN:
+        why = "a server-side dry run (join data is only added to Secrets that are stored)"
+        warning = "SliMe added no Slurm join data: this is a dry run"
+    else:
+        why = f"requester {secret.requester or '(none)'} is not one of the requesters allowed join data"
+        warning = "SliMe added no Slurm join data: this requester may not receive it"
+    return replace(allow(f"Slurm join data withheld from Secret {secret.ref}: {why}"), warnings=(warning,))
+
+
+def unverified_message(secret: MetaDataSecret) -> str:
+    return (
+        f"cannot inject Slurm join data into Secret {secret.ref}: its owner reference does not name a Metal3Data "
+        "SliMe can verify (CAPM3 creates this Secret owned by its Metal3Data, with that Metal3Data's uid)"
     )
 
 
@@ -119,17 +169,10 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
     """The admission answer for a selected Secret, given what the resolver found."""
     if isinstance(resolution, NotOptedIn):
         return allow()
+    if isinstance(resolution, Unverified):
+        return deny(unverified_message(secret))
     if isinstance(resolution, Unresolved):
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {resolution.reason}")
-    if not secret.metal3data_uid or secret.metal3data_uid != resolution.metal3data_uid:
-        # Join data only for a review consistent with the cluster: CAPM3 creates this Secret with
-        # the uid of its Metal3Data, which only readers of Metal3Data know. The answer says which
-        # owner, never which uid was expected.
-        return deny(
-            f"cannot inject Slurm join data into Secret {secret.ref}: its owner reference names Metal3Data "
-            f"{secret.namespace}/{secret.metal3data} with a uid that Metal3Data does not have; CAPM3 creates this "
-            "Secret with the uid of its Metal3Data"
-        )
     entries = join_entries(
         resolution.host,
         resolution.port,

@@ -1,71 +1,43 @@
-"""Large metaData edits run in a helper process, so they never hold up the admissions around them.
+"""Large metaData edits run in a worker thread, one at a time, so they never hold up the admissions around them.
 
-Editing metaData means a YAML parse, the merge and a second parse to check the result. For the
-few hundred bytes CAPM3 writes that takes microseconds; near the 1 MiB a Secret may hold it takes
-most of a second of CPU, and in a thread it would still hold the GIL against the event loop for
-stretches of tens of milliseconds. So values over :data:`OFFLOAD_METADATA_BYTES` are edited by
-:func:`injection_webhook.handler.respond` in one helper process (started on first use with the
-``spawn`` method, so it shares no threads or locks with this process). If the helper cannot be
-started or dies, the edit runs in a worker thread instead and a warning says why: slower for
-neighbours, never wrong.
+Editing metaData means a budgeted walk of its YAML events, a load, the merge and a second load to
+check the result. For the few hundred bytes CAPM3 writes that takes microseconds, and it runs
+inline. A larger value (over :data:`INLINE_METADATA_BYTES` of base64) is edited in a worker
+thread: the parsers hold the interpreter for a few milliseconds at a time, so on the event loop
+a burst of them would queue every admission behind it, while from a thread the loop keeps its
+turn between them. One large edit runs at a time; one that cannot start within
+:data:`QUEUE_SECONDS` is refused (CAPM3 retries), so a flood of large hostile bodies costs at
+most one edit's work at any moment and every answer stays prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import multiprocessing
-import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
-from common.admission import AdmissionResponse
-from injection_webhook.handler import MetaDataSecret, Resolution, respond
+from common.admission import AdmissionResponse, errored
+from injection_webhook.handler import JoinInfo, MetaDataSecret, Resolution, respond
 
-log = logging.getLogger("slime.injection.large")
-
-OFFLOAD_METADATA_BYTES = 64 * 1024
+INLINE_METADATA_BYTES = 4 * 1024
+QUEUE_SECONDS = 0.25
 
 
 class LargeEdits:
-    """Answers for selected Secrets: inline when small, in the helper process when large."""
+    """Answers for selected Secrets: inline when small, in a worker thread (one at a time) when large."""
 
     def __init__(self) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self._unavailable = ""
-        self._lock = threading.Lock()
-
-    def _executor(self) -> ProcessPoolExecutor | None:
-        with self._lock:
-            if self._pool is None and not self._unavailable:
-                try:
-                    self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-                except (OSError, ImportError) as exc:  # e.g. no /dev/shm for the pool's semaphores
-                    self._unavailable = f"{type(exc).__name__}: {exc}"
-                    log.warning(
-                        "no helper process for large metaData; editing in a thread", extra={"error": self._unavailable}
-                    )
-            return self._pool
+        self._one_at_a_time = asyncio.Semaphore(1)
 
     async def respond(self, secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse:
-        if len(secret.encoded_metadata) <= OFFLOAD_METADATA_BYTES:
+        if not isinstance(resolution, JoinInfo) or len(secret.encoded_metadata) <= INLINE_METADATA_BYTES:
             return respond(secret, resolution)
-        pool = self._executor()
-        if pool is not None:
-            try:
-                return await asyncio.wrap_future(pool.submit(respond, secret, resolution))
-            except BrokenProcessPool as exc:
-                log.warning(
-                    "the helper process for large metaData died; editing in a thread", extra={"error": str(exc)}
-                )
-                with self._lock:
-                    if self._pool is pool:
-                        self._pool = None  # a fresh one next time
-                pool.shutdown(wait=False)
-        return await asyncio.to_thread(respond, secret, resolution)
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            await asyncio.wait_for(self._one_at_a_time.acquire(), QUEUE_SECONDS)
+        except TimeoutError:
+            return errored(
+                503,
+                f"cannot edit Secret {secret.ref} now: another large metaData edit is in progress; retry",
+            )
+        try:
+            return await asyncio.to_thread(respond, secret, resolution)
+        finally:
+            self._one_at_a_time.release()

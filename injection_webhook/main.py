@@ -5,38 +5,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.cli import run_service
+from common.events import EventRecorder
 from common.kube import client_from_kubeconfig, local_client
 from common.metrics import WebhookMetrics
+from common.names import INJECTION_COMPONENT
 from common.serving import Readiness, ServiceRunner, runner_for
 from injection_webhook.app import create_app
 from injection_webhook.large import LargeEdits
+from injection_webhook.metrics import InjectionMetrics
 from injection_webhook.resolver import InjectionResolver
 from injection_webhook.settings import InjectionSettings
-
-USER_AGENT = "slime-injection-webhook"
 
 
 def build(settings: InjectionSettings) -> ServiceRunner:
     """Wire the service; nothing runs until ``serve``/``run`` (tests call this too)."""
-    metrics = WebhookMetrics()
+    metrics = InjectionMetrics(WebhookMetrics())
+    client = local_client(settings.kubeconfig, INJECTION_COMPONENT)
     resolver = InjectionResolver(
-        local_client(settings.kubeconfig, USER_AGENT),
+        client,
         settings.controller_selector,
         settings.cache_sync_timeout_seconds,
-        workload_client=lambda data, name: client_from_kubeconfig(data, name, USER_AGENT),
+        workload_client=lambda data, name: client_from_kubeconfig(data, name, INJECTION_COMPONENT),
         options=settings.join_options(),
     )
     resolver.start()
     readiness = Readiness()
     readiness.add("caches", resolver.not_ready_reason)
-    edits = LargeEdits()
-    return runner_for(
-        settings,
-        create_app(resolver, edits, metrics, settings.max_body_bytes),
+    events = EventRecorder(client, INJECTION_COMPONENT).start()
+    # The deadline leaves a first admission its wait for cold caches, and answers before the
+    # API server's own timeout (the chart's timeoutSeconds: 10) gives up on the webhook.
+    app = create_app(
+        resolver,
+        LargeEdits(),
         metrics,
-        readiness,
-        on_stop=[resolver.stop, edits.close],
+        settings.max_body_bytes,
+        settings.requesters(),
+        events,
+        deadline_seconds=settings.cache_sync_timeout_seconds + 2.0,
     )
+    return runner_for(settings, app, metrics.webhook, readiness, on_stop=[resolver.stop, events.stop])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -10,6 +10,12 @@ Whatever the route, the result is parsed again before it is returned and must eq
 original map plus our keys (what cloud-init's ``yaml.safe_load`` will see); an edit that does
 not is never sent. A value larger than a whole Secret may be (1 MiB, the API server's limit) is
 refused before it is decoded or parsed.
+
+CAPM3 writes a flat map of strings, so nothing else is read: before the document is loaded, its
+parse events are walked with a budget (:func:`check_flat_map`), and an anchor, alias, tag, a
+nested map or list, more than :data:`MAX_KEYS` keys or more than one document is refused at the
+first event that shows it. Only a document that passed is loaded, so no alias is ever expanded
+and the work is linear in the input (a few nested aliases can otherwise cost seconds of CPU).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ JOIN_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_serve
 # kube-apiserver refuses a Secret whose data exceed 1 MiB (validation.MaxSecretSize), so a
 # larger metaData cannot come from a real API server and is not worth parsing.
 MAX_METADATA_BYTES = 1024 * 1024
+# CAPM3 renders a dozen or so keys (providerid, local-hostname, the template's entries).
+MAX_KEYS = 1000
 
 
 class MetaDataError(ValueError):
@@ -71,16 +79,68 @@ def _appendable(text: str) -> bool:
     return bool(text) and text[0] not in " \t\r\n{[-%#&!*|>'\"?~" and "\n---" not in text and "\n..." not in text
 
 
+def check_flat_map(text: str) -> None:
+    """:class:`MetaDataError` unless ``text`` is at most one YAML document holding a flat map of at
+    most :data:`MAX_KEYS` plain or quoted scalars, without anchors, aliases or tags.
+
+    Walks the parser's events and stops at the first one that breaks the rule, so the cost is
+    bounded by the budget, whatever the input."""
+    depth = 0  # collections open: the top-level map is depth 1
+    documents = 0
+    scalars = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                raise MetaDataError(
+                    f"data.metaData uses a YAML alias{_line(event)}; CAPM3 writes a flat map of strings"
+                )
+            if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+                raise MetaDataError(
+                    f"data.metaData uses a YAML anchor{_line(event)}; CAPM3 writes a flat map of strings"
+                )
+            tagged = isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)) and event.tag is not None
+            if tagged and not (isinstance(event, yaml.ScalarEvent) and event.tag == "!"):  # "!": a quoted scalar
+                raise MetaDataError(f"data.metaData uses a YAML tag{_line(event)}; CAPM3 writes a flat map of strings")
+            if isinstance(event, yaml.DocumentStartEvent):
+                documents += 1
+                if documents > 1:
+                    raise MetaDataError(
+                        f"data.metaData holds more than one YAML document{_line(event)}; expected one map"
+                    )
+            elif isinstance(event, yaml.SequenceStartEvent) and not depth:
+                raise MetaDataError("data.metaData is a YAML list, expected a map")
+            elif isinstance(event, yaml.CollectionStartEvent) and depth:
+                raise MetaDataError(
+                    f"data.metaData has a nested value{_line(event)}; CAPM3 writes a flat map of strings"
+                )
+            elif isinstance(event, yaml.MappingStartEvent):
+                depth = 1
+            elif isinstance(event, yaml.ScalarEvent):
+                scalars += 1
+                if scalars > 2 * MAX_KEYS:
+                    raise MetaDataError(f"data.metaData has more than {MAX_KEYS} keys")
+    except yaml.YAMLError as exc:
+        raise _syntax_error(exc) from None
+
+
+def _line(event: yaml.Event) -> str:
+    mark = event.start_mark
+    return f" (line {mark.line + 1})" if mark is not None else ""
+
+
+def _syntax_error(exc: yaml.YAMLError) -> MetaDataError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    # The parser's own words may quote the content, so the message gives only the line.
+    return MetaDataError(f"data.metaData is not valid YAML{where}")
+
+
 def _parse(text: str) -> Any:
+    check_flat_map(text)
     try:
         return yaml.load(text, Loader=yaml.CSafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        if isinstance(exc, yaml.composer.ComposerError) and "single document" in str(getattr(exc, "context", "")):
-            raise MetaDataError(f"data.metaData holds more than one YAML document{where}; expected one map") from None
-        # The parser's own words may quote the content, so the message gives only the line.
-        raise MetaDataError(f"data.metaData is not valid YAML{where}") from None
+        raise _syntax_error(exc) from None
 
 
 def _parses_to(rendered: str, expected: dict[Any, Any]) -> bool:

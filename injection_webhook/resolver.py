@@ -8,10 +8,13 @@ in, the JWT key Secret). The address comes from the template's conf-server polic
 (``confserver.py``): the pod's ``status.hostIP`` and a NodePort Service, a LoadBalancer or
 NodePort Service, or an explicit host.
 
-Every lookup reads an informer, so a warm admission makes no API call. ``resolve`` has two
-modes. ``wait=False`` never blocks and raises :class:`NeedsWait` when a cache is cold. The app
-then calls again with ``wait=True`` in a worker thread, which starts the caches and waits for
-them (bounded by ``sync_timeout``).
+Every lookup reads an informer, so a warm admission makes no API call, and nothing a review
+names is used before :meth:`InjectionResolver.check_owner` found its owner Metal3Data, with the
+owner reference's uid, in the cache: no live read is ever made on a review's behalf, and a
+Secret is read or a workload-cluster client opened only for what a verified Metal3Data (and its
+template) names. ``resolve`` has two modes. ``wait=False`` never blocks and raises
+:class:`NeedsWait` when a cache is cold. The app then calls again with ``wait=True`` in a worker
+thread, which starts the caches and waits for them (bounded by ``sync_timeout``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import hashlib
 import logging
 import sys
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.cache import Informer, InformerSet
@@ -68,6 +73,23 @@ SLINKY_VERSIONS = ("v1beta1", "v1alpha1")
 
 class NeedsWait(Exception):
     """A cache needed for this answer is cold; retry with ``wait=True`` off the event loop."""
+
+
+# A review naming an owner the cache does not hold gets a brief wait (CAPM3 may have created the
+# Metal3Data milliseconds ago); one still absent then is remembered for ABSENT_SECONDS, so a flood
+# of forged reviews naming it costs a dict lookup each, not a wait.
+VERIFY_WAIT_SECONDS = 0.2
+ABSENT_SECONDS = 5.0
+ABSENT_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerCheck:
+    """What the caches say of a review's owner: the Metal3Data record when verified; ``absent``
+    when the cache does not hold that name (yet) and a brief wait may still find it."""
+
+    verified: dict[str, Any] | None = None
+    absent: bool = False
 
 
 # --- transforms: keep only what resolution reads, so 10k cached objects stay small ----------
@@ -269,6 +291,7 @@ class InjectionResolver:
         self._metal3data: Informer | None = None
         self._templates: Informer | None = None
         self._metal3: ResourcePath | None = None
+        self._absent: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self.startup_error = ""
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -299,6 +322,11 @@ class InjectionResolver:
             description="metal3datas",
         )
         self.startup_error = ""
+
+    @property
+    def metal3_version(self) -> str | None:
+        """The Metal3 API version the cluster serves (discovered at start), None until known."""
+        return self._metal3.version if self._metal3 is not None else None
 
     def not_ready_reason(self) -> str | None:
         """For /readyz: the cluster-wide caches must have synced."""
@@ -331,28 +359,52 @@ class InjectionResolver:
             raise _Missing(f"cannot read {informer.description} from cluster {cluster}: {why}")
         return informer
 
-    def _metal3_object(
-        self, informer: Informer | None, plural: str, namespace: str, name: str, wait: bool
-    ) -> dict[str, Any] | None:
-        """A Metal3 record from the cache; on a miss, one live read (it may be seconds old)."""
+    def _metal3_informer(self, informer: Informer | None, wait: bool) -> Informer:
         if informer is None or self._metal3 is None:
             if not wait:
                 raise NeedsWait
             raise _Missing(
                 f"the Metal3 API is not available in the management cluster: {self.startup_error or 'starting'}"
             )
-        obj = self._ready(informer, LOCAL_CLUSTER, wait).get(namespace, name)
-        if obj is not None:
-            return obj
-        if not wait:
-            raise NeedsWait
-        path = ResourcePath(METAL3_GROUP, self._metal3.version, plural).item(namespace, name)
+        return self._ready(informer, LOCAL_CLUSTER, wait)
+
+    # --- verification: nothing from a review is used before it is found in the caches ---------
+
+    def check_owner(self, secret: MetaDataSecret) -> OwnerCheck:
+        """Is the review's owner a Metal3Data the cache holds, with that uid? Cache reads only.
+
+        Raises :class:`NeedsWait` while the Metal3 caches are cold (the app waits for them in a
+        worker thread, bounded by the sync timeout)."""
+        informer = self._metal3_informer(self._metal3data, wait=False)
+        key = (secret.namespace, secret.metal3data, secret.metal3data_uid)
+        record = informer.get(secret.namespace, secret.metal3data)
+        if record is not None:
+            self._absent.pop(key, None)
+            verified = bool(secret.metal3data_uid) and record["uid"] == secret.metal3data_uid
+            return OwnerCheck(verified=record if verified else None)
+        expires = self._absent.get(key)
+        if expires is not None and expires > time.monotonic():
+            return OwnerCheck()
+        return OwnerCheck(absent=True)
+
+    def remember_absent(self, secret: MetaDataSecret) -> None:
+        """The owner stayed absent through a brief wait: answer the next reviews naming it at once.
+
+        The cache is still read first every time, so a Metal3Data that arrives later is found."""
+        key = (secret.namespace, secret.metal3data, secret.metal3data_uid)
+        self._absent[key] = time.monotonic() + ABSENT_SECONDS
+        self._absent.move_to_end(key)
+        while len(self._absent) > ABSENT_LIMIT:
+            self._absent.popitem(last=False)
+
+    def wait_for_metal3_caches(self) -> str | None:
+        """Block (in a worker thread) until the Metal3 caches have synced: None, or why they have not
+        within the sync timeout (a reason that names the cache, never an object)."""
         try:
-            return informer.transform(self.local.client.request("GET", path))
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise _Missing(f"cannot read {plural} {namespace}/{name}: {exc}") from None
+            self._metal3_informer(self._metal3data, wait=True)
+        except _Missing as missing:
+            return missing.reason
+        return None
 
     # --- resolution --------------------------------------------------------------------------
 
@@ -361,8 +413,9 @@ class InjectionResolver:
     def _caches_changed(self) -> None:
         self._generation += 1
 
-    def resolve(self, secret: MetaDataSecret, wait: bool = False) -> Resolution:
-        key = (secret.namespace, secret.metal3data, secret.cluster_name)
+    def resolve(self, secret: MetaDataSecret, metal3data: dict[str, Any], wait: bool = False) -> Resolution:
+        """The join data for the verified Metal3Data ``metal3data`` (a record :meth:`check_owner` found)."""
+        key = (secret.namespace, secret.metal3data, metal3data["uid"])
         generation = self._generation
         if generation != self._memo_generation or len(self._memo) >= self.MEMO_LIMIT:
             self._memo = {}
@@ -370,37 +423,32 @@ class InjectionResolver:
         elif not wait and (known := self._memo.get(key)) is not None:
             return known
         try:
-            resolution = self._resolve(secret, wait)
+            resolution = self._resolve(secret.namespace, secret.metal3data, metal3data, wait)
         except _Missing as missing:
             resolution = Unresolved(missing.reason)
         if not wait and generation == self._generation:  # read from caches only, none changed meanwhile
             self._memo[key] = resolution
         return resolution
 
-    def _resolve(self, secret: MetaDataSecret, wait: bool) -> Resolution:
-        ns = secret.namespace
-        metal3data = self._metal3_object(self._metal3data, "metal3datas", ns, secret.metal3data, wait)
-        if metal3data is None:
-            raise _Missing(f"its owner Metal3Data {ns}/{secret.metal3data} does not exist")
+    def _resolve(self, ns: str, name: str, metal3data: dict[str, Any], wait: bool) -> Resolution:
         template_name = metal3data["template"]
         if not template_name:
             raise _Missing(
-                f"Metal3Data {ns}/{secret.metal3data} names no Metal3DataTemplate (no owner reference, no spec.template.name)"
+                f"Metal3Data {ns}/{name} names no Metal3DataTemplate (no owner reference, no spec.template.name)"
             )
-        template = self._metal3_object(self._templates, "metal3datatemplates", ns, template_name, wait)
+        template = self._metal3_informer(self._templates, wait).get(ns, template_name)
         if template is None:
             raise _Missing(
-                f"Metal3DataTemplate {ns}/{template_name} (template of Metal3Data {ns}/{secret.metal3data}) does not exist"
+                f"Metal3DataTemplate {ns}/{template_name} (template of Metal3Data {ns}/{name}) does not exist"
             )
-        labels = template
-        slurm_namespace = labels.get(OPT_IN_LABEL)
+        slurm_namespace = template.get(OPT_IN_LABEL)
         if not slurm_namespace:
             return NotOptedIn()
         options = self._template_options(template, f"{ns}/{template_name}")
-        cluster_name = metal3data["cluster"] or secret.cluster_name
-        view = self._target_cluster(ns, cluster_name, labels.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
-        info = self._join_info(view, slurm_namespace, labels.get(CONTROLLER_NAME_LABEL, ""), options, wait)
-        return replace(info, metal3data_uid=metal3data["uid"]) if isinstance(info, JoinInfo) else info
+        # The cluster comes from the Metal3Data as CAPM3 labelled it, never from the review.
+        cluster_name = metal3data["cluster"] or ""
+        view = self._target_cluster(ns, cluster_name, template.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
+        return self._join_info(view, slurm_namespace, template.get(CONTROLLER_NAME_LABEL, ""), options, wait)
 
     def _template_options(self, template: dict[str, str], ref: str) -> _TemplateOptions:
         """The template's annotations over the chart defaults; an invalid one is denied, naming it."""

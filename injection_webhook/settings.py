@@ -5,13 +5,32 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from common.meta import label_selector_problem
+from common.names import CAPM3_MANAGER_USERNAME
 from common.settings import ServiceSettings
 from injection_webhook.confserver import JoinOptions, PolicyError, parse_extras, parse_node_addresses, parse_policy
+
+
+def parse_requesters(text: str) -> frozenset[str]:
+    """A comma list of usernames; ValueError when it is empty or a name holds whitespace."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError("name at least one requester (CAPM3's manager: system:serviceaccount:<namespace>:<name>)")
+    spaced = [name for name in names if any(c.isspace() for c in name)]
+    if spaced:
+        raise ValueError(f"{spaced[0]!r} is not a username: it holds whitespace")
+    return frozenset(names)
+
 
 DEFAULT_CONTROLLER_SELECTOR = "app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller"
 
 
 class InjectionSettings(ServiceSettings):
+    allowed_requesters: str = Field(
+        CAPM3_MANAGER_USERNAME,
+        description="Comma list of the users (request.userInfo.username) whose metaData Secrets get the Slurm join "
+        "data: CAPM3's manager (its ServiceAccount, system:serviceaccount:<namespace>:<name>). Every other requester, "
+        "and every dry run, is admitted without it.",
+    )
     controller_selector: str = Field(
         DEFAULT_CONTROLLER_SELECTOR,
         min_length=1,
@@ -73,6 +92,15 @@ class InjectionSettings(ServiceSettings):
         except PolicyError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("allowed_requesters")
+    @classmethod
+    def _requesters(cls, value: str) -> str:
+        parse_requesters(value)
+        return value
+
+    def requesters(self) -> frozenset[str]:
+        return parse_requesters(self.allowed_requesters)
 
     def join_options(self) -> JoinOptions:
         """The validated defaults, parsed (every field was checked above)."""

@@ -11,6 +11,8 @@ WEBHOOK_NAME = "scaling"
 PATH = "/validate"
 
 
-def create_app(handler: AdmissionHandler, metrics: WebhookMetrics, max_body_bytes: int) -> ASGIApp:
-    endpoint = AdmissionEndpoint(WEBHOOK_NAME, handler, metrics, max_body_bytes)
+def create_app(
+    handler: AdmissionHandler, metrics: WebhookMetrics, max_body_bytes: int, deadline_seconds: float = 5.0
+) -> ASGIApp:
+    endpoint = AdmissionEndpoint(WEBHOOK_NAME, handler, metrics, max_body_bytes, deadline_seconds)
     return admission_app("SliMe scaling webhook", PATH, endpoint)

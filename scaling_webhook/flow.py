@@ -13,9 +13,20 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from common.admission import AdmissionResponse, allow
+from common.admission import AdmissionResponse, allow, requester
 from common.kube import KubeError
-from scaling_webhook.handler import Accepted, DryRun, Invalid, Observed, Recheck, Refused, decide, respond, scale_target
+from scaling_webhook.handler import (
+    Accepted,
+    DryRun,
+    Invalid,
+    Observed,
+    Recheck,
+    Refused,
+    decide,
+    refused_requester,
+    respond,
+    scale_target,
+)
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable
 from scaling_webhook.metrics import ScalingMetrics
@@ -33,11 +44,13 @@ class ScaleAdmission:
         objects: MappedObjects,
         scaler: MachineDeploymentScaler,
         metrics: ScalingMetrics,
+        allowed_requesters: frozenset[str] = frozenset(),
     ) -> None:
         self.table = table
         self.objects = objects
         self.scaler = scaler
         self.metrics = metrics
+        self.allowed_requesters = allowed_requesters
 
     def _observed(self, mapping: Mapping) -> Observed | None:
         if not self.objects.synced(mapping):
@@ -59,6 +72,11 @@ class ScaleAdmission:
         if mapping is None:
             self.metrics.outcome["unmapped"].inc()
             return allow()
+        self.metrics.count_requester(requester(request))
+        not_allowed = refused_requester(request, mapping, self.allowed_requesters)
+        if not_allowed is not None:
+            self.metrics.outcome["denied"].inc()
+            return respond(not_allowed)
         observed = self._observed(mapping)
         decision = decide(request, mapping, observed)
         if isinstance(decision, Recheck):

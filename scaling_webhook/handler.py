@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from common.admission import AdmissionResponse, allow, deny
+from common.admission import AdmissionResponse, allow, deny, requester
 from common.names import CAPI_PAUSED_ANNOTATION
 from scaling_webhook.mappings import MAX_INT32, Mapping, MappingTable
 
@@ -91,13 +91,22 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
+class NotAllowed:
+    """A scale by a requester not in ``--scale-requesters``: denied 403."""
+
+    mapping: Mapping
+    requester: str
+    allowed: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Recheck:
     """The review's ``oldObject`` does not match the cached mirror: read the mirror again, then decide."""
 
     mapping: Mapping
 
 
-Decision = Accepted | DryRun | Invalid | Refused | Recheck
+Decision = Accepted | DryRun | Invalid | Refused | NotAllowed | Recheck
 
 
 def is_deployment_scale_update(request: dict[str, Any]) -> bool:
@@ -122,6 +131,15 @@ def scale_target(request: dict[str, Any], table: MappingTable) -> Mapping | None
     if not isinstance(namespace, str) or not isinstance(name, str):
         return None
     return table.get(namespace, name)
+
+
+def refused_requester(request: dict[str, Any], mapping: Mapping, allowed: frozenset[str]) -> NotAllowed | None:
+    """A scale by someone not in ``allowed`` (``--scale-requesters``); None when allowed is empty (anyone
+    the API server authorized) or the requester is in it."""
+    who = requester(request)
+    if not allowed or who in allowed:
+        return None
+    return NotAllowed(mapping, who, allowed)
 
 
 def replicas_of(obj: Any) -> int | None:
@@ -233,6 +251,11 @@ def respond(decision: Decision) -> AdmissionResponse:
             f"cannot scale MachineDeployment {md} from mirror {mirror}: {decision.reason}",
             code=400,
             reason="BadRequest",
+        )
+    if isinstance(decision, NotAllowed):
+        return deny(
+            f"requester {decision.requester or '(none)'} may not scale mirror Deployment {mirror}: only "
+            f"{', '.join(sorted(decision.allowed))} may (--scale-requesters)"
         )
     if isinstance(decision, DryRun):
         return allow(f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)")

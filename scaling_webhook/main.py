@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.cli import run_service
+from common.events import EventRecorder
 from common.kube import KubeClient, local_client
 from common.metrics import WebhookMetrics
+from common.names import SCALING_COMPONENT
 from common.serving import Readiness, ServiceRunner, runner_for
 from scaling_webhook.app import create_app
 from scaling_webhook.demand_poller import DemandPoller
-from scaling_webhook.events import EventRecorder
 from scaling_webhook.flow import ScaleAdmission
 from scaling_webhook.leader import LeaderElector
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
@@ -21,8 +22,6 @@ from scaling_webhook.reconciler import Change, Reconciler
 from scaling_webhook.safe_scale_in.service import SafeScaleIn
 from scaling_webhook.settings import ScalingSettings
 from scaling_webhook.watches import MappedObjects
-
-USER_AGENT = "slime-scaling-webhook"
 
 
 @dataclass
@@ -49,9 +48,9 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     """Wire the service; informer and event threads start here, the server on ``serve``/``run``."""
     webhook_metrics = WebhookMetrics()
     metrics = ScalingMetrics(webhook_metrics)
-    client = local_client(settings.kubeconfig, USER_AGENT)
+    client = local_client(settings.kubeconfig, SCALING_COMPONENT)
     scaler = MachineDeploymentScaler(client, settings.patch_timeout_seconds)
-    events = EventRecorder(client, metrics.event_result)
+    events = EventRecorder(client, SCALING_COMPONENT, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
     safe = SafeScaleIn(client, scaler, events, metrics)  # used only by mappings with safeScaleIn
     demand = DemandPoller(
@@ -101,9 +100,10 @@ def build_service(settings: ScalingSettings) -> ScalingService:
         safe.close()
         demand.close()
 
-    app = create_app(
-        ScaleAdmission(lambda: source.table, objects, scaler, metrics), webhook_metrics, settings.max_body_bytes
-    )
+    admission = ScaleAdmission(lambda: source.table, objects, scaler, metrics, settings.scale_requester_set())
+    # The deadline covers one fresh read of the mirror (patch_timeout_seconds) and answers before the
+    # API server's timeout (the chart's timeoutSeconds: 5).
+    app = create_app(admission, webhook_metrics, settings.max_body_bytes, settings.patch_timeout_seconds + 1.0)
     background = [reconciler.run, demand.run] + ([leader.run] if leader is not None else [])
     runner = runner_for(
         settings, app, webhook_metrics, readiness, background=background, on_stop=[stop], health_routes=demand.routes()

@@ -11,10 +11,20 @@ WRITE_REASONS = ("mirror", "drift", "adopt")
 WAIT_REASONS = ("paused", "autoscaler", "capped", "capacity", "missing")
 
 
+REQUESTER_LABELS = 32
+
+
 class ScalingMetrics:
     def __init__(self, metrics: WebhookMetrics) -> None:
         registry = metrics.registry
         self.webhook = metrics
+        self.requesters = Counter(
+            "slime_scaling_requests_by_requester_total",
+            "Scales of mapped mirrors by requester (request.userInfo.username; the first 32 names, then other).",
+            ["requester"],
+            registry=registry,
+        )
+        self._requesters: set[str] = set()
         self.decisions = Counter(
             "slime_scaling_decisions_total",
             "Scale admissions by outcome (accepted, dry_run, unmapped, denied).",
@@ -122,6 +132,14 @@ class ScalingMetrics:
         self.config_valid.set(1 if valid else 0)
         if not valid:
             self.config_errors.inc()
+
+    def count_requester(self, name: str) -> None:
+        """Count a mapped scale by its requester. Review text names the requester, so the label takes
+        the first :data:`REQUESTER_LABELS` distinct names and ``other`` after them: bounded cardinality."""
+        if name not in self._requesters and len(self._requesters) >= REQUESTER_LABELS:
+            name = "other"
+        self._requesters.add(name)
+        self.requesters.labels(name or "(none)").inc()
 
     def event_result(self, ok: bool) -> None:
         self.events.labels("success" if ok else "failure").inc()

@@ -37,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from common.events import EventRecorder, machine_deployment_event
 from common.names import (
     ADOPTED_ANNOTATION,
     REASON_ADOPTED,
@@ -49,7 +50,6 @@ from common.names import (
 )
 from scaling_webhook.capacity import CapacityUnknown
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.events import EventRecorder, ScaleEvent
 from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.leader import LeaderElector, NotLeader
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
@@ -250,7 +250,9 @@ class Reconciler:
                     "replicas": replicas,
                 },
             )
-        self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message))
+        self.events.record(
+            machine_deployment_event(mapping.machine_deployment, self.scaler.api_version, reason, message)
+        )
         return Change(mapping, what, replicas)
 
     def _within_capacity(self, mapping: Mapping, current: int, target: int, waiting: Counter[str]) -> int:
@@ -304,7 +306,7 @@ class Reconciler:
             },
         )
         self.events.record(
-            ScaleEvent.on(
+            machine_deployment_event(
                 mapping.machine_deployment,
                 self.scaler.api_version,
                 REASON_ADOPTED,
@@ -339,7 +341,7 @@ class Reconciler:
         log.warning(message, extra={"machinedeployment": mapping.machine_deployment_ref, "reason": reason})
         if reason != "missing":
             self.events.record(
-                ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning)
+                machine_deployment_event(mapping.machine_deployment, self.scaler.api_version, reason, message, warning)
             )
 
     def _failed(self, mapping: Mapping, exc: ScaleError) -> None:

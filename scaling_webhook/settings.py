@@ -56,12 +56,20 @@ class ScalingSettings(ServiceSettings):
         description="The leader stops writing this long after its last renewal; must be shorter than the lease duration.",
     )
     lease_retry_seconds: float = Field(2.0, gt=0, description="How often replicas try to take or renew the Lease.")
+    scale_requesters: str = Field(
+        "",
+        description="Comma list of the users (request.userInfo.username) allowed to scale mapped mirrors, e.g. KEDA's "
+        "operator; empty (default): whoever the API server authorized. Others are refused 403.",
+    )
     demand_interval_seconds: float = Field(
         10.0,
         gt=0,
         le=300,
         description="How often node demand is read from slurmrestd, for mappings with nodeDemand (an older reading is served for 3 periods).",
     )
+
+    def scale_requester_set(self) -> frozenset[str]:
+        return frozenset(name.strip() for name in self.scale_requesters.split(",") if name.strip())
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ScalingSettings:

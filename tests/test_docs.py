@@ -129,12 +129,14 @@ def test_the_name_check_catches_an_unknown_name() -> None:
 def registered_metrics() -> set[str]:
     """The metric families both services register (their instruments, built as the services build them)."""
     from common.metrics import WebhookMetrics
+    from injection_webhook.metrics import InjectionMetrics
     from scaling_webhook.demand_poller import DemandGauges
     from scaling_webhook.metrics import ScalingMetrics
 
-    scaling = ScalingMetrics(WebhookMetrics())  # the scaling service's registry holds the shared instruments too
+    scaling = ScalingMetrics(WebhookMetrics())  # each service's registry holds the shared instruments too
     DemandGauges(scaling)
-    return {family.name for family in scaling.webhook.registry.collect()}
+    injection = InjectionMetrics(WebhookMetrics())
+    return {family.name for metrics in (scaling, injection) for family in metrics.webhook.registry.collect()}
 
 
 def test_docs_operations_lists_every_metric() -> None:

@@ -402,12 +402,17 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
         wait_until(lambda: resolver.not_ready_reason() is None, 30, "the resolver caches")
         request = injection_request(secret)
         selected = select(request)
-        assert selected is not None and resolver.resolve(selected, True).__class__.__name__ == "JoinInfo"
+        assert selected is not None
+        owner = resolver.check_owner(selected).verified
+        assert owner is not None and resolver.resolve(selected, owner, True).__class__.__name__ == "JoinInfo"
         before = len(emu.requests)
 
-        def injection() -> Any:
+        def injection() -> Any:  # as the app: select, verify the owner, resolve, respond
             found = select(request)
-            return injection_respond(found, resolver.resolve(found))  # type: ignore[arg-type]
+            assert found is not None
+            verified = resolver.check_owner(found).verified
+            assert verified is not None
+            return injection_respond(found, resolver.resolve(found, verified))
 
         assert injection().outcome == "patched"
         results: dict[str, Any] = {"injection": per_call(injection, calls)}
@@ -416,7 +421,10 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
         def with_envelope() -> bytes:  # + JSON decode and envelope checks, and the JSON encode of the answer
             decoded = decode_review(body)
             found = select(decoded)
-            return encode_review(decoded["uid"], injection_respond(found, resolver.resolve(found)))  # type: ignore[arg-type]
+            assert found is not None
+            verified = resolver.check_owner(found).verified
+            assert verified is not None
+            return encode_review(decoded["uid"], injection_respond(found, resolver.resolve(found, verified)))
 
         results["injection + envelope"] = per_call(with_envelope, calls)
         results["injection_api_calls"] = len([c for c in emu.requests[before:] if c.verb != "watch"])

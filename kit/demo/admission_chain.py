@@ -238,11 +238,9 @@ class AdmissionChain:
         self,
         configurations: Iterable[Mapping[str, Any]],
         namespace_labels: NamespaceLabels | None = None,
-        user_info: Mapping[str, Any] | None = None,
     ) -> None:
         self.webhooks = webhooks_from(configurations)
         self.namespace_labels = namespace_labels or (lambda ns: None)
-        self.user_info = dict(user_info) if user_info else None
         self.calls: list[AdmissionCall] = []
         self._lock = threading.Lock()
         self._clients: dict[str, httpx.Client] = {}
@@ -319,7 +317,7 @@ class AdmissionChain:
             "requestResource": dict(resource),
             "name": attrs.name,
             "operation": attrs.operation,
-            "userInfo": dict(self.user_info or attrs.user_info),
+            "userInfo": dict(attrs.user_info),  # who kubemu says asked (its admin, or an impersonated user)
             "object": obj,
             "oldObject": attrs.old_object,
             "dryRun": bool(attrs.dry_run),

@@ -113,11 +113,7 @@ class DemoEnvironment:
 
         urls = {INJECTION_WEBHOOK: self.injection.url, SCALING_WEBHOOK: self.scaling.url}
         local = [point_to_local(c, urls, self.ca.pem) for c in configurations]
-        self.chain = AdmissionChain(
-            local,
-            namespace_labels=self._namespace_labels,
-            user_info={"username": "kubernetes-admin", "groups": ["system:masters"]},
-        )
+        self.chain = AdmissionChain(local, namespace_labels=self._namespace_labels)
 
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
         assert self.emulator is not None

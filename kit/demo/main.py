@@ -34,6 +34,7 @@ from demo.chart import ChartError, chart_dir
 from demo.environment import INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError
 from testbed.helm import HelmUnavailable, helm_binary
 from testbed.wait import WaitTimeout, wait_for
+from testbed.world import impersonating
 
 INJECTED_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
 CAPI_GROUP, CAPI_VERSION = cluster.CAPI_VERSION.split("/")
@@ -74,6 +75,9 @@ class Story:
         api = env.api_client()
         self.api = api
         self.core = k8s.CoreV1Api(api)
+        # CAPM3 creates the metaData Secrets as its own ServiceAccount; only that identity gets join data.
+        self.capm3 = k8s.CoreV1Api(impersonating(env.api_client()))
+        self.tenant = k8s.CoreV1Api(impersonating(env.api_client(), "tenant-ci-robot"))
         self.apps = k8s.AppsV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
 
@@ -173,7 +177,7 @@ class Story:
         )
         start = self.mark()
         try:
-            self.core.create_namespaced_secret(ns, cast(Any, secret))  # the client sends dicts as they are
+            self.capm3.create_namespaced_secret(ns, cast(Any, secret))  # the client sends dicts as they are
         except ApiException as exc:
             raise DemoError(f"the metaData Secret was rejected: {_api_error(exc)}") from None
         say(f"  admission: {self.describe_call(start, INJECTION_WEBHOOK)}")
@@ -215,6 +219,21 @@ class Story:
             f"  slurm_key_base64 decodes to the {len(decoded)} bytes of slurm.key in "
             f"{cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}; cloud-init can now run "
             f"`slurmd -Z --conf-server {meta['slurm_conf_server']}`"
+        )
+
+        # A tenant who may create Secrets asks the API server for a dry run of the same Secret: the
+        # answer would carry the key if the webhook added it to dry runs or to other requesters.
+        probe = cluster.metadata_secret(env.seeded.metal3_data, machine="probe-0")
+        try:
+            answer = self.tenant.create_namespaced_secret(ns, cast(Any, probe), dry_run="All")
+        except ApiException as exc:
+            raise DemoError(f"the tenant's dry run was rejected: {_api_error(exc)}") from None
+        probed = yaml.safe_load(base64.b64decode((answer.data or {})["metaData"]))
+        if "slurm_key_base64" in probed:
+            raise DemoError("a tenant's server-side dry run received slurm.key")
+        say(
+            "  A tenant's `kubectl create --dry-run=server` of the same Secret (user tenant-ci-robot): admitted "
+            "without join data, with a warning; only CAPM3's identity on a stored create gets the key."
         )
 
         # The matchConditions (CEL) keep other Secrets away from the webhook.

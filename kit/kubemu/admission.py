@@ -26,7 +26,9 @@ class AdmissionAttributes:
     object: dict[str, Any] | None
     old_object: dict[str, Any] | None
     dry_run: bool
-    user_info: dict[str, Any] = field(default_factory=lambda: {"username": "system:admin"})
+    user_info: dict[str, Any] = field(
+        default_factory=lambda: {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+    )
 
 
 class AdmissionDenied(Exception):

@@ -12,7 +12,7 @@ import copy
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -80,6 +80,31 @@ class RequestInfo:
     name: str = ""
     namespace_in_path: bool = False
     extra_parts: bool = False
+    user_info: dict[str, Any] = field(default_factory=dict)  # who asked, as admission reviews name them
+
+
+ADMIN = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+
+
+def user_info(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The requester as kube-apiserver would name it: kubemu's one client identity (the admin of its
+    kubeconfig), or whom an ``Impersonate-User`` header names, with ``Impersonate-Group`` groups and
+    the groups kube-apiserver adds (``system:authenticated``; a ServiceAccount's
+    ``system:serviceaccounts`` and ``system:serviceaccounts:<namespace>``)."""
+    user = ""
+    groups: list[str] = []
+    for key, value in headers:
+        name = key.decode("latin-1").lower()
+        if name == "impersonate-user":
+            user = value.decode("latin-1")
+        elif name == "impersonate-group":
+            groups.append(value.decode("latin-1"))
+    if not user:
+        return dict(ADMIN)
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        groups += ["system:serviceaccounts", f"system:serviceaccounts:{parts[2]}"]
+    return {"username": user, "groups": [*groups, "system:authenticated"]}
 
 
 def parse_request_info(method: str, path: str, query: dict[str, str]) -> RequestInfo:
@@ -228,6 +253,7 @@ class KubeApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         raw_query = scope.get("query_string", b"").decode("latin-1")
         info = parse_request_info(scope["method"], scope["path"], dict(parse_qsl(raw_query, keep_blank_values=True)))
+        info.user_info = user_info(scope["headers"])
 
         def record(status_code: int) -> None:
             self.record(
@@ -438,6 +464,7 @@ class KubeApp:
             object=new,
             old_object=old,
             dry_run=dry_run,
+            user_info=info.user_info or dict(ADMIN),
         )
         try:
             result = await asyncio.to_thread(self.admission, attrs)

@@ -26,14 +26,19 @@ def serve_handler(
     max_body_bytes: int = 64 * 1024,
     poll_seconds: float = 10.0,
     client_ca_file: str | None = None,
+    read_timeout_seconds: float = 10.0,
+    max_connections: int = 512,
+    deadline_seconds: float = 5.0,
 ) -> RunningService:
     metrics = WebhookMetrics()
-    endpoint = AdmissionEndpoint("test", handler, metrics, max_body_bytes)
+    endpoint = AdmissionEndpoint("test", handler, metrics, max_body_bytes, deadline_seconds)
     runner = ServiceRunner(
         webhook_app=admission_app("test", "/review", endpoint),
         certificate=ServingCertificate(str(pki.cert_file), str(pki.key_file), metrics, poll_seconds, client_ca_file),
         metrics=metrics,
         readiness=Readiness(),
+        read_timeout_seconds=read_timeout_seconds,
+        max_connections=max_connections,
     )
     return serve_in_thread(runner, pki.ca_file)
 

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.names import CAPM3_MANAGER_USERNAME
 
-def secret_request(secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    """What the injection webhook receives when CAPM3 creates (or updates) a metaData Secret."""
+
+def secret_request(
+    secret: dict[str, Any],
+    operation: str = "CREATE",
+    *,
+    requester: str = CAPM3_MANAGER_USERNAME,
+    dry_run: bool = False,
+    old: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What the injection webhook receives when CAPM3 (or ``requester``) creates or updates a metaData Secret."""
     return {
         "kind": {"group": "", "version": "v1", "kind": "Secret"},
         "resource": {"group": "", "version": "v1", "resource": "secrets"},
@@ -15,10 +24,10 @@ def secret_request(secret: dict[str, Any], operation: str = "CREATE") -> dict[st
         "name": secret["metadata"]["name"],
         "namespace": secret["metadata"]["namespace"],
         "operation": operation,
-        "userInfo": {"username": "system:serviceaccount:capm3-system:capm3-manager"},
+        "userInfo": {"username": requester, "groups": ["system:serviceaccounts", "system:authenticated"]},
         "object": secret,
-        "oldObject": secret if operation == "UPDATE" else None,
-        "dryRun": False,
+        "oldObject": (old or secret) if operation == "UPDATE" else None,
+        "dryRun": dry_run,
         "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
     }
 

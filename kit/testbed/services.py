@@ -6,13 +6,17 @@ settings), then served over TLS on 127.0.0.1 in its own thread (:func:`testbed.s
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import jsonpatch
 
+from common.names import METADATA_KEY, METAL3_GROUP
 from injection_webhook.main import build as build_injection
 from injection_webhook.settings import InjectionSettings
 from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, RecordedRequest
@@ -156,3 +160,66 @@ class ScaleWebhookRoute:
         if not response["allowed"]:
             raise AdmissionDenied(response["status"]["message"], response["status"]["code"])
         return None
+
+
+class InjectionRoute:
+    """A kubemu admission hook that sends metaData Secrets to the injection webhook, as kube-apiserver would.
+
+    It does what the chart's MutatingWebhookConfiguration makes kube-apiserver do (its
+    matchConditions: a Secret with a ``metaData`` key owned by a Metal3Data): call ``POST /mutate``
+    with an AdmissionReview v1 naming the requester kubemu saw (its admin, or an impersonated user),
+    apply the JSONPatch, refuse the write on a denial. Returns None for every other write.
+    """
+
+    def __init__(self) -> None:
+        self.injection: RunningService | None = None
+        self.admitted: list[str] = []
+        self.warnings: list[str] = []
+
+    def __call__(self, attrs: AdmissionAttributes) -> dict[str, Any] | None:
+        if attrs.resource == "secrets" and attrs.operation in ("CREATE", "UPDATE") and _is_metadata(attrs.object):
+            return self._inject(attrs)
+        return None
+
+    def _inject(self, attrs: AdmissionAttributes) -> dict[str, Any]:
+        assert self.injection is not None, "no injection webhook is running"
+        secret = attrs.object or {}
+        request = {
+            "kind": attrs.kind,
+            "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "requestKind": attrs.kind,
+            "requestResource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
+            "name": attrs.name or secret["metadata"]["name"],
+            "namespace": attrs.namespace,
+            "operation": attrs.operation,
+            "userInfo": attrs.user_info,
+            "object": secret,
+            "oldObject": attrs.old_object,
+            "dryRun": attrs.dry_run,
+            "options": {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "CreateOptions" if attrs.operation == "CREATE" else "UpdateOptions",
+            },
+        }
+        response = self.injection.review("/mutate", request)
+        self.warnings += response.get("warnings") or []
+        if not response["allowed"]:
+            raise AdmissionDenied(
+                f'admission webhook "injection.slime.dev" denied the request: {response["status"]["message"]}',
+                response["status"]["code"],
+            )
+        self.admitted.append(f"{attrs.namespace}/{request['name']}")
+        if "patch" not in response:
+            return secret
+        patch = json.loads(base64.b64decode(response["patch"]))
+        patched: dict[str, Any] = jsonpatch.apply_patch(secret, patch)
+        return patched
+
+
+def _is_metadata(secret: dict[str, Any] | None) -> bool:
+    if not secret or METADATA_KEY not in (secret.get("data") or {}):
+        return False
+    owners = (secret.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/") for o in owners
+    )

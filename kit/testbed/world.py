@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from common.names import ADOPTED_ANNOTATION
+from common.names import ADOPTED_ANNOTATION, CAPM3_MANAGER_USERNAME
 
 Obj = dict[str, Any]
 
@@ -537,3 +537,11 @@ def scale_mirror(emulator: Any, namespace: str, name: str, replicas: int, dry_ru
         return result
     finally:
         api.close()
+
+
+def impersonating(api_client: Any, username: str = CAPM3_MANAGER_USERNAME) -> Any:
+    """``api_client`` sending every request as ``username`` (``Impersonate-User``), as CAPM3's manager by
+    default: kube-apiserver (and kubemu) then name that user in admission reviews. The caller's own
+    identity needs the ``impersonate`` verb, which cluster admins have."""
+    api_client.set_default_header("Impersonate-User", username)
+    return api_client

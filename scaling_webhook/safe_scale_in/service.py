@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from common.events import EventRecorder, machine_deployment_event
 from common.kube import KubeClient, KubeError
 from common.names import (
     CAPI_GROUP,
@@ -53,7 +54,6 @@ from common.names import (
     SLURM_NODE_ANNOTATION,
 )
 from scaling_webhook.errors import ScaleError, denial_code
-from scaling_webhook.events import EventRecorder, ScaleEvent
 from scaling_webhook.machinedeployments import CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
@@ -145,7 +145,9 @@ class SafeScaleIn:
             self._slurm.clear()
 
     def _event(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
-        self.events.record(ScaleEvent.on(mapping.machine_deployment, self.scaler.api_version, reason, message, warning))
+        self.events.record(
+            machine_deployment_event(mapping.machine_deployment, self.scaler.api_version, reason, message, warning)
+        )
 
     def _slurm_failed(self, mapping: Mapping, exc: SlurmUnavailable, doing: str) -> None:
         self.metrics.slurm_errors.inc()

@@ -8,7 +8,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from injection_webhook.handler import JoinInfo, NotOptedIn, Unresolved, respond, select
+from injection_webhook.handler import JoinInfo, NotOptedIn, Unresolved, Unverified, respond, select, withheld, withhold
 from injection_webhook.metadata import JOIN_KEYS, MetaDataError, join_entries, merged_metadata
 from testbed.reviews import secret_request
 from testbed.world import b64
@@ -25,7 +25,6 @@ INFO = JoinInfo(
     port=30817,
     key_base64=b64(b"k" * 64),
     source="Controller slurm/slurm in cluster local",
-    metal3data_uid=OWNER["uid"],
 )
 
 
@@ -46,12 +45,13 @@ def secret(metadata_yaml: str = "providerid: metal3/bmh-0/m3m-0\n", owners: list
 def test_select_reads_the_metal3_facts() -> None:
     target = select(secret_request(secret()))
     assert target is not None
-    assert (target.namespace, target.name, target.metal3data, target.cluster_name) == (
+    assert (target.namespace, target.name, target.metal3data, target.metal3data_uid) == (
         "metal3",
         "m3m-0-metadata",
         "tmpl-0",
-        "c1",
+        "u1",
     )
+    assert (target.requester, target.dry_run) == ("system:serviceaccount:capm3-system:capm3-manager", False)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ def test_respond_is_idempotent() -> None:
 
 
 def test_respond_updates_stale_values_when_slurmctld_moved() -> None:
-    moved = JoinInfo(host="192.0.2.99", port=6817, key_base64=INFO.key_base64, source="x", metal3data_uid=OWNER["uid"])
+    moved = JoinInfo(host="192.0.2.99", port=6817, key_base64=INFO.key_base64, source="x")
     once = jsonpatch.apply_patch(secret(), respond(select(secret_request(secret())), INFO).patch)  # type: ignore[arg-type]
     response = respond(select(secret_request(once, "UPDATE")), moved)  # type: ignore[arg-type]
     content = yaml.safe_load(base64.b64decode(response.patch[0]["value"]))
@@ -174,7 +174,14 @@ def test_unresolved_denies_naming_the_secret_and_reason() -> None:
     [
         ("%%%not-base64", "data.metaData is not valid base64 of UTF-8 text"),
         (base64.b64encode(b"\xff\xfe").decode(), "data.metaData is not valid base64 of UTF-8 text"),
-        (b64("a: [unclosed\n"), "data.metaData is not valid YAML (line 2)"),
+        (b64("a: 'unclosed\n"), "data.metaData is not valid YAML (line 2)"),
+        (b64("a: [unclosed\n"), "data.metaData has a nested value (line 1); CAPM3 writes a flat map of strings"),
+        (b64("a: &x b\nc: *x\n"), "data.metaData uses a YAML anchor (line 1); CAPM3 writes a flat map of strings"),
+        (b64("c: *x\n"), "data.metaData uses a YAML alias (line 1); CAPM3 writes a flat map of strings"),
+        (b64("a: !!binary aGk=\n"), "data.metaData uses a YAML tag (line 1); CAPM3 writes a flat map of strings"),
+        (b64("a: {b: c}\n"), "data.metaData has a nested value (line 1); CAPM3 writes a flat map of strings"),
+        (b64("a: b\n---\nc: d\n"), "data.metaData holds more than one YAML document (line 2); expected one map"),
+        (b64("".join(f"k{i}: v\n" for i in range(1001))), "data.metaData has more than 1000 keys"),
         (b64("- a\n- b\n"), "data.metaData is a YAML list, expected a map"),
         (b64("just text"), "data.metaData is a YAML str, expected a map"),
     ],
@@ -227,14 +234,50 @@ def test_join_info_repr_hides_the_key() -> None:
     assert INFO.key_base64 not in repr(INFO)
 
 
-@pytest.mark.parametrize("uid", ["", "a-guessed-uid", None], ids=["empty", "guessed", "absent"])
-def test_join_data_only_for_the_owner_uid_the_cluster_has(uid: str | None) -> None:
-    """No oracle: a review naming a real Metal3Data without its uid (a value only its readers have) gets no key."""
-    owner = {k: v for k, v in OWNER.items() if k != "uid"} if uid is None else {**OWNER, "uid": uid}
-    response = respond(select(secret_request(secret(owners=[owner]))), INFO)  # type: ignore[arg-type]
+def test_an_unverified_owner_gets_one_message_that_reveals_nothing() -> None:
+    """Missing, wrong uid, another namespace: the resolver's verdict is Unverified, answered alike."""
+    response = respond(select(secret_request(secret())), Unverified())  # type: ignore[arg-type]
     assert not response.allowed and response.patch is None and response.code == 403
     assert response.message == (
-        "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: its owner reference names Metal3Data metal3/tmpl-0 "
-        "with a uid that Metal3Data does not have; CAPM3 creates this Secret with the uid of its Metal3Data"
+        "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: its owner reference does not name a "
+        "Metal3Data SliMe can verify (CAPM3 creates this Secret owned by its Metal3Data, with that Metal3Data's uid)"
     )
-    assert INFO.key_base64 not in response.message and OWNER["uid"] not in response.message
+
+
+ALLOWED = frozenset({"system:serviceaccount:capm3-system:capm3-manager"})
+
+
+@pytest.mark.parametrize(
+    ("requester", "dry_run", "reason", "warning"),
+    [
+        ("system:serviceaccount:capm3-system:capm3-manager", True, "dry-run", "this is a dry run"),
+        ("tenant", False, "requester", "this requester may not receive it"),
+        ("", False, "requester", "this requester may not receive it"),
+        ("tenant", True, "dry-run", "this is a dry run"),
+    ],
+)
+def test_join_data_is_withheld_from_dry_runs_and_other_requesters(
+    requester: str, dry_run: bool, reason: str, warning: str
+) -> None:
+    target = select(secret_request(secret(), requester=requester, dry_run=dry_run))
+    assert target is not None and withheld(target, ALLOWED) == reason
+    response = withhold(target, reason)
+    assert response.allowed and response.patch is None and response.outcome == "allowed"
+    assert response.warnings == (f"SliMe added no Slurm join data: {warning}",)
+    assert response.message.startswith("Slurm join data withheld from Secret metal3/m3m-0-metadata: ")
+    assert (requester or "(none)") in response.message or reason == "dry-run"
+
+
+def test_capm3_on_a_stored_request_is_entitled() -> None:
+    target = select(secret_request(secret()))
+    assert target is not None and withheld(target, ALLOWED) is None
+
+
+def test_an_update_that_leaves_metadata_alone_is_recognised() -> None:
+    """The baremetal-operator labels the Secret it consumes: metaData unchanged, nothing to add or withhold."""
+    stored = secret()
+    labelled = {**stored, "metadata": {**stored["metadata"], "labels": {"environment.metal3.io": "baremetal"}}}
+    same = select(secret_request(labelled, "UPDATE", requester="bmo", old=stored))
+    changed = select(secret_request(secret("other: x\n"), "UPDATE", requester="bmo", old=stored))
+    assert same is not None and same.metadata_unchanged
+    assert changed is not None and not changed.metadata_unchanged

@@ -180,7 +180,29 @@ def test_admission_hook_mutates_and_denies() -> None:
         ("UPDATE", "deployments", "Scale", 11, 3, False),
         ("UPDATE", "deployments", "Scale", 4, 3, True),
     ]
-    assert seen[0].user_info == {"username": "system:admin"} and seen[0].group == "" and seen[0].version == "v1"
+    admin = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+    assert seen[0].user_info == admin and seen[0].group == "" and seen[0].version == "v1"
+
+
+def test_admission_names_the_impersonated_user_as_kube_apiserver_does() -> None:
+    """``Impersonate-User``/``-Group`` become the review's userInfo; a ServiceAccount gets its groups."""
+    seen: list[AdmissionAttributes] = []
+
+    with Emulator(admission=lambda attrs: seen.append(attrs)) as emu:
+        api = emu.api_client()
+        api.set_default_header("Impersonate-User", "system:serviceaccount:capm3-system:capm3-manager")
+        client.CoreV1Api(api).create_namespaced_config_map("default", {"metadata": {"name": "as-capm3"}})
+        tenant = emu.api_client()
+        tenant.set_default_header("Impersonate-User", "alice")
+        tenant.set_default_header("Impersonate-Group", "tenants")
+        client.CoreV1Api(tenant).create_namespaced_config_map("default", {"metadata": {"name": "as-alice"}})
+    assert [a.user_info for a in seen] == [
+        {
+            "username": "system:serviceaccount:capm3-system:capm3-manager",
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:capm3-system", "system:authenticated"],
+        },
+        {"username": "alice", "groups": ["tenants", "system:authenticated"]},
+    ]
 
 
 def test_slow_admission_hook_does_not_block_other_requests() -> None:

@@ -94,7 +94,7 @@ def test_a_forged_review_with_a_guessed_uid_gets_no_key(emulator: Emulator, pki:
             forged["metadata"]["ownerReferences"][0]["uid"] = guess
             response = review(injection, "/mutate", secret_request(forged))
             assert response["allowed"] is False and "patch" not in response
-            assert "with a uid that Metal3Data does not have" in response["status"]["message"]
+            assert "does not name a Metal3Data SliMe can verify" in response["status"]["message"]
             assert not carries_the_key(response, slurm)
             assert data["metadata"]["uid"] not in json.dumps(
                 response

@@ -18,90 +18,38 @@
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import yaml
 from kubernetes import client
 
-from kubemu import AdmissionAttributes, AdmissionDenied, Emulator
+from kubemu import AdmissionAttributes, Emulator
 from testbed.real.cloudinit import USER_DATA, Node, boot
 from testbed.real.netns import Network
 from testbed.real.slurm import Slurm, SlurmRoot
-from testbed.serve import RunningService
-from testbed.services import ScaleWebhookRoute
-from testbed.world import SlurmCluster, metadata_secret, seed_metal3
+from testbed.services import InjectionRoute, ScaleWebhookRoute
+from testbed.world import SlurmCluster, impersonating, metadata_secret, seed_metal3
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 METAL3_NS = "metal3"
 METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
 
 
-class Admission:
-    """kubemu's admission hook: metaData Secrets to the injection webhook, ``/scale`` of mirrors to the scaling webhooks.
-
-    The Secret part does what the chart's MutatingWebhookConfiguration makes kube-apiserver do
-    (its matchConditions: a Secret with a ``metaData`` key owned by a Metal3Data): call
-    ``POST /mutate`` with an AdmissionReview v1, apply the JSONPatch, refuse the write on a denial.
-    """
+class Admission(InjectionRoute):
+    """kubemu's admission hook for a site: metaData Secrets to the injection webhook, ``/scale`` of mirrors to
+    the scaling webhooks."""
 
     def __init__(self) -> None:
-        self.injection: RunningService | None = None
+        super().__init__()
         self.scale: ScaleWebhookRoute | None = None
-        self.admitted: list[str] = []
 
     def __call__(self, attrs: AdmissionAttributes) -> dict[str, Any] | None:
-        if attrs.resource == "secrets" and attrs.operation in ("CREATE", "UPDATE") and self._is_metadata(attrs.object):
-            return self._inject(attrs)
-        if self.scale is not None:
+        admitted = super().__call__(attrs)
+        if admitted is None and self.scale is not None:
             return self.scale(attrs)
-        return None
-
-    @staticmethod
-    def _is_metadata(secret: dict[str, Any] | None) -> bool:
-        if not secret or "metaData" not in (secret.get("data") or {}):
-            return False
-        owners = (secret.get("metadata") or {}).get("ownerReferences") or []
-        return any(
-            o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/")
-            for o in owners
-        )
-
-    def _inject(self, attrs: AdmissionAttributes) -> dict[str, Any]:
-        assert self.injection is not None, "no injection webhook is running"
-        secret = attrs.object or {}
-        request = {
-            "kind": attrs.kind,
-            "resource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
-            "requestKind": attrs.kind,
-            "requestResource": {"group": attrs.group, "version": attrs.version, "resource": attrs.resource},
-            "name": attrs.name or secret["metadata"]["name"],
-            "namespace": attrs.namespace,
-            "operation": attrs.operation,
-            "userInfo": {"username": "system:serviceaccount:capm3-system:capm3-manager"},
-            "object": secret,
-            "oldObject": attrs.old_object,
-            "dryRun": attrs.dry_run,
-            "options": {
-                "apiVersion": "meta.k8s.io/v1",
-                "kind": "CreateOptions" if attrs.operation == "CREATE" else "UpdateOptions",
-            },
-        }
-        response = self.injection.review("/mutate", request)
-        if not response["allowed"]:
-            raise AdmissionDenied(
-                f'admission webhook "injection.slime.dev" denied the request: {response["status"]["message"]}',
-                response["status"]["code"],
-            )
-        self.admitted.append(f"{attrs.namespace}/{request['name']}")
-        if "patch" not in response:
-            return secret
-        patch = json.loads(base64.b64decode(response["patch"]))
-        patched: dict[str, Any] = jsonpatch.apply_patch(secret, patch)
-        return patched
+        return admitted
 
 
 @dataclass
@@ -130,8 +78,9 @@ class Site:
             data, machine=machine or hostname, host=f"bmh-{index}", extra={"local-hostname": hostname}
         )
         api = self.api()
+        capm3 = client.CoreV1Api(impersonating(self.emulator.api_client()))  # CAPM3 creates it as its own identity
         try:
-            api.create_namespaced_secret(METAL3_NS, secret)  # type: ignore[arg-type]  # the client accepts a plain dict body
+            capm3.create_namespaced_secret(METAL3_NS, secret)  # type: ignore[arg-type]  # the client accepts a plain dict body
             stored: dict[str, Any] = api.api_client.sanitize_for_serialization(
                 api.read_namespaced_secret(secret["metadata"]["name"], METAL3_NS)
             )

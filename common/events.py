@@ -1,8 +1,9 @@
-"""Kubernetes Events on MachineDeployments, recorded off the admission path.
+"""Kubernetes Events, recorded off the admission path (both services).
 
 ``record`` only queues; a daemon thread posts core v1 Events. A failure is logged and counted,
 never raised: an Event is a courtesy to whoever runs ``kubectl describe``, not part of the
-decision.
+decision. The scaling webhook records them on MachineDeployments, the injection webhook on the
+Metal3Data whose join data it withheld.
 """
 
 from __future__ import annotations
@@ -20,32 +21,37 @@ from typing import Any
 
 from common.kube import KubeClient, KubeError, ResourcePath
 
-log = logging.getLogger("slime.scaling.events")
+log = logging.getLogger("slime.events")
 
-COMPONENT = "slime-scaling-webhook"
 EVENTS = ResourcePath("", "v1", "events")
 QUEUE_SIZE = 1000
 
 
 @dataclass(frozen=True, slots=True)
-class ScaleEvent:
+class ObjectEvent:
+    """An Event about one object: its kind, apiVersion, namespace and name (and uid, when known)."""
+
+    kind: str
+    api_version: str
     namespace: str
     name: str
-    api_version: str
     reason: str
     message: str
     type: str = "Normal"  # or "Warning"
-
-    @classmethod
-    def on(
-        cls, machine_deployment: tuple[str, str], api_version: str, reason: str, message: str, warning: bool = False
-    ) -> ScaleEvent:
-        """An Event about the MachineDeployment ``(namespace, name)``."""
-        namespace, name = machine_deployment
-        return cls(namespace, name, api_version, reason, message, "Warning" if warning else "Normal")
+    action: str = ""
+    uid: str = ""
 
 
-def event_body(event: ScaleEvent, instance: str, now: datetime) -> dict[str, Any]:
+def machine_deployment_event(
+    machine_deployment: tuple[str, str], api_version: str, reason: str, message: str, warning: bool = False
+) -> ObjectEvent:
+    """An Event about the MachineDeployment ``(namespace, name)`` (the scaling webhook's)."""
+    namespace, name = machine_deployment
+    kind = "MachineDeployment"
+    return ObjectEvent(kind, api_version, namespace, name, reason, message, "Warning" if warning else "Normal", "Scale")
+
+
+def event_body(event: ObjectEvent, component: str, instance: str, now: datetime) -> dict[str, Any]:
     """A core v1 Event in the new style (eventTime + reporting fields), valid for the API server."""
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -53,17 +59,18 @@ def event_body(event: ScaleEvent, instance: str, now: datetime) -> dict[str, Any
         "kind": "Event",
         "metadata": {"name": f"{event.name}.{time.time_ns():x}", "namespace": event.namespace},
         "involvedObject": {
-            "kind": "MachineDeployment",
+            "kind": event.kind,
             "apiVersion": event.api_version,
             "namespace": event.namespace,
             "name": event.name,
+            **({"uid": event.uid} if event.uid else {}),
         },
         "reason": event.reason,
         "message": event.message,
         "type": event.type,
-        "action": "Scale",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
+        "action": event.action or event.reason,
+        "source": {"component": component},
+        "reportingComponent": component,
         "reportingInstance": instance,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
@@ -75,16 +82,17 @@ def event_body(event: ScaleEvent, instance: str, now: datetime) -> dict[str, Any
 class EventRecorder:
     """Posts Events from a bounded queue on one daemon thread."""
 
-    def __init__(self, client: KubeClient, on_result: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, client: KubeClient, component: str, on_result: Callable[[bool], None] | None = None) -> None:
         self.client = client
+        self.component = component
         self.instance = (os.environ.get("POD_NAME") or socket.gethostname())[:128]
         self._on_result = on_result
-        self._queue: queue.Queue[ScaleEvent | None] = queue.Queue(QUEUE_SIZE)
+        self._queue: queue.Queue[ObjectEvent | None] = queue.Queue(QUEUE_SIZE)
         self._thread: threading.Thread | None = None
 
     def start(self) -> EventRecorder:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="scaling events", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"{self.component} events", daemon=True)
             self._thread.start()
         return self
 
@@ -95,14 +103,14 @@ class EventRecorder:
             except queue.Full:
                 pass
 
-    def record(self, event: ScaleEvent) -> None:
+    def record(self, event: ObjectEvent) -> None:
         """Queue an Event; never blocks and never raises."""
         try:
             self._queue.put_nowait(event)
         except queue.Full:
             log.warning(
                 "event queue full; event dropped",
-                extra={"machinedeployment": f"{event.namespace}/{event.name}", "reason": event.reason},
+                extra={"object": f"{event.kind} {event.namespace}/{event.name}", "reason": event.reason},
             )
             self._result(False)
 
@@ -123,8 +131,8 @@ class EventRecorder:
             finally:
                 self._queue.task_done()
 
-    def _send(self, event: ScaleEvent) -> None:
-        body = event_body(event, self.instance, datetime.now(UTC))
+    def _send(self, event: ObjectEvent) -> None:
+        body = event_body(event, self.component, self.instance, datetime.now(UTC))
         try:
             self.client.request(
                 "POST", EVENTS.collection(event.namespace), body=body, content_type="application/json", timeout=5.0
@@ -133,7 +141,7 @@ class EventRecorder:
             log.warning(
                 "cannot record event",
                 extra={
-                    "machinedeployment": f"{event.namespace}/{event.name}",
+                    "object": f"{event.kind} {event.namespace}/{event.name}",
                     "reason": event.reason,
                     "error": str(exc),
                 },
@@ -141,7 +149,7 @@ class EventRecorder:
             self._result(False)
             return
         except Exception:
-            log.exception("cannot record event", extra={"machinedeployment": f"{event.namespace}/{event.name}"})
+            log.exception("cannot record event", extra={"object": f"{event.kind} {event.namespace}/{event.name}"})
             self._result(False)
             return
         self._result(True)
