@@ -53,6 +53,12 @@ class WebhookMetrics:
             ["webhook"],
             registry=self.registry,
         )
+        self.busy = Counter(
+            "slime_webhook_busy_total",
+            "Large reviews (over 64 KiB) answered 503 because another large review was being handled.",
+            ["webhook"],
+            registry=self.registry,
+        )
         self.dropped_connections = Counter(
             "slime_webhook_dropped_connections_total",
             "Connections closed by the server: a request not read in full in time (slow), or over the connection cap.",

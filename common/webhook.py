@@ -6,9 +6,13 @@ decoded ``request`` dict to an :class:`AdmissionResponse`.
 
 Every request gets an AdmissionReview answer, never a bare 5xx: a body that is not a usable
 review is answered with an errored review (400, 413 or 415) and counted as malformed; a handler
-that raises or passes ``deadline_seconds`` is answered 500 or 503 and counted. A body larger than
-:data:`DECODE_OFF_LOOP_BYTES` is decoded in a worker thread, so a burst of large hostile bodies
-shares the interpreter with the admissions around them instead of queueing them on the loop.
+that raises or passes ``deadline_seconds`` is answered 500 or 503 and counted.
+
+A body larger than :data:`LARGE_BODY_BYTES` (kube-apiserver's reviews for SliMe are a few
+kilobytes) is reviewed one at a time: it is decoded in a worker thread, so the loop keeps serving
+the admissions around it, and one that cannot start within :data:`LARGE_QUEUE_SECONDS` is
+answered 503 at once (the API server retries). A burst of large hostile bodies then costs one
+large review's work at any moment, and every answer stays prompt.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ AdmissionHandler = Callable[[dict[str, Any]], Awaitable[AdmissionResponse]]
 
 log = logging.getLogger("slime.admission")
 
-DECODE_OFF_LOOP_BYTES = 64 * 1024  # CAPM3's and KEDA's reviews are a few kilobytes
+LARGE_BODY_BYTES = 64 * 1024
+LARGE_QUEUE_SECONDS = 0.1
 
 
 class AdmissionEndpoint:
@@ -58,6 +63,7 @@ class AdmissionEndpoint:
         self.max_body_bytes = max_body_bytes
         self.deadline_seconds = deadline_seconds
         self._metrics = metrics
+        self._one_large = asyncio.Semaphore(1)
         self._too_large = f"request entity is too large; limit is {max_body_bytes} bytes"
         self._latency = metrics.latency.labels(webhook)
         self._in_flight = metrics.in_flight.labels(webhook)
@@ -85,7 +91,23 @@ class AdmissionEndpoint:
         try:
             check_content_type(http_request.headers.get("content-type"))
             raw = await self._read_body(http_request)
-            large = len(raw) > DECODE_OFF_LOOP_BYTES
+        except AdmissionError as exc:
+            self._metrics.malformed.labels(self.webhook, str(exc.code)).inc()
+            return exc.uid, errored(exc.code, exc.message), None
+        if len(raw) <= LARGE_BODY_BYTES:
+            return await self._decided(raw, large=False)
+        try:
+            await asyncio.wait_for(self._one_large.acquire(), LARGE_QUEUE_SECONDS)
+        except TimeoutError:
+            self._metrics.busy.labels(self.webhook).inc()
+            return "", errored(503, f"the {self.webhook} webhook is reviewing another large request; retry"), None
+        try:
+            return await self._decided(raw, large=True)
+        finally:
+            self._one_large.release()
+
+    async def _decided(self, raw: bytes, large: bool) -> tuple[str, AdmissionResponse, RequestSummary | None]:
+        try:
             request = await asyncio.to_thread(decode_review, raw) if large else decode_review(raw)
         except AdmissionError as exc:
             self._metrics.malformed.labels(self.webhook, str(exc.code)).inc()

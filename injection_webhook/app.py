@@ -19,7 +19,7 @@ from common.events import EventRecorder, ObjectEvent
 from common.names import METAL3_GROUP, REASON_JOIN_DATA_WITHHELD
 from common.webhook import AdmissionEndpoint, AdmissionHandler, admission_app
 from injection_webhook.handler import MetaDataSecret, Unresolved, Unverified, respond, select, withheld, withhold
-from injection_webhook.large import LargeEdits
+from injection_webhook.large import respond_off_loop
 from injection_webhook.metrics import InjectionMetrics
 from injection_webhook.resolver import VERIFY_WAIT_SECONDS, InjectionResolver, NeedsWait
 
@@ -66,7 +66,6 @@ class WithheldEvents:
 
 def make_handler(
     resolver: InjectionResolver,
-    edits: LargeEdits,
     metrics: InjectionMetrics,
     allowed_requesters: frozenset[str],
     events: WithheldEvents,
@@ -114,20 +113,19 @@ def make_handler(
             resolution = resolver.resolve(secret, metal3data)  # warm caches: dict reads, no I/O
         except NeedsWait:
             resolution = await asyncio.to_thread(resolver.resolve, secret, metal3data, True)
-        return await edits.respond(secret, resolution)
+        return await respond_off_loop(secret, resolution)
 
     return handle
 
 
 def create_app(
     resolver: InjectionResolver,
-    edits: LargeEdits,
     metrics: InjectionMetrics,
     max_body_bytes: int,
     allowed_requesters: frozenset[str],
     events: EventRecorder | None = None,
     deadline_seconds: float = 5.0,
 ) -> ASGIApp:
-    handler = make_handler(resolver, edits, metrics, allowed_requesters, WithheldEvents(events, resolver))
+    handler = make_handler(resolver, metrics, allowed_requesters, WithheldEvents(events, resolver))
     endpoint = AdmissionEndpoint(WEBHOOK_NAME, handler, metrics.webhook, max_body_bytes, deadline_seconds)
     return admission_app("SliMe injection webhook", PATH, endpoint)

@@ -11,7 +11,6 @@ from common.metrics import WebhookMetrics
 from common.names import INJECTION_COMPONENT
 from common.serving import Readiness, ServiceRunner, runner_for
 from injection_webhook.app import create_app
-from injection_webhook.large import LargeEdits
 from injection_webhook.metrics import InjectionMetrics
 from injection_webhook.resolver import InjectionResolver
 from injection_webhook.settings import InjectionSettings
@@ -36,7 +35,6 @@ def build(settings: InjectionSettings) -> ServiceRunner:
     # API server's own timeout (the chart's timeoutSeconds: 10) gives up on the webhook.
     app = create_app(
         resolver,
-        LargeEdits(),
         metrics,
         settings.max_body_bytes,
         settings.requesters(),

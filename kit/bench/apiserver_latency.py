@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from bench.sections import replace_section
+from common.names import CAPM3_MANAGER_USERNAME
 from testbed.helm import REPO_ROOT
 from testbed.real.build import control_plane_binaries, crd_files
 from testbed.real.controlplane import ControlPlane
@@ -39,14 +40,13 @@ from testbed.real.image import build_image
 from testbed.real.objects import RealApi
 from testbed.real.pods import run_pod, run_process
 from testbed.real.release import Release, tier_values
+from testbed.real.tier import seed_management_cluster
 from testbed.world import (
     SLIME_NAMESPACE,
     ensure_namespace,
     machine_deployment,
     metadata_secret,
     seed_metal3,
-    seed_nodeport,
-    seed_slinky,
 )
 
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
@@ -96,8 +96,7 @@ def run(admissions: int, runner: str, workdir: Path) -> dict[str, object]:
         api = RealApi(cp)
         for namespace in ("metal3", "slurm"):
             ensure_namespace(api, namespace)
-        slurm = seed_slinky(api)
-        seed_nodeport(api, slurm.namespace, slurm.controller)
+        seed_management_cluster(api)
         api.create(machine_deployment("md-a", "metal3", replicas=1, version="v1beta2", cluster="bm-cluster", full=True))
         release = Release(
             cp,
@@ -143,7 +142,7 @@ def run(admissions: int, runner: str, workdir: Path) -> dict[str, object]:
                 answer = http.post(
                     "/api/v1/namespaces/metal3/secrets",
                     content=json.dumps(secret),
-                    headers={"Content-Type": "application/json"},
+                    headers={"Content-Type": "application/json", "Impersonate-User": CAPM3_MANAGER_USERNAME},
                 )
                 client_ms["injection"].append((time.perf_counter() - started) * 1000)
                 assert answer.status_code == 201, answer.text

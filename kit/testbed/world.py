@@ -545,3 +545,50 @@ def impersonating(api_client: Any, username: str = CAPM3_MANAGER_USERNAME) -> An
     identity needs the ``impersonate`` verb, which cluster admins have."""
     api_client.set_default_header("Impersonate-User", username)
     return api_client
+
+
+def seed_capm3_identity(api: ObjectApi, metal3_namespaces: tuple[str, ...] = ("metal3",)) -> str:
+    """CAPM3's manager identity on a real API server: its ServiceAccount, and the Secret rights its
+    ClusterRole grants (create, read and update the metaData Secrets), so a tier can create those
+    Secrets as CAPM3 does (impersonating it; see :func:`impersonating`). Returns the username."""
+    ensure_namespace(api, "capm3-system")
+    for namespace in metal3_namespaces:
+        ensure_namespace(api, namespace)
+    if api.get("v1", "ServiceAccount", "capm3-system", "capm3-manager") is None:
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "capm3-manager", "namespace": "capm3-system"},
+            }
+        )
+    rbac = "rbac.authorization.k8s.io/v1"
+    if api.get(rbac, "ClusterRole", "", "slime-test-capm3-secrets") is None:
+        api.create(
+            {
+                "apiVersion": rbac,
+                "kind": "ClusterRole",
+                "metadata": {"name": "slime-test-capm3-secrets"},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "resources": ["secrets"],
+                        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
+                    }
+                ],
+            }
+        )
+        api.create(
+            {
+                "apiVersion": rbac,
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "slime-test-capm3-secrets"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "slime-test-capm3-secrets",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "capm3-manager", "namespace": "capm3-system"}],
+            }
+        )
+    return CAPM3_MANAGER_USERNAME

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import time
 
 import pytest
 import yaml
 
+from common.names import CAPM3_MANAGER_USERNAME
+from testbed.real.objects import RealApi
 from testbed.real.story import MD_NAME, MD_NAMESPACE, MD_START, MIRROR, Stack, apiserver_webhook_calls, send_review
 from testbed.reviews import scale_request, secret_request
 from testbed.world import metadata_secret, seed_metal3
@@ -24,6 +27,7 @@ pytestmark = [pytest.mark.real_k8s, pytest.mark.timeout(300)]
 INJECTION, SCALING = "injection.webhook.slime", "scaling.webhook.slime"
 JOIN_KEYS = {"slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64"}
 OPT_IN = {"slurm-controller-namespace": "slurm"}
+AS_CAPM3 = f"--as={CAPM3_MANAGER_USERNAME}"  # CAPM3 creates these Secrets as its own ServiceAccount
 
 
 def stored_metadata(stack: Stack, namespace: str, name: str) -> dict[str, str]:
@@ -89,7 +93,7 @@ def test_capm3_metadata_secret_stored_with_the_join_data(stack: Stack, field: st
     if field == "stringData":  # kube-apiserver folds stringData into data before admission
         secret["stringData"] = {"metaData": base64.b64decode(secret.pop("data")["metaData"]).decode()}
     before = apiserver_webhook_calls(stack.cp, INJECTION).get("200", 0)
-    stack.api.create(secret)
+    RealApi(stack.cp, as_user=CAPM3_MANAGER_USERNAME).create(secret)
     metadata = stored_metadata(stack, secret["metadata"]["namespace"], secret["metadata"]["name"])
     check_join_data(stack, metadata)
     assert metadata["local-hostname"] == f"m3m-{index}", "CAPM3's own keys are kept"
@@ -102,12 +106,11 @@ def test_a_secret_whose_owner_does_not_match_is_refused(stack: Stack, mismatch: 
     secret = metadata_secret(data, machine=f"m3m-{mismatch}")
     if mismatch == "wrong-uid":
         secret["metadata"]["ownerReferences"][0]["uid"] = "00000000-0000-4000-8000-000000000000"
-        expected = "with a uid that Metal3Data does not have"
     else:
         stack.cp.kubectl("create", "namespace", "elsewhere", check=False)
         secret["metadata"]["namespace"] = "elsewhere"
-        expected = "does not exist"
-    proc = stack.cp.kubectl("create", "-f", "-", stdin=yaml.safe_dump(secret), check=False)
+    expected = "its owner reference does not name a Metal3Data SliMe can verify"  # one answer for every case
+    proc = stack.cp.kubectl("create", AS_CAPM3, "-f", "-", stdin=yaml.safe_dump(secret), check=False)
     assert proc.returncode != 0
     assert f'admission webhook "{INJECTION}" denied the request' in proc.stderr and expected in proc.stderr, proc.stderr
     assert stack.api.get("v1", "Secret", secret["metadata"]["namespace"], secret["metadata"]["name"]) is None
@@ -119,12 +122,51 @@ def test_a_denied_injection_surfaces_in_kubectls_error(stack: Stack) -> None:
         stack.api, template="lost-template", template_labels={"slurm-controller-namespace": "no-slurm-here"}, index=4
     )
     secret = metadata_secret(data, machine="m3m-lost")
-    proc = stack.cp.kubectl("create", "-f", "-", stdin=yaml.safe_dump(secret), check=False)
+    proc = stack.cp.kubectl("create", AS_CAPM3, "-f", "-", stdin=yaml.safe_dump(secret), check=False)
     assert proc.returncode != 0
     assert (
         f'admission webhook "{INJECTION}" denied the request: cannot inject Slurm join data into Secret metal3/m3m-lost-metadata'
         in proc.stderr
     ), proc.stderr
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run=server", "create"])
+def test_no_key_for_anyone_but_capm3_and_never_in_a_dry_run(stack: Stack, dry_run: bool) -> None:
+    """Issue 20: a tenant who may create Secrets asks for one owned by a real Metal3Data (real uid)."""
+    _, data = seed_metal3(stack.api, template_labels=OPT_IN, index=11 if dry_run else 12)
+    secret = metadata_secret(data, machine="m3m-probe-dry" if dry_run else "m3m-probe")
+    stack.cp.kubectl("create", "namespace", "tenant", check=False)
+    # The tenant: a ServiceAccount allowed to create Secrets in the Metal3 namespace, nothing more.
+    stack.cp.kubectl("create", "serviceaccount", "ci-robot", "-n", "tenant", check=False)
+    stack.cp.kubectl(
+        "create", "role", "secrets-writer", "-n", "metal3", "--verb=create,get", "--resource=secrets", check=False
+    )
+    stack.cp.kubectl(
+        "create",
+        "rolebinding",
+        "ci-robot-secrets",
+        "-n",
+        "metal3",
+        "--role=secrets-writer",
+        "--serviceaccount=tenant:ci-robot",
+        check=False,
+    )
+    tenant = "--as=system:serviceaccount:tenant:ci-robot"
+    flags = ["--dry-run=server", "-o", "json"] if dry_run else ["-o", "json"]
+    proc = stack.cp.kubectl("create", tenant, *flags, "-f", "-", stdin=yaml.safe_dump(secret))
+    answered = yaml.safe_load(base64.b64decode(json.loads(proc.stdout)["data"]["metaData"]))
+    assert not JOIN_KEYS & set(answered), sorted(answered)
+    assert "SliMe added no Slurm join data" in proc.stderr  # the admission warning, as kubectl prints it
+    if not dry_run:
+        assert not JOIN_KEYS & set(stored_metadata(stack, "metal3", secret["metadata"]["name"]))
+        stack.cp.kubectl("delete", "secret", "-n", "metal3", secret["metadata"]["name"])
+    # The same, dry run or not, as CAPM3: only the stored create carries the key.
+    proc = stack.cp.kubectl("create", AS_CAPM3, *flags, "-f", "-", stdin=yaml.safe_dump(secret))
+    answered = yaml.safe_load(base64.b64decode(json.loads(proc.stdout)["data"]["metaData"]))
+    if dry_run:
+        assert not JOIN_KEYS & set(answered)
+    else:
+        check_join_data(stack, answered)
 
 
 def test_kubectl_scale_moves_the_machine_deployment(stack: Stack) -> None:

@@ -16,6 +16,8 @@ from collections import Counter
 import pytest
 import yaml
 
+from common.names import CAPM3_MANAGER_USERNAME
+from testbed.real.objects import RealApi
 from testbed.real.story import MD_NAME, MD_NAMESPACE, MIRROR, Stack, send_review
 from testbed.reviews import scale_request, secret_request
 from testbed.world import metadata_secret, seed_metal3
@@ -67,7 +69,7 @@ def test_kill_and_restart_the_api_server_and_etcd(stack: Stack) -> None:
 
     def injected_with_the_new_host() -> bool:
         stack.api.delete("v1", "Secret", secret["metadata"]["namespace"], secret["metadata"]["name"])
-        stack.api.create(secret)
+        RealApi(stack.cp, as_user=CAPM3_MANAGER_USERNAME).create(secret)
         stored = stack.api.get("v1", "Secret", secret["metadata"]["namespace"], secret["metadata"]["name"]) or {}
         return bool(
             yaml.safe_load(base64.b64decode(stored["data"]["metaData"])).get("slurm_controller_host") == "192.0.2.99"

@@ -36,7 +36,14 @@ from testbed.real.netns import Network
 from testbed.real.objects import RealApi
 from testbed.real.release import Release, tier_values
 from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port, prepare_root
-from testbed.world import SLIME_NAMESPACE, SlurmCluster, ensure_namespace, seed_nodeport, seed_slinky
+from testbed.world import (
+    SLIME_NAMESPACE,
+    SlurmCluster,
+    ensure_namespace,
+    seed_capm3_identity,
+    seed_nodeport,
+    seed_slinky,
+)
 
 Progress = Callable[[str], None]
 MIRROR = "mirror-a"
@@ -202,6 +209,7 @@ def _slinky(api: RealApi, network: Network) -> tuple[SlurmCluster, int]:
     slinky = seed_slinky(api, host_ip=network.host_address)
     port = free_port(30000, 32767)  # slurmctld listens on the NodePort's port, as in the thesis setup
     seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
+    seed_capm3_identity(api, (SPEC.namespace,))  # metaData Secrets are created as CAPM3
     return slinky, port
 
 

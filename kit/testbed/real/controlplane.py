@@ -368,12 +368,18 @@ class ControlPlane:
         return httpx.Client(base_url=self.url, verify=context, timeout=timeout)
 
     def request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json", timeout: float = 10.0
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 10.0,
+        as_user: str | None = None,
     ) -> Any:
+        """One API call as the admin, or as ``as_user`` (impersonated: kube-apiserver authorizes and names that user)."""
+        headers = {"Content-Type": content_type, **({"Impersonate-User": as_user} if as_user else {})}
         with self.http(timeout) as client:
-            answer = client.request(
-                method, path, content=None if body is None else json.dumps(body), headers={"Content-Type": content_type}
-            )
+            answer = client.request(method, path, content=None if body is None else json.dumps(body), headers=headers)
         if answer.status_code >= 300:
             raise ControlPlaneError(f"{method} {path}: {answer.status_code} {answer.text[:500]}")
         return answer.json() if answer.content else None

@@ -53,7 +53,14 @@ from testbed.real.slurm import Slurm, SlurmConfig, SlurmFailed, SlurmRoot, free_
 from testbed.real.slurm_metrics import PATH as METRICS_PATH
 from testbed.real.slurm_metrics import SlurmMetrics
 from testbed.real.timeline import ScaleUp, plot, render
-from testbed.world import SLIME_NAMESPACE, SlurmCluster, ensure_namespace, seed_nodeport, seed_slinky
+from testbed.world import (
+    SLIME_NAMESPACE,
+    SlurmCluster,
+    ensure_namespace,
+    seed_capm3_identity,
+    seed_nodeport,
+    seed_slinky,
+)
 
 Progress = Callable[[str], None]
 PARTITION = "batch"
@@ -287,6 +294,7 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         slinky = seed_slinky(api, host_ip=network.host_address)
         port = free_port(30000, 32767)
         seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
+        seed_capm3_identity(api, (SPEC.namespace,))  # metaData Secrets are created as CAPM3
         slurm = Slurm(
             parts.root,
             workdir / "slurm",

@@ -95,6 +95,7 @@ from typing import Any
 import httpx
 import yaml
 
+from common.names import CAPM3_MANAGER_USERNAME
 from testbed.real.build import KUBE_VERSION  # the tier's control plane: what the stand-in and the Machines report
 from testbed.real.capi import CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL
 from testbed.real.cloudinit import USER_DATA, Node, boot
@@ -125,13 +126,15 @@ def b64(data: bytes | str) -> str:
 
 
 class Api:
-    """The few calls the simulator makes, as the tier's admin, over one kept-alive HTTPS connection."""
+    """The few calls the simulator makes, as the tier's admin (or impersonating ``as_user``), over one kept-alive
+    HTTPS connection."""
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, as_user: str | None = None) -> None:
         pki = cp.workdir / "pki"
         context = ssl.create_default_context(cafile=str(cp.ca_file))
         context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self.client = httpx.Client(base_url=cp.url, verify=context, timeout=15)
+        headers = {"Impersonate-User": as_user} if as_user else {}
+        self.client = httpx.Client(base_url=cp.url, verify=context, timeout=15, headers=headers)
         self.lock = threading.Lock()
 
     def close(self) -> None:
@@ -480,6 +483,7 @@ class MachineSimulator:
 
     def __post_init__(self) -> None:
         self.api = Api(self.cp)
+        self.capm3 = Api(self.cp, as_user=CAPM3_MANAGER_USERNAME)
         self.nodes_dir = self.workdir / "nodes"
         self.nodes_dir.mkdir(parents=True, exist_ok=True)
 
@@ -502,6 +506,7 @@ class MachineSimulator:
         for booted in list(self.booted.values()):
             self._power_off(booted, check=False)
         self.api.close()
+        self.capm3.close()
 
     def step(self) -> None:
         """One pass over every simulated controller; failures are recorded and retried next pass."""
@@ -940,7 +945,7 @@ class MachineSimulator:
         secret_name = f"{_meta(m3m)['name']}-metadata"
         if self.api.get("v1", "secrets", self.namespace, secret_name) is None:
             content = render_meta_data(template, data, m3m, machine, host)
-            self.api.create(
+            self.capm3.create(  # as CAPM3's ServiceAccount: only that identity gets the join data
                 "v1",
                 "secrets",
                 self.namespace,

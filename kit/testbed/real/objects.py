@@ -31,6 +31,8 @@ KINDS: dict[str, tuple[str, bool]] = {
     "MachineDeployment": ("machinedeployments", True),
     "Cluster": ("clusters", True),
     "Machine": ("machines", True),
+    "ClusterRole": ("clusterroles", False),
+    "ClusterRoleBinding": ("clusterrolebindings", False),
 }
 
 
@@ -43,10 +45,14 @@ def collection_path(api_version: str, kind_or_plural: str, namespace: str = "") 
 
 
 class RealApi:
-    """:class:`testbed.world.ObjectApi` over the real API server, as the admin."""
+    """:class:`testbed.world.ObjectApi` over the real API server, as the admin (or as ``as_user``, impersonated)."""
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, as_user: str | None = None) -> None:
         self.cp = cp
+        self.as_user = as_user
+
+    def _request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        return self.cp.request(method, path, body, content_type=content_type, as_user=self.as_user)
 
     def create(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         namespace = namespace or obj["metadata"].get("namespace", "")
@@ -62,7 +68,7 @@ class RealApi:
         deadline = time.monotonic() + 30
         while True:
             try:
-                created: dict[str, Any] = self.cp.request("POST", path, body)
+                created: dict[str, Any] = self._request("POST", path, body)
                 break
             except ControlPlaneError as exc:
                 # A namespace's `default` ServiceAccount appears a moment after the namespace (KCM).
@@ -74,7 +80,7 @@ class RealApi:
                     raise
                 time.sleep(0.2)
         if obj.get("status"):
-            created = self.cp.request(
+            created = self._request(
                 "PATCH",
                 f"{path}/{created['metadata']['name']}/status",
                 {"status": obj["status"]},
@@ -84,7 +90,7 @@ class RealApi:
 
     def get(self, api_version: str, kind_or_plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            found: dict[str, Any] = self.cp.request(
+            found: dict[str, Any] = self._request(
                 "GET", f"{collection_path(api_version, kind_or_plural, namespace)}/{name}"
             )
             return found
@@ -109,7 +115,7 @@ class RealApi:
             )
             if q
         )
-        listed = self.cp.request(
+        listed = self._request(
             "GET", collection_path(api_version, kind_or_plural, namespace) + (f"?{query}" if query else "")
         )
         items: list[dict[str, Any]] = listed.get("items") or []
@@ -127,12 +133,12 @@ class RealApi:
         path = f"{collection_path(api_version, kind_or_plural, namespace)}/{name}" + (
             f"/{subresource}" if subresource else ""
         )
-        patched: dict[str, Any] = self.cp.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        patched: dict[str, Any] = self._request("PATCH", path, patch, content_type="application/merge-patch+json")
         return patched
 
     def delete(self, api_version: str, kind_or_plural: str, namespace: str, name: str) -> None:
         try:
-            self.cp.request("DELETE", f"{collection_path(api_version, kind_or_plural, namespace)}/{name}")
+            self._request("DELETE", f"{collection_path(api_version, kind_or_plural, namespace)}/{name}")
         except ControlPlaneError as exc:
             if ": 404 " not in str(exc):
                 raise

@@ -27,7 +27,7 @@ from testbed.real.image import build_image
 from testbed.real.objects import RealApi
 from testbed.real.pods import Pod, run_pod, run_process
 from testbed.real.release import Release
-from testbed.world import SlurmCluster, seed_nodeport, seed_slinky
+from testbed.world import SlurmCluster, seed_capm3_identity, seed_nodeport, seed_slinky
 
 Progress = Callable[[str], None]
 RUNNER = os.environ.get("SLIME_REAL_RUNNER", "pod")  # "pod": the image with podman (CI); "process": local processes
@@ -133,7 +133,9 @@ class Stack:
 
 
 def seed_management_cluster(api: RealApi, host_ip: str = "192.0.2.10", node_port: int = 30817) -> SlurmCluster:
-    """Slinky (Controller, slurmctld StatefulSet and pod with a hostIP, the key Secrets) and a NodePort for slurmctld."""
+    """Slinky (Controller, slurmctld StatefulSet and pod with a hostIP, the key Secrets), a NodePort for slurmctld, and
+    CAPM3's ServiceAccount with the Secret rights its role grants."""
     slurm = seed_slinky(api, host_ip=host_ip)
     seed_nodeport(api, slurm.namespace, slurm.controller, node_port=node_port)
+    seed_capm3_identity(api)  # the tiers create metaData Secrets as CAPM3's ServiceAccount, as CAPM3 does
     return slurm
