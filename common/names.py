@@ -54,7 +54,12 @@ JWT_KEY_KEY: Final = "slurm_jwt_hs256_key_base64"
 ADOPTED_ANNOTATION: Final = "slime/machine-deployment"
 SLURM_NODE_ANNOTATION: Final = "slime/slurm-node"
 DELETE_MACHINE_VALUE: Final = "slime"
-PRE_DRAIN_HOOK: Final = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
+# The lifecycle hook that holds a deleting Machine until Slurm lets its node go. Cluster API waits
+# for pre-terminate hooks on every Machine (after drain, before the infrastructure is deleted);
+# pre-drain hooks only on Machines with a nodeRef, which a host without a kubelet never gets.
+PRE_TERMINATE_HOOK: Final = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/slime"
+# What SliMe before 0.2 set instead; removed from the Machines it finds it on.
+LEGACY_PRE_DRAIN_HOOK: Final = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
 HOOK_OWNER: Final = SCALING_COMPONENT  # the value of the lifecycle hook annotations: who holds them
 MAPPINGS_KEY: Final = "mappings"
 MAX_REPLICAS_KEY: Final = "maxReplicas"

@@ -7,13 +7,14 @@ replica that lost the Lease stops between two writes.
   - Scale-down N -> M: choose up to N-M victims (:mod:`.victims`), DRAIN each in Slurm (a node
     already drained by an admin keeps its reason), read Slurm again (a job may have landed:
     give that node back), mark each Machine ``cluster.x-k8s.io/delete-machine`` with the
-    pre-drain hook and the node's name, and only then lower the replicas by the number marked.
+    pre-terminate hook and the node's name, and only then lower the replicas by the number marked.
     Fewer safe victims than asked: a ``ScaleInDeferred`` Warning; the reconciler retries.
     slurmrestd unusable: no scale-in at all (``SlurmUnavailable``).
   - Scale-up: first reclaim Machines we marked that are not deleting yet (remove the mark;
     UNDRAIN only drains SliMe made), then set the replicas. Works without Slurm.
-* :meth:`SafeScaleIn.maintain` (every pass): keep the pre-drain hook on every Machine; for
-  each deleting Machine, read Slurm *for that Machine at that moment* and release the hook only
+* :meth:`SafeScaleIn.maintain` (every pass): keep the pre-terminate hook on every Machine
+  (Cluster API waits for it with or without a nodeRef; the pre-drain hook an earlier SliMe set,
+  which does not hold a Machine without one, is replaced); for each deleting Machine, read Slurm *for that Machine at that moment* and release the hook only
   when Slurm reports its node drained and idle (then the node is returned to FUTURE, so Slurm
   keeps its record for the pool, or deleted with ``releasedNodes: delete``), or gone after it
   had joined, or when :func:`.victims.never_joined` holds. Otherwise it waits: a node
@@ -41,7 +42,8 @@ from common.names import (
     DELETE_MACHINE_VALUE,
     DEPLOYMENT_NAME_LABEL,
     HOOK_OWNER,
-    PRE_DRAIN_HOOK,
+    LEGACY_PRE_DRAIN_HOOK,
+    PRE_TERMINATE_HOOK,
     REASON_DEFERRED,
     REASON_DRAIN_OVERDUE,
     REASON_NODE_DELETED,
@@ -76,6 +78,9 @@ log = logging.getLogger("slime.scaling.safe_scale_in")
 
 
 Fence = Callable[[], None]  # raises when this replica may not write
+
+HOOKS = frozenset({PRE_TERMINATE_HOOK, LEGACY_PRE_DRAIN_HOOK})  # either holds a deleting Machine for SliMe
+RELEASE: dict[str, str | None] = dict.fromkeys(HOOKS)  # the patch that lets a held Machine go
 
 
 def _no_fence() -> None:
@@ -302,7 +307,7 @@ class SafeScaleIn:
             for candidate, _ in drained:
                 values: dict[str, str | None] = {
                     DELETE_MACHINE_ANNOTATION: DELETE_MACHINE_VALUE,
-                    PRE_DRAIN_HOOK: HOOK_OWNER,
+                    PRE_TERMINATE_HOOK: HOOK_OWNER,
                 }
                 if candidate.node is not None:
                     values[SLURM_NODE_ANNOTATION] = candidate.node.name
@@ -368,9 +373,14 @@ class SafeScaleIn:
         with self._lock(mapping):
             machines = self.machines(mapping)
             for machine in machines:
-                if not is_deleting(machine) and PRE_DRAIN_HOOK not in machine_annotations(machine):
-                    self._annotate(mapping, machine_name(machine), {PRE_DRAIN_HOOK: HOOK_OWNER}, fence)
-            held = [m for m in machines if is_deleting(m) and PRE_DRAIN_HOOK in machine_annotations(m)]
+                annotations = machine_annotations(machine)
+                if not is_deleting(machine) and (
+                    PRE_TERMINATE_HOOK not in annotations or LEGACY_PRE_DRAIN_HOOK in annotations
+                ):
+                    # One patch adds the hook and drops the one SliMe < 0.2 set.
+                    hooks = {PRE_TERMINATE_HOOK: HOOK_OWNER, LEGACY_PRE_DRAIN_HOOK: None}
+                    self._annotate(mapping, machine_name(machine), hooks, fence)
+            held = [m for m in machines if is_deleting(m) and HOOKS & set(machine_annotations(m))]
             for machine in held:
                 if not self._release(mapping, config, machine, fence):
                     return  # slurmrestd unusable: nothing is released, nothing else is done
@@ -395,13 +405,13 @@ class SafeScaleIn:
                         mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned"
                     )
                     return True
-                self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
+                self._annotate(mapping, name, RELEASE, fence)
                 self._event(mapping, REASON_RELEASED, f"Machine {name}: {evidence}; deletion may proceed")
                 return True
             if node.drained:
                 fence()
                 reason, what = self._let_go(config, slurm, node.name)
-                self._annotate(mapping, name, {PRE_DRAIN_HOOK: None}, fence)
+                self._annotate(mapping, name, RELEASE, fence)
                 self._event(
                     mapping,
                     reason,

@@ -113,7 +113,9 @@ def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(site: Sit
     wait_for(lambda: slurm.jobs()[job]["job_state"] == ["COMPLETED"], 60, f"job {job} to run on the returned hosts")
     assert sorted(slurm.hostnames(slurm.jobs()[job]["nodes"])) == ["bm-a", "bm-b"]
     p.reconcile()
-    assert all(p.capi.held(m["metadata"]["name"]) for m in p.capi.live())  # the new Machines carry the pre-drain hook
+    assert all(
+        p.capi.held(m["metadata"]["name"]) for m in p.capi.live()
+    )  # the new Machines carry the pre-terminate hook
     assert p.capi.violations == []
 
 

@@ -47,7 +47,7 @@ def seed_pool(emulator: Emulator, slurm: FakeSlurmrestd, key: bytes, replicas: i
     emulator.create(mirror(MIRROR, replicas=replicas, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
     emulator.create(safe_config_map(slurm.url, **safe))
-    capi = CapiSim(emulator, slurm)
+    capi = CapiSim(emulator, slurm=slurm)
     for _ in range(replicas):
         capi.add_machine()
     return capi

@@ -69,7 +69,7 @@ def make_pool(
     assert same, "Slinky's JWT Secret does not hold the key slurmctld verifies with"  # (no key in the report)
     emulator.create(mirror(MIRROR, replicas=replicas, adopted_from=f"{MD_NS}/{MD}"))
     emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
-    capi = RealCapi(site, host_names=hosts)
+    capi = RealCapi(site.emulator, site=site, host_names=hosts)
     for _ in range(replicas):
         capi.add_machine()
     emulator.create(safe_config_map(site.slurm.restd_url, **safe))

@@ -18,10 +18,11 @@ from testbed.world import machine_deployment, mirror
 def env(
     emulator: Emulator, slurm: FakeSlurmrestd, jwt_key: bytes, scaling_factory: Callable[..., Scaling]
 ) -> Callable[..., Env]:
-    """``env(n, hosts=())``: a mirror and a MachineDeployment at n replicas, n Machines joined to Slurm
-    (their hosts named from ``hosts`` when given, see :class:`CapiSim`)."""
+    """``env(n, hosts=(), kubelet=False)``: a mirror and a MachineDeployment at n replicas, n Machines joined
+    to Slurm (their hosts named from ``hosts`` when given, see :class:`CapiSim`); with ``kubelet`` the hosts
+    register a Node (the Machines get a nodeRef), else they run slurmd only, as plain cloud-init hosts."""
 
-    def make(replicas: int, hosts: tuple[str, ...] = ()) -> Env:
+    def make(replicas: int, hosts: tuple[str, ...] = (), kubelet: bool = False) -> Env:
         emulator.create(
             {
                 "apiVersion": "v1",
@@ -33,7 +34,7 @@ def env(
         )
         emulator.create(mirror(MIRROR, replicas=replicas))
         emulator.create(machine_deployment(MD, MD_NS, replicas=replicas))
-        capi = CapiSim(emulator, slurm, hosts=hosts)
+        capi = CapiSim(emulator, kubelet=kubelet, slurm=slurm, hosts=hosts)
         for _ in range(replicas):
             capi.add_machine()
         return Env(emulator, slurm, capi, scaling_factory)

@@ -16,14 +16,14 @@ import httpx
 import jwt
 import pytest
 
-from common.names import DELETE_MACHINE_ANNOTATION, SLURM_NODE_ANNOTATION
+from common.names import DELETE_MACHINE_ANNOTATION, HOOK_OWNER, LEGACY_PRE_DRAIN_HOOK, SLURM_NODE_ANNOTATION
 from scaling_webhook.mappings import MappingError, parse_mappings
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
 from testbed.capi_sim import MD, MD_NS, Env
 from testbed.fake_slurmrestd import FakeSlurmrestd
 from testbed.wait import wait_for
-from testbed.world import md_events, md_replicas
+from testbed.world import CAPI, md_events, md_replicas
 
 IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
 
@@ -42,7 +42,7 @@ def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env
     assert e.slurm.state("node-002") == ALLOCATED  # X never drained, never marked
     assert "DRAIN" in e.slurm.state("node-001") and "DRAIN" in e.slurm.state("node-003")
     assert e.capi.machine("md-001")["metadata"]["annotations"][SLURM_NODE_ANNOTATION] == "node-001"
-    e.capi.step()  # CAPI deletes the marked Machines; the pre-drain hook holds them
+    e.capi.step()  # CAPI deletes the marked Machines; the pre-terminate hook holds them
     assert e.hooked("md-001") and e.capi.machine("md-001")["metadata"].get("deletionTimestamp")
     scaling.service.reconcile_once()  # nodes drained: back to FUTURE in Slurm, then the hook goes
     e.capi.step()
@@ -188,7 +188,7 @@ def test_pre_drain_hook_waits_for_the_drain(env: Callable[[int], Env]) -> None:
     scaling = e.scaling()
     # The leader's first pass adds the hooks; the service answers /readyz before that pass ends
     # (under load this showed: once in about 20 runs the hooks were not there yet at readiness).
-    wait_for(lambda: e.hooked("md-001") and e.hooked("md-002"), 10, "the pre-drain hooks of the first reconcile")
+    wait_for(lambda: e.hooked("md-001") and e.hooked("md-002"), 10, "the pre-terminate hooks of the first reconcile")
     e.slurm.start_job("node-001", time.time() + 60)
     e.emulator.delete("cluster.x-k8s.io/v1beta1", "Machine", MD_NS, "md-001")  # someone deletes it directly
     scaling.service.reconcile_once()
@@ -211,7 +211,7 @@ def test_a_machine_cluster_api_creates_gets_the_hook_on_its_watch_event(env: Cal
     e = env(1)
     e.scaling()
     created = e.capi.add_machine()  # Cluster API creates a Machine (a scale-up by someone, or a replacement)
-    wait_for(lambda: e.hooked(created), 5, f"the pre-drain hook on {created}")
+    wait_for(lambda: e.hooked(created), 5, f"the pre-terminate hook on {created}")
 
 
 def test_a_drain_timeout_warns_and_never_releases_a_busy_node(env: Callable[[int], Env]) -> None:
@@ -300,9 +300,12 @@ def test_a_never_provisioned_victim_is_released_with_its_evidence(env: Callable[
     assert "never joined Slurm and its infrastructure was never provisioned" in event["message"]
 
 
-def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], Env]) -> None:
+@pytest.mark.parametrize("kubelet", [False, True], ids=["hosts-without-a-node", "hosts-with-a-kubelet"])
+def test_randomized_simulation_never_removes_a_busy_node(env: Callable[..., Env], kubelet: bool) -> None:
+    """Both bootstrap styles, with CAPI v1.14's rules: a host without a kubelet never gets a nodeRef, so a
+    pre-drain hook would not hold its Machine; SliMe's pre-terminate hook holds it either way."""
     rng = random.Random(20240611)
-    e = env(4)
+    e = env(4, kubelet=kubelet)
     scaling = e.scaling()
     annotated_busy: list[str] = []
     for _ in range(100):
@@ -319,6 +322,9 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[[int], En
                     annotated_busy.append(machine["metadata"]["name"])
         if rng.random() < 0.3:
             scaling.service.reconcile_once()
+        live = e.capi.live()
+        if live and rng.random() < 0.1:  # someone else deletes a Machine: a rolling update, a remediation
+            e.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, rng.choice(live)["metadata"]["name"])
         e.capi.step()
     assert annotated_busy == []
     assert scaling.metric("slime_scaling_scale_in_victims_total") > 0  # the scenario did exercise scale-in
@@ -546,3 +552,39 @@ def test_config_defaults() -> None:
         parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in
         is None
     )
+
+
+def test_a_pre_drain_hook_alone_does_not_hold_a_machine_without_a_node(env: Callable[..., Env]) -> None:
+    """What CAPI v1.14 does (and the stand-in with it): the hook SliMe before 0.2 set lets a busy host go."""
+    e = env(1)
+    e.slurm.start_job("node-001", time.time() + 600)
+    e.emulator.patch(
+        f"{CAPI}/v1beta1",
+        "Machine",
+        MD_NS,
+        "md-001",
+        {"metadata": {"annotations": {LEGACY_PRE_DRAIN_HOOK: HOOK_OWNER}}},
+    )
+    e.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, "md-001")
+    assert e.capi.step() == ["md-001"]
+    assert e.capi.violations == ["deprovisioned md-001 while node node-001 ran jobs"]
+
+
+def test_the_legacy_pre_drain_hook_is_replaced_by_the_pre_terminate_hook(env: Callable[..., Env]) -> None:
+    e = env(2)
+    for name in ("md-001", "md-002"):
+        e.emulator.patch(
+            f"{CAPI}/v1beta1",
+            "Machine",
+            MD_NS,
+            name,
+            {"metadata": {"annotations": {LEGACY_PRE_DRAIN_HOOK: HOOK_OWNER}}},
+        )
+    scaling = e.scaling()
+    wait_for(lambda: all(e.hooked(n) for n in ("md-001", "md-002")), 10, "the pre-terminate hooks")
+    for machine in e.capi.machines():
+        assert LEGACY_PRE_DRAIN_HOOK not in machine["metadata"]["annotations"]
+    e.slurm.start_job("node-001", time.time() + 600)
+    e.scale(scaling, 0)
+    e.capi.step()
+    assert e.capi.violations == [] and e.hooked("md-001")  # busy: held by the new hook, no nodeRef needed
