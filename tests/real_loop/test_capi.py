@@ -1,7 +1,7 @@
 """Real Cluster API under the scaling webhook: scale-up from zero, bare-metal nodes join real Slurm, safe scale-in.
 
 The MachineDeployment → MachineSet → Machine chain, the ``delete-machine`` priority and the
-pre-drain hook are the CAPI core controller manager v1.14.2's own behaviour; only CAPM3, the
+pre-terminate hook are the CAPI core controller manager v1.14.2's own behaviour; only CAPM3, the
 baremetal-operator, cloud-init and the kubelet are simulated (:mod:`testbed.real.machines`,
 every shortcut listed there). The mirror is scaled through kube-apiserver, so the chart's
 scaling webhook admits it and its leader moves the MachineDeployment; each host boots the
@@ -24,7 +24,7 @@ from testbed.real.components import component
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(900)]
 
 DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
-PRE_DRAIN = "pre-drain.delete.hook.machine.cluster.x-k8s.io/slime"
+PRE_TERMINATE = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/slime"
 JOIN_KEYS = {"slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64"}
 
 
@@ -80,20 +80,20 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
         f"\n[capi] mirror scaled 0 -> 2: MachineDeployment followed after {followed - started:.1f} s, "
         f"both Machines Running and both slurmd joined after {joined - started:.1f} s"
     )
-    for machine in running:  # SliMe's pre-drain hook is on every Machine of the opted-in pool before any deletion
+    for machine in running:  # SliMe's pre-terminate hook is on every Machine of the opted-in pool before any deletion
         s.wait_for(
             lambda m=machine: (
-                PRE_DRAIN in (s.machine(m["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {})
+                PRE_TERMINATE in (s.machine(m["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {})
             ),
             60,
-            f"SliMe's pre-drain hook on {machine['metadata']['name']}",
+            f"SliMe's pre-terminate hook on {machine['metadata']['name']}",
         )
     # A real job on one node; the other stays idle.
     busy, idle = names
     job = s.job_on(busy, "release-busy")
 
     # Scale-in by one: SliMe drains the idle node, marks its Machine delete-machine, lowers the MachineDeployment;
-    # CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-drain hook holds it
+    # CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-terminate hook holds it
     # until SliMe returned the node to FUTURE in Slurm (its record kept for the host); then the host is deprovisioned.
     idle_host = next(m for m in running if m["metadata"]["name"] == idle)["spec"]["providerID"].split("/")[-2]
     s.scale_mirror(1)
@@ -121,7 +121,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     assert len(s.events("SlurmNodeReturnedToFuture")) >= 1
     assert s.sim.violations == []
 
-    # An operator deletes the busy Machine: CAPI waits for SliMe's pre-drain hook, SliMe drains the node in
+    # An operator deletes the busy Machine: CAPI waits for SliMe's pre-terminate hook, SliMe drains the node in
     # Slurm and holds it while the job runs. CAPI's MachineSet counts a deleting Machine (cluster-api#3434):
     # no replacement until it is gone.
     s.cp.kubectl("-n", SPEC.namespace, "delete", "machine", busy, "--wait=false")
@@ -132,15 +132,15 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
         deleting = conditions.get("Deleting") or {}
         return (
             bool(machine.get("metadata", {}).get("deletionTimestamp"))
-            and deleting.get("reason") == "WaitingForPreDrainHook"
+            and deleting.get("reason") == "WaitingForPreTerminateHook"
             and "DRAIN" in s.slurm.node_states().get(busy, set())
         )
 
-    s.wait_for(held, 120, f"CAPI to hold Machine {busy} on the pre-drain hook, SliMe to drain {busy}")
+    s.wait_for(held, 120, f"CAPI to hold Machine {busy} on the pre-terminate hook, SliMe to drain {busy}")
     assert any(
-        '"Waiting for pre-drain hooks to succeed"' in line
+        '"Waiting for pre-terminate hooks to succeed"' in line
         and f'Machine="{SPEC.namespace}/{busy}"' in line
-        and PRE_DRAIN in line
+        and PRE_TERMINATE in line
         for line in s.manager.log.read_text(errors="replace").splitlines()
     ), "CAPI's own log says it waits for SliMe's hook"
     watched_until = (
@@ -149,7 +149,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     while time.monotonic() < watched_until:
         time.sleep(0.5)
         machine = s.machine(busy)
-        assert machine is not None and PRE_DRAIN in machine["metadata"]["annotations"], (
+        assert machine is not None and PRE_TERMINATE in machine["metadata"]["annotations"], (
             "the hook holds the busy Machine"
         )
         assert [m["metadata"]["name"] for m in s.machines()] == [busy]
