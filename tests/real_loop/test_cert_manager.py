@@ -8,8 +8,8 @@ out and refreshed the way kubelet does (``testbed.real.pods.VolumeSync``). Every
 on 127.0.0.1 only.
 
 The renewal is what ``cmctl renew`` does (the ``Issuing=True`` condition), RENEWALS times in a row on both serving
-certificates at once, while a bounded loop of admissions (dry-run creates of a CAPM3 metaData
-Secret for the injection webhook, dry-run scales of the mirror for the scaling webhook) goes
+certificates at once, while a bounded loop of admissions (creates of a CAPM3 metaData
+Secret for the injection webhook, stored as CAPM3's manager and removed again; dry-run scales of the mirror for the scaling webhook) goes
 through kube-apiserver. Acceptance: no admission fails (as the client sees it, and as
 kube-apiserver counts its webhook calls), and each pod serves the new serial within
 RENEWAL_BOUND_SECONDS of the renewal (a generous bound, not a timing claim: the measured figures
@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from common.names import CAPM3_MANAGER_USERNAME
 from testbed.real import story as k8s
 from testbed.real.certmanager import (
     CertManager,
@@ -46,7 +47,14 @@ from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.objects import RealApi
 from testbed.real.pods import Pod, VolumeSync, run_pod, run_process
 from testbed.real.release import Release, tier_values
-from testbed.world import SLIME_NAMESPACE, ensure_namespace, machine_deployment, metadata_secret, seed_metal3
+from testbed.world import (
+    SLIME_NAMESPACE,
+    ensure_namespace,
+    machine_deployment,
+    metadata_secret,
+    seed_capm3_identity,
+    seed_metal3,
+)
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(600)]
 
@@ -154,6 +162,7 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
             )
         )
         _, data = seed_metal3(api, template_labels=OPT_IN, index=40)
+        seed_capm3_identity(api)  # the load creates metaData Secrets as CAPM3's manager does
         values = tier_values(
             k8s.PREPARED.image or "localhost/slime:process",
             [
@@ -264,12 +273,16 @@ class Load:
     seconds: float = 0.0
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def injection(self, client: Any) -> None:
-        secret = metadata_secret(self.cm.metal3_data, machine="m3m-load")
-        answer = client.post(f"/api/v1/namespaces/{secret['metadata']['namespace']}/secrets?dryRun=All", json=secret)
+    def injection(self, client: Any, index: int) -> None:
+        # A stored create as CAPM3's manager (a dry run, or anyone else, is admitted without the join
+        # data by design), removed again by the admin so the namespace does not fill up.
+        secret = metadata_secret(self.cm.metal3_data, machine=f"m3m-load-{index}")
+        secrets = f"/api/v1/namespaces/{secret['metadata']['namespace']}/secrets"
+        answer = client.post(secrets, json=secret, headers={"Impersonate-User": CAPM3_MANAGER_USERNAME})
         if answer.status_code != 201:
             self.failures.append(f"injection: {answer.status_code} {answer.json().get('message', '')[:200]}")
             return
+        client.delete(f"{secrets}/{secret['metadata']['name']}")
         metadata = yaml.safe_load(base64.b64decode(answer.json()["data"]["metaData"]))
         if "slurm_conf_server" not in metadata:  # never print the metadata: it holds slurm.key
             self.failures.append("injection: admitted without the join data")
@@ -292,7 +305,7 @@ class Load:
                 which = "injection" if index % 2 == 0 else "scaling"
                 try:
                     if which == "injection":
-                        self.injection(client)
+                        self.injection(client, index)
                     else:
                         self.scaling(client, 3 + index % 4 // 2)
                 except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
