@@ -229,7 +229,7 @@ def test_the_chain_is_issued(cm: CertStack) -> None:
         secret = cm.secret_of(component_name)
         leaf = x509.load_pem_x509_certificate(secret["tls.crt"])
         leaf.verify_directly_issued_by(ca)
-        assert secret["ca.crt"] == cm.secret_of("ca")["tls.crt"], "the Secret's ca.crt is the chart's CA"
+        assert _same_ca(secret["ca.crt"], cm.secret_of("ca")["tls.crt"]), "the Secret's ca.crt is the chart's CA"
         sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
             x509.DNSName
         )
@@ -239,10 +239,21 @@ def test_the_chain_is_issued(cm: CertStack) -> None:
     client.verify_directly_issued_by(x509.load_pem_x509_certificate(cm.secret_of("client-ca")["tls.crt"]))
 
 
+def _same_ca(pem: bytes, ca_pem: bytes) -> bool:
+    """``pem`` is the chart's CA: same subject and key. Byte equality is too strict: cert-manager may
+    issue the CA Certificate again (seen once in CI after the tier's API server restart), and a leaf
+    Secret's ``ca.crt`` keeps the copy it was signed under until the leaf renews. The CA's
+    ``rotationPolicy: Never`` keeps its key, so every copy verifies the same leaves."""
+    from cryptography import x509
+
+    cert, ca = x509.load_pem_x509_certificate(pem), x509.load_pem_x509_certificate(ca_pem)
+    return cert.subject == ca.subject and cert.public_key() == ca.public_key()
+
+
 def test_cainjector_writes_the_ca_bundle_into_both_webhook_configurations(cm: CertStack) -> None:
     ca = cm.secret_of("ca")["tls.crt"]
     cm.cp.wait_for(
-        lambda: set(cm.ca_bundles().values()) == {ca},
+        lambda: len(bundles := cm.ca_bundles()) == 2 and all(b and _same_ca(b, ca) for b in bundles.values()),
         30,
         "cainjector to inject the CA into both webhook configurations",
     )
@@ -460,5 +471,8 @@ def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: 
         assert _reloads(pod) >= reloads_before[c] + RENEWALS, (
             f"{c}: the service reloaded each renewed certificate in place"
         )
-    assert cm.ca_bundles() == bundles_before, "the CA key is kept (rotationPolicy Never): the caBundle does not change"
+    bundles_after = cm.ca_bundles()
+    assert all(_same_ca(bundles_after[c], bundles_before[c]) for c in WEBHOOKS), (
+        "the CA key is kept (rotationPolicy Never): the caBundle names the same CA"
+    )
     assert all(cm.manager.running().values()), cm.manager.running()
