@@ -34,6 +34,8 @@ DELETE_MACHINE_ANNOTATION: Final = "cluster.x-k8s.io/delete-machine"
 BMH_PAUSED_ANNOTATION: Final = "baremetalhost.metal3.io/paused"
 NODE_REUSE_LABEL: Final = "infrastructure.cluster.x-k8s.io/node-reuse"
 METADATA_KEY: Final = "metaData"  # the one key of CAPM3's metadata Secret
+# Slinky >= 1.3 runs slurmctld with high availability and marks the active pod with this label.
+ACTIVE_CONTROLLER_LABEL: Final = "controller.slinky.slurm.net/active"
 
 # --- Metal3DataTemplate: opt-in and per-template choices (injection) --------------------------
 OPT_IN_LABEL: Final = "slurm-controller-namespace"
@@ -41,6 +43,7 @@ CLUSTER_OVERRIDE_LABEL: Final = "slurm-controller-cluster"
 CONTROLLER_NAME_LABEL: Final = "slurm-controller-name"
 CONF_SERVER_ANNOTATION: Final = "slurm-conf-server"
 EXTRA_JOIN_DATA_ANNOTATION: Final = "slurm-extra-join-data"
+NODE_FEATURES_ANNOTATION: Final = "slurm-node-features"  # the NodeSet feature(s) the pool's nodes register with
 
 # --- keys added to metaData (cloud-init: ds.meta_data.<key>) ----------------------------------
 CONTROLLER_HOST_KEY: Final = "slurm_controller_host"
@@ -49,6 +52,8 @@ CONF_SERVER_KEY: Final = "slurm_conf_server"
 SLURM_KEY_KEY: Final = "slurm_key_base64"
 CONTROLLER_NAME_KEY: Final = "slurm_controller_name"
 JWT_KEY_KEY: Final = "slurm_jwt_hs256_key_base64"
+HOSTS_KEY: Final = "slurm_hosts_base64"  # /etc/hosts lines: the controller's slurm.conf names -> its address
+NODE_CONF_KEY: Final = "slurm_node_conf"  # what slurmd -Z gets as --conf: "Feature=<f>,..." or ""
 
 # --- scaling: annotations on mirrors and Machines, the ConfigMap's keys ------------------------
 ADOPTED_ANNOTATION: Final = "slime/machine-deployment"

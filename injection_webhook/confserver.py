@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from common.names import ACTIVE_CONTROLLER_LABEL
+
 HOST_IP: Final = "hostIP"
 SERVICE: Final = "service"
 SLURMCTLD_PORT = 6817
@@ -319,3 +321,72 @@ def hostip_port(services: list[dict[str, Any]], pod_labels: dict[str, str]) -> i
         if port is not None and isinstance(port.get("nodePort"), int):
             return int(port["nodePort"])
     return SLURMCTLD_PORT
+
+
+# --- Slinky >= 1.3: the active controller, the names slurm.conf gives it, the pool's features -----
+
+
+def active_pod(pods: list[dict[str, Any]], controller: str) -> dict[str, Any]:
+    """The slurmctld pod new nodes should reach: the only one, or the one Slinky marks active.
+
+    Slinky >= 1.3 runs several slurmctld pods (high availability) and labels the active one
+    ``controller.slinky.slurm.net/active=true``; earlier releases run one pod and no label.
+    :class:`Unsatisfied` when several pods run and none (or more than one) is marked active, as
+    during a failover: the node would otherwise be pointed at a standby."""
+    if len(pods) == 1:
+        return pods[0]
+    active = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(ACTIVE_CONTROLLER_LABEL) == "true"]
+    if len(active) == 1:
+        return active[0]
+    names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in pods))
+    state = "none is" if not active else f"{len(active)} are"
+    raise Unsatisfied(
+        f"Controller {controller} runs several slurmctld pods ({names}) and {state} labelled "
+        f"{ACTIVE_CONTROLLER_LABEL}=true (a failover in progress?)"
+    )
+
+
+def controller_names(pods: list[dict[str, Any]], statefulset: str, namespace: str) -> tuple[str, ...]:
+    """Every name the Controller's ``slurm.conf`` may give slurmctld, as Slinky writes them.
+
+    Slinky >= 1.3: ``SlurmctldHost=<pod>.<statefulset>-internal.<namespace>`` for each controller
+    pod (primary and backups) and ``SlurmctldAddr=<statefulset>.<namespace>`` (the Service); earlier
+    releases: ``SlurmctldHost=<pod>``. A host outside the cluster resolves none of them through
+    cluster DNS, and a slurmd that cannot resolve ``SlurmctldHost`` never registers, so each is
+    written into the node's /etc/hosts before slurmd starts."""
+    names: list[str] = []
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        if name:
+            names += [f"{name}.{statefulset}-internal.{namespace}", name]
+    names.append(f"{statefulset}.{namespace}")
+    return tuple(dict.fromkeys(names))
+
+
+def hosts_file(address: str, names: tuple[str, ...]) -> str:
+    """/etc/hosts lines mapping ``names`` to ``address``; none when the address is not an IP
+    (/etc/hosts cannot name a DNS name: the site's DNS must then resolve the controller's names)."""
+    if not names or not is_ip(address):
+        return ""
+    return f"{address} {' '.join(names)}\n"
+
+
+_FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def parse_features(text: str) -> tuple[str, ...]:
+    """A comma list of Slurm node features (a NodeSet's feature names); :class:`PolicyError` otherwise."""
+    features = tuple(part.strip() for part in text.split(",") if part.strip())
+    for feature in features:
+        if not _FEATURE.fullmatch(feature):
+            raise PolicyError(
+                f"{feature!r} is not a Slurm node feature (letters, digits, '_', '.', '-', at most 63 characters)"
+            )
+    if len(set(features)) != len(features):
+        raise PolicyError("a feature is listed twice")
+    return features
+
+
+def node_conf(features: tuple[str, ...]) -> str:
+    """What ``slurmd -Z --conf`` gets: ``Feature=a,b``, or "" when the pool has no feature."""
+    return f"Feature={','.join(features)}" if features else ""

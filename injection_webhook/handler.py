@@ -50,6 +50,8 @@ class JoinInfo:
     key_base64: str
     source: str  # e.g. "Controller slurm/slurm in cluster local": for messages and logs
     conf_server: str = ""  # "" means host:port; may list several host:port, tried in order
+    hosts_file: str = ""  # /etc/hosts lines for the names slurm.conf gives slurmctld ("" when not an IP)
+    node_conf: str = ""  # slurmd -Z --conf: the pool's NodeSet feature(s)
     controller_name: str = ""  # the SlurmctldHost name, when the template opts in
     jwt_key_base64: str = ""  # the auth/jwt key, when the template opts in
 
@@ -178,6 +180,8 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         resolution.port,
         resolution.key_base64,
         conf_server=resolution.conf_server,
+        hosts_file=resolution.hosts_file,
+        node_conf=resolution.node_conf,
         controller_name=resolution.controller_name,
         jwt_key_base64=resolution.jwt_key_base64,
     )

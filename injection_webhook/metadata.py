@@ -28,9 +28,25 @@ from typing import Any
 
 import yaml
 
-from common.names import CONTROLLER_NAME_KEY, JWT_KEY_KEY
+from common.names import (
+    CONF_SERVER_KEY,
+    CONTROLLER_HOST_KEY,
+    CONTROLLER_NAME_KEY,
+    CONTROLLER_PORT_KEY,
+    HOSTS_KEY,
+    JWT_KEY_KEY,
+    NODE_CONF_KEY,
+    SLURM_KEY_KEY,
+)
 
-JOIN_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
+JOIN_KEYS = (
+    CONTROLLER_HOST_KEY,
+    CONTROLLER_PORT_KEY,
+    CONF_SERVER_KEY,
+    SLURM_KEY_KEY,
+    HOSTS_KEY,
+    NODE_CONF_KEY,
+)
 # Added only where the template (or the chart default) opts in: see confserver.py.
 # kube-apiserver refuses a Secret whose data exceed 1 MiB (validation.MaxSecretSize), so a
 # larger metaData cannot come from a real API server and is not worth parsing.
@@ -44,17 +60,30 @@ class MetaDataError(ValueError):
 
 
 def join_entries(
-    host: str, port: int, key_base64: str, *, conf_server: str = "", controller_name: str = "", jwt_key_base64: str = ""
+    host: str,
+    port: int,
+    key_base64: str,
+    *,
+    conf_server: str = "",
+    hosts_file: str = "",
+    node_conf: str = "",
+    controller_name: str = "",
+    jwt_key_base64: str = "",
 ) -> dict[str, str]:
     """The keys cloud-init reads as ``ds.meta_data.<key>``; all strings, like CAPM3's.
 
     ``conf_server`` defaults to ``host:port``; it may list several ``host:port`` (slurmd tries
-    them in order). The two optional keys are added only when given."""
+    them in order). ``hosts_file`` (lines for /etc/hosts) is sent base64-encoded, so it stays one
+    line in the flat map and in a Jinja template; it and ``node_conf`` are always present (empty
+    when there is nothing), so the documented user-data can use them unconditionally. The two
+    optional keys are added only when given."""
     entries = {
-        "slurm_controller_host": host,
-        "slurm_controller_port": str(port),
-        "slurm_conf_server": conf_server or f"{host}:{port}",
-        "slurm_key_base64": key_base64,
+        CONTROLLER_HOST_KEY: host,
+        CONTROLLER_PORT_KEY: str(port),
+        CONF_SERVER_KEY: conf_server or f"{host}:{port}",
+        SLURM_KEY_KEY: key_base64,
+        HOSTS_KEY: base64.b64encode(hosts_file.encode()).decode("ascii"),
+        NODE_CONF_KEY: node_conf,
     }
     if controller_name:
         entries[CONTROLLER_NAME_KEY] = controller_name

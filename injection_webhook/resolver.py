@@ -42,6 +42,7 @@ from common.names import (
     CONTROLLER_NAME_LABEL,
     EXTRA_JOIN_DATA_ANNOTATION,
     METAL3_GROUP,
+    NODE_FEATURES_ANNOTATION,
     OPT_IN_LABEL,
     SLINKY_GROUP,
 )
@@ -56,8 +57,13 @@ from injection_webhook.confserver import (
     Policy,
     PolicyError,
     Unsatisfied,
+    active_pod,
+    controller_names,
     hostip_port,
+    hosts_file,
+    node_conf,
     parse_extras,
+    parse_features,
     parse_policy,
     service_endpoint,
     shown,
@@ -120,7 +126,7 @@ def _metal3data_record(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 _TEMPLATE_LABELS = (OPT_IN_LABEL, CLUSTER_OVERRIDE_LABEL, CONTROLLER_NAME_LABEL)
-_TEMPLATE_ANNOTATIONS = (CONF_SERVER_ANNOTATION, EXTRA_JOIN_DATA_ANNOTATION)
+_TEMPLATE_ANNOTATIONS = (CONF_SERVER_ANNOTATION, EXTRA_JOIN_DATA_ANNOTATION, NODE_FEATURES_ANNOTATION)
 
 
 def _template_record(obj: dict[str, Any]) -> dict[str, str]:
@@ -199,6 +205,7 @@ class _TemplateOptions:
 
     policy: Policy
     extras: frozenset[str]
+    features: tuple[str, ...] = ()
 
 
 @dataclass
@@ -453,6 +460,7 @@ class InjectionResolver:
     def _template_options(self, template: dict[str, str], ref: str) -> _TemplateOptions:
         """The template's annotations over the chart defaults; an invalid one is denied, naming it."""
         policy, extras = self.options.policy, self.options.extras
+        features: tuple[str, ...] = ()
         for annotation in _TEMPLATE_ANNOTATIONS:
             value = template.get(annotation)
             if value is None:
@@ -460,13 +468,15 @@ class InjectionResolver:
             try:
                 if annotation == CONF_SERVER_ANNOTATION:
                     policy = parse_policy(value)
+                elif annotation == NODE_FEATURES_ANNOTATION:
+                    features = parse_features(value)
                 else:
                     extras = parse_extras(value)
             except PolicyError as exc:
                 raise _Missing(
                     f"Metal3DataTemplate {ref} has an invalid annotation {annotation}={shown(value)}: {exc}"
                 ) from None
-        return _TemplateOptions(policy, extras)
+        return _TemplateOptions(policy, extras, features)
 
     def _target_cluster(
         self, namespace: str, cluster_name: str, override: str, template: str, wait: bool
@@ -532,14 +542,14 @@ class InjectionResolver:
         pods = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
         if not pods:
             raise _Missing(f"no slurmctld pod matches {self.controller_selector} in {where}")
-        candidates: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        candidates: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str]] = {}
         problems = []
         for pod in sorted(pods, key=lambda p: p["metadata"].get("name", "")):
             pod_name = pod["metadata"].get("name", "")
             owner_sts = _owner(pod, "StatefulSet", "apps")
             statefulset = statefulsets.get(namespace, owner_sts) if owner_sts else None
             controller_ref = _owner(statefulset, "Controller", SLINKY_GROUP) if statefulset else None
-            if controller_ref is None:
+            if controller_ref is None or owner_sts is None:
                 problems.append(f"pod {namespace}/{pod_name} is not owned by a StatefulSet of a Slinky Controller")
                 continue
             if controller_name and controller_ref != controller_name:
@@ -548,7 +558,7 @@ class InjectionResolver:
             if controller is None:
                 problems.append(f"Controller {namespace}/{controller_ref} (slinky.slurm.net) does not exist")
                 continue
-            candidates.setdefault(controller_ref, (pod, controller))
+            candidates.setdefault(controller_ref, ([], controller, owner_sts))[0].append(pod)
         if not candidates:
             detail = "; ".join(problems) or f"no slurmctld pod belongs to Controller {controller_name}"
             raise _Missing(f"{detail} ({where})")
@@ -557,7 +567,11 @@ class InjectionResolver:
                 f"{where} runs several Slinky Controllers ({', '.join(sorted(candidates))}); "
                 f"choose one with label {CONTROLLER_NAME_LABEL} on the Metal3DataTemplate"
             )
-        controller_ref, (pod, controller) = next(iter(candidates.items()))
+        controller_ref, (controller_pods, controller, statefulset_name) = next(iter(candidates.items()))
+        try:
+            pod = active_pod(controller_pods, f"{namespace}/{controller_ref}")
+        except Unsatisfied as exc:
+            raise _Missing(f"{exc.reason} (cluster {view.name})") from None
         pod_ref = f"{namespace}/{pod['metadata'].get('name')}"
         endpoint = self._endpoint(options.policy, pod, pod_ref, services.items(), namespace, view.name)
         source = f"Controller {namespace}/{controller_ref} in cluster {view.name}"
@@ -596,16 +610,18 @@ class InjectionResolver:
                 view.name,
             )
 
-        # The SlurmctldHost name Slinky writes into slurm.conf is the StatefulSet's pod 0
+        # The SlurmctldHost name Slinky < 1.3 writes into slurm.conf is the StatefulSet's pod 0
         # (<controller>-controller-0): fixed by the StatefulSet, whichever node runs it.
-        statefulset_name = _owner(pod, "StatefulSet", "apps")
         controller_host_name = f"{statefulset_name}-0" if CONTROLLER_NAME in options.extras else ""
+        names = controller_names(controller_pods, statefulset_name, namespace)
         return JoinInfo(
             host=endpoint.host,
             port=endpoint.port,
             key_base64=key_base64,
             source=source,
             conf_server=endpoint.conf_server,
+            hosts_file=hosts_file(endpoint.host, names),
+            node_conf=node_conf(options.features),
             controller_name=controller_host_name,
             jwt_key_base64=jwt_key_base64,
         )

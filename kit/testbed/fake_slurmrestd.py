@@ -1,25 +1,25 @@
-"""A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, FUTURE, DELETE, HS256 JWT auth, v0.0.42-v0.0.44.
+"""A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, FUTURE, DELETE, HS256 JWT auth, the versions a release serves.
 
 Test code drives a small job model (``start_job`` / ``finish_job``); a node's state is IDLE or
 ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node here joined with
 ``slurmd -Z``). ``fail_status`` makes every call answer that status; ``stop()`` takes the server
 down (connection refused).
 
-It answers as real slurmrestd 24.11 does (checked against it; the conformance test sends the same
-requests to both, tests/real_slurm/test_conformance.py): a request without a token gets 401
-text/plain, a token it cannot verify 511 with error 1007; updating or deleting an unknown node 500
-with error 2018, deleting a busy one 500 with error 2016 (node errors name ``_update_node`` for a
-POST, ``op_handler_node`` for a DELETE); an unserved version or path 404 text/plain; a POST
-without ``Content-Type: application/json`` 400 text/plain; an UNDRAIN keeps the drain reason until
-the node is next allocated; ``reason_set_by_user`` is the token's ``sun`` (``root`` for a node
-that just registered); bodies carry ``errors``, ``warnings`` and ``meta``. A job here takes the
-whole node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
+It answers as real slurmrestd 26.05 or 24.11 does (``release``; checked against both: the
+conformance test sends the same requests to each, tests/real_slurm/test_conformance.py), serving
+the data parsers of the release it plays (:data:`SERVED`). Both: a request without a token gets
+401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
+one 2016 on DELETE (node errors name ``_update_node`` for a POST, ``op_handler_node`` for a
+DELETE); an unserved version or path 404 text/plain; ``reason_set_by_user`` is the token's
+``sun``; bodies carry ``errors``, ``warnings`` and ``meta``. Where the releases differ (status
+codes, words, when a drain reason goes), :class:`Dialect` says how. A job here takes the whole
+node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
 
 ``{"state": ["FUTURE"]}`` on an idle node (drained or not) moves it to :attr:`FakeSlurmrestd.future`:
 the record stays, hidden from ``GET nodes`` but still counted in its partition's ``nodes.total``,
-DRAIN cleared, the reason kept; a busy node, or one already FUTURE, gets 500 with error 2028. A
-FUTURE record still takes DRAIN/UNDRAIN and DELETE, and :meth:`FakeSlurmrestd.add_node` of its
-name (the host's next ``slurmd -Z``) takes it again, IDLE, with the reason it had.
+DRAIN cleared; a busy node, or one already FUTURE, is refused. A FUTURE record still takes
+DRAIN/UNDRAIN and DELETE, and :meth:`FakeSlurmrestd.add_node` of its name (the host's next
+``slurmd -Z``) takes it again, IDLE.
 
 For node demand it also lists jobs and partitions: running jobs from the node model (partition
 ``PARTITION``), and pending jobs queued with ``submit`` (any partition, reason, node count), in
@@ -41,7 +41,61 @@ from typing import Any
 
 import jwt
 
-VERSIONS = ("v0.0.42", "v0.0.43", "v0.0.44")
+# The data parsers each Slurm release serves (of those SliMe speaks, v0.0.42 and up; 24.11 also
+# serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44, 26.11 drops v0.0.42).
+SERVED = {
+    "24.11": ("v0.0.40", "v0.0.41", "v0.0.42"),
+    "25.05": ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43"),
+    "25.11": ("v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44"),
+    "26.05": ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"),
+}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """Where real slurmrestd 24.11 and 26.05 answer the same request differently (each seen by the conformance test)."""
+
+    release: str  # meta.slurm.release
+    error_status: int  # a node update or delete slurmctld refuses: 500 (24.11), 422 Unprocessable Content (26.05)
+    delete_words: str  # how a refused DELETE's description begins
+    refused_state: tuple[int, str]  # FUTURE of a busy node, or of one already FUTURE
+    untyped_post: tuple[int, str]  # a POST without Content-Type: application/json
+    not_found: str  # the text/plain 404 of an unserved version or path
+    reason_outlives_drain: bool  # 24.11 keeps a reason after UNDRAIN/FUTURE until the node next runs a job
+    registered_by: str  # reason_set_by_user of a node that just registered
+    ping_word: bool  # 24.11's ping carries "pinged": "UP"/"DOWN"; 26.05's only "responding" and "status"
+
+
+DIALECTS = {
+    "24.11": Dialect(
+        release="24.11.5",
+        error_status=500,
+        delete_words="Failure to update node",
+        refused_state=(2028, "Invalid node state specified"),
+        untyped_post=(400, "Unable to parse query."),
+        not_found="Unable find requested URL. Please view /openapi/v3 for API reference.",
+        reason_outlives_drain=True,
+        registered_by="root",
+        ping_word=True,
+    ),
+    "26.05": Dialect(
+        release="26.05.5",
+        error_status=422,
+        delete_words="Failure to delete node",
+        refused_state=(2180, "Invalid node state transition"),
+        untyped_post=(500, "Unspecified error"),
+        not_found=(
+            "Unable to find requested URL endpoint. Please query the '/openapi/v3' endpoint or visit"
+            " 'https://slurm.schedmd.com/rest_api.html' for the OpenAPI specification which includes a list of"
+            " all possible slurmrestd endpoints."
+        ),
+        reason_outlives_drain=False,
+        registered_by="",
+        ping_word=False,
+    ),
+}
+DEFAULT_RELEASE = "26.05"  # Slinky's default Slurm
+VERSIONS = SERVED[DEFAULT_RELEASE]
 PARTITION = "batch"  # where running jobs of the node model run
 _PATH = re.compile(r"^/slurm/(v0\.0\.\d+)/(ping|nodes|jobs|partitions|node/([^/]+))/?$")
 
@@ -66,9 +120,10 @@ class Node:
 
 
 class FakeSlurmrestd:
-    def __init__(self, key: bytes, versions: tuple[str, ...] = VERSIONS) -> None:
+    def __init__(self, key: bytes, release: str = DEFAULT_RELEASE, versions: tuple[str, ...] | None = None) -> None:
         self.key = key
-        self.versions = versions
+        self.dialect = DIALECTS[release]
+        self.versions = SERVED[release] if versions is None else versions
         self.nodes: dict[str, Node] = {}  # what GET nodes lists
         self.future: dict[str, Node] = {}  # FUTURE records: kept, not listed
         self.lock = threading.RLock()
@@ -106,7 +161,7 @@ class FakeSlurmrestd:
                 raw = self.rfile.read(length) if length else b""
                 fake.calls.append((method, self.path))
                 if method == "POST" and (self.headers.get("Content-Type") or "").split(";")[0] != "application/json":
-                    self._answer(400, "Unable to parse query.")
+                    self._answer(*fake.dialect.untyped_post)
                     return
                 status, body = fake.handle(method, self.path, self.headers.get("X-SLURM-USER-TOKEN"), raw)
                 self._answer(status, body)
@@ -141,18 +196,26 @@ class FakeSlurmrestd:
         """A host's ``slurmd -Z`` registers: it takes the FUTURE record of its name, else a new dynamic node is made."""
         with self.lock:
             record = self.future.pop(name, None)
-            if record is not None:  # IDLE at its (new) address; the reason stays until it next runs a job
-                record.address, record.hostname, record.drain = address, hostname or name, False
+            if record is not None:  # IDLE at its (new) address
+                record.address, record.hostname = address, hostname or name
+                self._clear_drain(record)
                 self.nodes[name] = record
                 return
-            # slurmctld records a registering dynamic node as set by root (slurmd's user).
-            self.nodes[name] = Node(name, address, hostname=hostname or name, reason_set_by_user="root")
+            self.nodes[name] = Node(
+                name, address, hostname=hostname or name, reason_set_by_user=self.dialect.registered_by
+            )
+
+    def _clear_drain(self, node: Node) -> None:
+        """DRAIN goes; the reason with it on 26.05, on 24.11 only when the node next runs a job."""
+        node.drain = False
+        if not self.dialect.reason_outlives_drain:
+            node.reason, node.reason_set_by_user = "", ""
 
     def admin_future(self, node: str) -> None:
-        """An administrator's ``scontrol update nodename=... state=future`` of an idle node (DRAIN cleared, the reason kept)."""
+        """An administrator's ``scontrol update nodename=... state=future`` of an idle node (DRAIN cleared)."""
         with self.lock:
             found = self.nodes.pop(node)
-            found.drain = False
+            self._clear_drain(found)
             self.future[node] = found
 
     def declare_future(self, name: str) -> None:
@@ -173,7 +236,7 @@ class FakeSlurmrestd:
             found = self.nodes[node]
             found.jobs[job] = end
             self.started[job] = int(time.time())
-            if not found.drain:  # slurmctld clears a reason an UNDRAIN left when the node is next allocated
+            if not found.drain:  # 24.11 clears a reason an UNDRAIN left when the node is next allocated
                 found.reason, found.reason_set_by_user = "", ""
             return job
 
@@ -238,39 +301,36 @@ class FakeSlurmrestd:
 
     def handle(self, method: str, path: str, token: str | None, raw: bytes) -> tuple[int, dict[str, Any] | str]:
         if self.fail_status is not None:
-            return self.fail_status, _body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
+            return self.fail_status, self._body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
-            return (
-                404,
-                "Unable find requested URL. Please view /openapi/v3 for API reference.",
-            )  # text/plain, slurmrestd's words
+            return 404, self.dialect.not_found  # text/plain
         version, what, name = match.groups()
         if token is None:
             return 401, "Authentication failure"
         try:
             claims = jwt.decode(token, self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
         except jwt.PyJWTError:
-            if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: the controller is "DOWN"
-                return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "DOWN", "responding": False}])
+            if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: not responding
+                return 200, self._body(pings=[self._ping(False)])
             if name is None:
-                return 511, _body(
+                return 511, self._body(
                     errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")]
                 )
-            return 511, _body(
+            return 511, self._body(
                 errors=[
-                    _error(f"Failure to update node {name}", 1007, "Protocol authentication error", _source(method))
+                    _error(f"{self._failure(method)} {name}", 1007, "Protocol authentication error", _source(method))
                 ]
             )
         self.tokens_seen.append(claims)
         with self.lock:
             if what == "ping" and method == "GET":
-                return 200, _body(pings=[{"hostname": "slurmctld", "pinged": "UP", "responding": True}])
+                return 200, self._body(pings=[self._ping(True)])
             if what == "jobs" and method == "GET":
-                return 200, _body(jobs=self._jobs())
+                return 200, self._body(jobs=self._jobs())
             if what == "partitions" and method == "GET":
                 total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
-                return 200, _body(
+                return 200, self._body(
                     partitions=[
                         {
                             "name": name,
@@ -281,7 +341,7 @@ class FakeSlurmrestd:
                     ]
                 )
             if what == "nodes" and method == "GET":
-                return 200, _body(
+                return 200, self._body(
                     nodes=[
                         {
                             "name": n.name,
@@ -297,13 +357,14 @@ class FakeSlurmrestd:
             node = self.nodes.get(name or "")
             record = self.future.get(name or "")
             if node is None and record is None:
-                return 500, _body(
+                return self.dialect.error_status, self._body(
                     errors=[
-                        _error(f"Failure to update node {name}", 2018, "Invalid node name specified", _source(method))
+                        _error(f"{self._failure(method)} {name}", 2018, "Invalid node name specified", _source(method))
                     ]
                 )
             if record is not None:
                 return self._future_record(method, record, raw, claims)
+            refused = self.dialect.error_status
             assert node is not None
             if method == "POST":
                 body = json.loads(raw or b"{}")
@@ -311,11 +372,11 @@ class FakeSlurmrestd:
                 if "FUTURE" in states:
                     if node.busy:
                         self.violations.append(f"FUTURE of busy node {node.name}")
-                        return 500, _invalid_state(node.name)
-                    node.drain = False  # slurmctld keeps the reason
+                        return refused, self._invalid_state(node.name)
+                    self._clear_drain(node)
                     self.future[node.name] = self.nodes.pop(node.name)
                     self.returned.append(node.name)
-                    return 200, _body()
+                    return 200, self._body()
                 if "DRAIN" in states:
                     node.drain, node.reason, node.reason_set_by_user = (
                         True,
@@ -324,27 +385,47 @@ class FakeSlurmrestd:
                     )
                     self.drains.append(node.name)
                 elif "UNDRAIN" in states or "RESUME" in states:
-                    node.drain = False  # slurmctld keeps the reason until the node is next allocated
+                    self._clear_drain(node)
                     self.undrains.append(node.name)
                 else:
-                    return 500, _body(
+                    return refused, self._body(
                         errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")]
                     )
-                return 200, _body()
+                return 200, self._body()
             if method == "DELETE":
                 if node.busy:
                     self.violations.append(f"DELETE of busy node {node.name}")
-                    return 500, _body(
+                    return refused, self._body(
                         errors=[
                             _error(
-                                f"Failure to update node {name}", 2016, "Requested nodes are busy", "op_handler_node"
+                                f"{self._failure(method)} {name}", 2016, "Requested nodes are busy", "op_handler_node"
                             )
                         ]
                     )
                 del self.nodes[node.name]
                 self.deleted.append(node.name)
-                return 200, _body()
+                return 200, self._body()
         return 405, "Method not allowed"
+
+    def _body(self, errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
+        return _body(self.dialect.release, errors, **payload)
+
+    def _failure(self, method: str) -> str:
+        """How a refused node request's description begins."""
+        return self.dialect.delete_words if method == "DELETE" else "Failure to update node"
+
+    def _ping(self, responding: bool) -> dict[str, Any]:
+        ping: dict[str, Any] = {"hostname": "slurmctld", "responding": responding}
+        if self.dialect.ping_word:
+            ping["pinged"] = "UP" if responding else "DOWN"
+        else:
+            ping["status"] = "No error" if responding else "Protocol authentication error"
+        return ping
+
+    def _invalid_state(self, name: str) -> dict[str, Any]:
+        """What slurmctld answers to a FUTURE it will not make (the node is busy, or FUTURE already)."""
+        number, words = self.dialect.refused_state
+        return self._body(errors=[_error(f"Failure to update node {name}", number, words, "_update_node")])
 
     def _future_record(
         self, method: str, record: Node, raw: bytes, claims: dict[str, Any]
@@ -353,7 +434,7 @@ class FakeSlurmrestd:
         if method == "DELETE":
             del self.future[record.name]
             self.deleted.append(record.name)
-            return 200, _body()
+            return 200, self._body()
         if method == "POST":
             states = json.loads(raw or b"{}").get("state") or []
             if "DRAIN" in states:
@@ -362,23 +443,16 @@ class FakeSlurmrestd:
                     json.loads(raw).get("reason", ""),
                     str(claims.get("sun")),
                 )
-                return 200, _body()
+                return 200, self._body()
             if "UNDRAIN" in states or "RESUME" in states:
-                record.drain = False
-                return 200, _body()
-            return 500, _invalid_state(record.name)
+                self._clear_drain(record)
+                return 200, self._body()
+            return self.dialect.error_status, self._invalid_state(record.name)
         return 405, "Method not allowed"
 
 
-def _invalid_state(name: str) -> dict[str, Any]:
-    """What slurmctld 24.11 answers to a FUTURE it will not make (the node is busy, or FUTURE already)."""
-    return _body(
-        errors=[_error(f"Failure to update node {name}", 2028, "Invalid node state specified", "_update_node")]
-    )
-
-
 def _source(method: str) -> str:
-    """The function slurmrestd 24.11 names in a node error: ``_update_node`` for a POST, ``op_handler_node`` for a DELETE."""
+    """The function slurmrestd names in a node error: ``_update_node`` for a POST, ``op_handler_node`` for a DELETE."""
     return "_update_node" if method == "POST" else "op_handler_node"
 
 
@@ -391,13 +465,9 @@ def _error(description: str, number: int, error: str, source: str) -> dict[str, 
     return {"description": description, "error_number": number, "error": error, "source": source}
 
 
-def _body(errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
+def _body(release: str, errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
     meta = {
-        "plugin": {
-            "type": "openapi/slurmctld",
-            "name": "Slurm OpenAPI slurmctld",
-            "data_parser": "data_parser/v0.0.42",
-        },
-        "slurm": {"release": "24.11.5", "cluster": "fake"},
+        "plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld"},
+        "slurm": {"release": release, "cluster": "fake"},
     }
     return {**payload, "meta": meta, "errors": errors or [], "warnings": []}

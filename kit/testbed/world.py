@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from common.names import ADOPTED_ANNOTATION, CAPM3_MANAGER_USERNAME
+from common.names import ACTIVE_CONTROLLER_LABEL, ADOPTED_ANNOTATION, CAPM3_MANAGER_USERNAME
 
 Obj = dict[str, Any]
 
@@ -135,11 +135,14 @@ def seed_slinky(
     jwt_key_ref: dict[str, str] | None = None,
     jwt_ref_field: str = "jwtKeyRef",
     with_jwt_secret: bool = True,
+    standby_host_ips: tuple[str, ...] = (),
 ) -> SlurmCluster:
     """A Slinky Controller, its slurmctld StatefulSet and pod, and the auth key Secrets.
 
     ``jwt_ref_field``: ``jwtKeyRef`` (Slinky 1.x) or ``jwtHs256KeyRef`` (v1alpha1, and its
-    deprecated 1.x alias); the ref is written only when ``jwt_key_ref`` is given."""
+    deprecated 1.x alias); the ref is written only when ``jwt_key_ref`` is given.
+    ``standby_host_ips``: Slinky >= 1.3's high availability: more controller pods (``-1``, ``-2``,
+    ...) on those hosts, and pod 0 labelled ``controller.slinky.slurm.net/active=true``."""
     labels = labels or {**CONTROLLER_SELECTOR_LABELS, "app.kubernetes.io/instance": controller}
     ensure_namespace(api, namespace)
     spec: dict[str, Any] = {"clusterName": controller}
@@ -182,32 +185,34 @@ def seed_slinky(
             "status": {"replicas": 1, "readyReplicas": 1},
         }
     )
-    status: dict[str, Any] = {"phase": phase}
-    if host_ip:
-        status["hostIP"] = host_ip
-        status["podIP"] = "10.244.1.17"
-    api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{controller}-controller-0",
-                "namespace": namespace,
-                "labels": labels,
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "StatefulSet",
-                        "name": sts["metadata"]["name"],
-                        "uid": sts["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": {"nodeName": "k8s-node-1", "containers": [container]},
-            "status": status,
-        }
-    )
+    for index, pod_host in enumerate((host_ip, *standby_host_ips)):
+        status: dict[str, Any] = {"phase": phase}
+        if pod_host:
+            status["hostIP"] = pod_host
+            status["podIP"] = f"10.244.1.{17 + index}"
+        pod_labels = {**labels, **({ACTIVE_CONTROLLER_LABEL: "true"} if standby_host_ips and index == 0 else {})}
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{controller}-controller-{index}",
+                    "namespace": namespace,
+                    "labels": pod_labels,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "StatefulSet",
+                            "name": sts["metadata"]["name"],
+                            "uid": sts["metadata"]["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {"nodeName": f"k8s-node-{index + 1}", "containers": [container]},
+                "status": status,
+            }
+        )
     key = make_slurm_key()
     secret_name = (key_ref or {}).get("name", f"{controller}-auth-slurm")
     secret_key = (key_ref or {}).get("key", "slurm.key")
@@ -234,6 +239,21 @@ def seed_slinky(
             }
         )
     return SlurmCluster(namespace, controller, key, host_ip, secret_name, jwt_key, jwt_name)
+
+
+def fail_over(api: MutableObjectApi, slurm: SlurmCluster, to: int) -> None:
+    """Slinky >= 1.3's failover: the active label moves to controller pod ``to``."""
+    for pod in api.list("v1", "Pod", slurm.namespace):
+        name = pod["metadata"]["name"]
+        if not name.startswith(f"{slurm.controller}-controller-"):
+            continue
+        labels = dict(pod["metadata"].get("labels") or {})
+        if name.endswith(f"-{to}"):
+            labels[ACTIVE_CONTROLLER_LABEL] = "true"
+        else:
+            labels.pop(ACTIVE_CONTROLLER_LABEL, None)
+        pod["metadata"]["labels"] = labels
+        api.update(pod)
 
 
 def move_slurmctld(api: MutableObjectApi, slurm: SlurmCluster, host_ip: str, phase: str = "Running") -> None:

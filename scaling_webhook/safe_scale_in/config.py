@@ -14,7 +14,7 @@ from typing import Any
 Ref = tuple[str, str]  # (namespace, name): the same shape as scaling_webhook.mappings.Ref
 
 # The slurmrestd API versions the client speaks, newest first: the order in which it probes.
-SLURM_API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42")
+SLURM_API_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
 
 # What becomes of the Slurm node of a released Machine (``safeScaleIn.releasedNodes``):
 # ``future`` returns it to FUTURE, so slurmctld keeps its record: a job as big as the pool is

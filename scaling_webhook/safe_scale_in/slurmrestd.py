@@ -1,4 +1,4 @@
-"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.44).
+"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.45).
 
 Authentication is Slinky's: an HS256 JWT signed with the ``jwt_hs256.key`` held in a Kubernetes
 Secret, with claims ``sun`` (the Slurm user), ``iat`` and ``exp`` (60 s later), sent in the
@@ -8,11 +8,13 @@ a 401 from slurmrestd drops it so the next call reads the Secret again (key rota
 Every failure raises :class:`SlurmUnavailable` with a message fit for an Event. Neither the
 token nor the key ever appears in a message or a log line.
 
-What real slurmrestd 24.11 answers (checked against it, docs/scaling.md): a token it cannot
+What real slurmrestd 24.11 and 26.05 answer (checked against both, docs/scaling.md): a token it cannot
 verify gets 511 (error 1007), a request without one 401; both make the client read the key
-again once. Updating or deleting a node that does not exist gets 500 with error 2018, which a
-DELETE or a return to FUTURE treats as "gone" (nothing left to do); deleting a busy node gets
-2016, returning a busy node (or one already FUTURE) to FUTURE 2028.
+again once. A node request slurmctld refuses gets 500 (24.11) or 422 (26.05) with an error
+number: 2018 for a node that does not exist, which a DELETE or a return to FUTURE treats as
+"gone" (nothing left to do); 2016 for deleting a busy node; 2028 (24.11) or 2180 (26.05) for
+returning a busy node, or one already FUTURE, to FUTURE. The client goes by the error number,
+never by the status.
 """
 
 from __future__ import annotations
@@ -247,12 +249,13 @@ class SlurmClient:
     def future(self, name: str) -> bool:
         """Return an idle node to FUTURE; False when slurmctld has no record of it (any more).
 
-        Real slurmctld 24.11 keeps the record (hidden from ``GET nodes``, still one of its
-        partition's nodes, so a job that needs it is accepted and queues), clears DRAIN (the
-        reason stays until the node next runs a job), and the next ``slurmd -Z`` of that name
-        takes the record again, IDLE. That holds for a node that took a FUTURE record an
-        operator declared and for one ``slurmd -Z`` created. A busy node, or one already FUTURE,
-        is refused (500, error 2028), which raises :class:`SlurmUnavailable`.
+        Real slurmctld (24.11 and 26.05) keeps the record (hidden from ``GET nodes``, still one
+        of its partition's nodes, so a job that needs it is accepted and queues), clears DRAIN
+        (26.05 clears the reason with it; 24.11 keeps it until the node next runs a job), and the
+        next ``slurmd -Z`` of that name takes the record again, IDLE. That holds for a node that
+        took a FUTURE record an operator declared and for one ``slurmd -Z`` created. A busy node,
+        or one already FUTURE, is refused (error 2028 on 24.11, 2180 on 26.05), which raises
+        :class:`SlurmUnavailable`.
         """
         try:
             self._call("POST", f"/slurm/{self.version()}/node/{quote(name)}", {"state": [FUTURE]}, gone_raises=True)
@@ -268,7 +271,8 @@ def _errors_of(data: Any) -> str:
     parts = []
     for error in errors[:3]:
         if isinstance(error, dict):
-            parts.append(str(error.get("description") or error.get("error") or error)[:200])
+            words = [str(error[k])[:200] for k in ("description", "error") if error.get(k)]
+            parts.append(f"{words[0]} ({words[1]})" if len(words) == 2 else words[0] if words else str(error)[:200])
     return "; ".join(parts)
 
 

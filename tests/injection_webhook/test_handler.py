@@ -25,6 +25,8 @@ INFO = JoinInfo(
     port=30817,
     key_base64=b64(b"k" * 64),
     source="Controller slurm/slurm in cluster local",
+    hosts_file="192.0.2.10 slurm-controller-0.slurm-controller-internal.slurm slurm-controller.slurm\n",
+    node_conf="Feature=nodeset-a",
 )
 
 
@@ -135,6 +137,8 @@ def test_respond_patches_one_replace_and_keeps_every_existing_key() -> None:
         "slurm_controller_port": "30817",
         "slurm_conf_server": "192.0.2.10:30817",
         "slurm_key_base64": INFO.key_base64,
+        "slurm_hosts_base64": b64(INFO.hosts_file.encode()),
+        "slurm_node_conf": "Feature=nodeset-a",
     }
     # the original bytes are kept verbatim, the new keys appended
     assert base64.b64decode(patched["data"]["metaData"]).startswith(base64.b64decode(original["data"]["metaData"]))

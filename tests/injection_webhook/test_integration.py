@@ -58,6 +58,11 @@ def test_injects_join_data_for_both_capm3_chains_and_versions(
         "slurm_controller_port": "6817",
         "slurm_conf_server": "192.0.2.10:6817",
         "slurm_key_base64": b64(slurm.key),
+        # the names Slinky's slurm.conf gives slurmctld, for the node's /etc/hosts
+        "slurm_hosts_base64": b64(
+            b"192.0.2.10 slurm-controller-0.slurm-controller-internal.slurm slurm-controller-0 slurm-controller.slurm\n"
+        ),
+        "slurm_node_conf": "",  # the template names no NodeSet feature
     }
     assert base64.b64decode(content["slurm_key_base64"]) == slurm.key
 

@@ -21,13 +21,34 @@ from testbed.audit import scan_logs
 from testbed.pki import Pki
 from testbed.real.netns import Network
 from testbed.real.prerequisites import unavailable
-from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, Unavailable, free_port, prepare_root
+from testbed.real.slurm import (
+    DEFAULT_RELEASE,
+    RELEASES,
+    Release,
+    Slurm,
+    SlurmConfig,
+    SlurmRoot,
+    Unavailable,
+    free_port,
+    prepare_root,
+)
 from testbed.real.slurm_pool import Pool, make_pool
 from testbed.real.slurm_site import Admission, Site
 from testbed.services import ScaleWebhookRoute, Scaling, start_injection
 from testbed.world import seed_nodeport, seed_slinky
 
-_ROOT: list[SlurmRoot | str] = []
+_ROOTS: dict[str, SlurmRoot | str] = {}
+NODESETS = ("nodeset-a",)  # Slinky v1.3's NodeSet=nodeset-a Feature=nodeset-a, and a partition over it
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module's ``SLURM_RELEASES`` (or a test's ``slurm_releases`` mark) runs each of its tests that use real Slurm on each release."""
+    marker = metafunc.definition.get_closest_marker("slurm_releases")
+    releases = marker.args if marker else getattr(metafunc.module, "SLURM_RELEASES", None)
+    if releases and "slurm_release" in metafunc.fixturenames:
+        metafunc.parametrize("slurm_release", releases, indirect=True)
+
+
 FIGURES: dict[str, Any] = {}
 
 
@@ -47,14 +68,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture
-def slurm_root() -> SlurmRoot:
-    """The trixie root with Slurm 24.11 (made once, cached across sessions); the first test pays for it."""
-    if not _ROOT:
+def slurm_release(request: pytest.FixtureRequest) -> Release:
+    """The Slurm release a test runs on: 26.05 (Slinky v1.3's default) unless the test is parametrized
+    with ``slurm_release`` (indirect): the join and scale-in tests also run on 24.11."""
+    return RELEASES[getattr(request, "param", DEFAULT_RELEASE.series)]
+
+
+@pytest.fixture
+def slurm_root(slurm_release: Release) -> SlurmRoot:
+    """The root with that Slurm (made once, cached across sessions); the first test pays for it."""
+    if slurm_release.series not in _ROOTS:
         try:
-            _ROOT.append(prepare_root())
+            _ROOTS[slurm_release.series] = prepare_root(release=slurm_release)
         except Unavailable as exc:
-            _ROOT.append(str(exc))
-    found = _ROOT[0]
+            _ROOTS[slurm_release.series] = str(exc)
+    found = _ROOTS[slurm_release.series]
     if isinstance(found, str):
         unavailable(found)
         raise AssertionError("unreachable")
@@ -86,7 +114,7 @@ def site(
     slurm = Slurm(
         slurm_root,
         tmp_path / "slurm",
-        SlurmConfig(address=network.host_address, port=port),
+        SlurmConfig.slinky(slurm_root, network.host_address, port, nodesets=NODESETS),
         slurm_key=cluster.key,
         jwt_key=cluster.jwt_key,
     )  # the keys of Slinky's Secrets

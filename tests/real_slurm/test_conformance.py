@@ -1,4 +1,4 @@
-"""The fake slurmrestd answers as real slurmrestd 24.11 does: the same requests to both, the same answers.
+"""The fake slurmrestd answers as real slurmrestd does, for each Slurm release the tier runs (26.05 and 24.11).
 
 tests/scalein/fake_slurmrestd.py stands in for slurmrestd in the fast suites. Here one sequence
 of requests (what SliMe's client sends, and the errors it must understand) goes to the fake and
@@ -6,7 +6,8 @@ to a real slurmrestd with two real dynamic nodes; each answer is reduced to what
 rely on (status, content type, error entries, the node fields SliMe reads, the job and partition
 fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own client
 (``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
-``v0.0.42`` is proven against real Slurm here (24.11 serves v0.0.40 to v0.0.42).
+each release's newest data parser is proven against real Slurm here (24.11: ``v0.0.42``, of the
+v0.0.40 to v0.0.42 it serves; 26.05: ``v0.0.45``, of v0.0.42 to v0.0.45).
 
 The release SliMe makes (``{"state": ["FUTURE"]}`` on a drained, idle node whose slurmd still
 runs) is part of the conversation: the record must stay (not listed, still counted in the
@@ -31,16 +32,15 @@ import pytest
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.audit import scan_logs
-from testbed.fake_slurmrestd import PARTITION, FakeSlurmrestd
+from testbed.fake_slurmrestd import DIALECTS, PARTITION, FakeSlurmrestd
 from testbed.real.cloudinit import Node, boot, meta_data_for
 from testbed.real.netns import Network
-from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port
+from testbed.real.slurm import Release, Slurm, SlurmConfig, SlurmRoot, free_port
 from testbed.wait import wait_for
 from testbed.world import make_jwt_key, make_slurm_key
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
-
-V = "v0.0.42"
+SLURM_RELEASES = ("26.05", "24.11")  # each release against the fake playing it (conftest.py)
 IDLE, BUSY = "node-a", "node-b"
 NODE_FIELDS = ("name", "hostname", "address", "state", "reason", "reason_set_by_user")
 # What node demand (scaling_webhook/demand.py) and the Slurm metrics stand-in read of a job record.
@@ -69,12 +69,18 @@ class Target:
     queue: Callable[[int], None]  # submit a job asking this many nodes, which cannot start now (it pends)
     unqueue: Callable[[], None]  # cancel it
     reboot: Callable[[str], None]  # the node's host powers off and boots again: its slurmd -Z registers anew
+    version: str  # the newest data parser the release serves
+    unserved: tuple[str, ...]  # newer versions it does not serve
+
+
+def unserved(version: str) -> tuple[str, ...]:
+    return tuple(v for v in ("v0.0.43", "v0.0.44", "v0.0.45", "v0.0.46") if v > version)
 
 
 @pytest.fixture
 def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Target]:
     slurm = Slurm(
-        slurm_root, tmp_path / "slurm", SlurmConfig(address=network.host_address, port=free_port(30000, 32767))
+        slurm_root, tmp_path / "slurm", SlurmConfig.slinky(slurm_root, network.host_address, free_port(30000, 32767))
     )
     nodes: list[Node] = []
     try:
@@ -111,7 +117,7 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
             slurm.client(["scancel", str(queued.pop())])
 
         yield Target(
-            "real slurmrestd 24.11",
+            f"real slurmrestd {slurm_root.release}",
             slurm.restd_url,
             slurm.jwt_key,
             make_busy,
@@ -120,6 +126,8 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
             queue,
             unqueue,
             reboot,
+            slurm_root.api_version,
+            unserved(slurm_root.api_version),
         )
     finally:
         for node in nodes:
@@ -129,9 +137,9 @@ def real(slurm_root: SlurmRoot, network: Network, tmp_path: Path) -> Iterator[Ta
 
 
 @pytest.fixture
-def fake() -> Iterator[Target]:
+def fake(slurm_release: Release) -> Iterator[Target]:
     key = make_slurm_key()
-    server = FakeSlurmrestd(key, versions=(V,))  # what Slurm 24.11 serves of the versions SliMe speaks
+    server = FakeSlurmrestd(key, release=slurm_release.series)
     addresses = {IDLE: "10.0.0.11", BUSY: "10.0.0.12"}
     for name, address in addresses.items():
         server.add_node(name, address)
@@ -149,7 +157,20 @@ def fake() -> Iterator[Target]:
         addresses[name] = addresses[name].rsplit(".", 1)[0] + ".21"  # (a host may come back at another address)
         server.add_node(name, addresses[name])
 
-    yield Target("fake slurmrestd", server.url, key, make_busy, addresses, PARTITION, queue, unqueue, reboot)
+    version = slurm_release.api_version
+    yield Target(
+        "fake slurmrestd",
+        server.url,
+        key,
+        make_busy,
+        addresses,
+        PARTITION,
+        queue,
+        unqueue,
+        reboot,
+        version,
+        unserved(version),
+    )
     server.stop()
 
 
@@ -181,8 +202,8 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
                 "hostname": node["hostname"],
             }
         out["nodes"] = nodes
-    if "pings" in body:
-        out["pinged"] = [p.get("pinged") for p in body["pings"]]
+    if "pings" in body:  # (24.11 also says "pinged": UP/DOWN, 26.05 "status")
+        out["pings"] = [{k: p[k] for k in ("responding", "pinged", "status") if k in p} for p in body["pings"]]
     if "jobs" in body:
         jobs = []
         for job in body["jobs"]:
@@ -222,6 +243,7 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
 
 def _settled_nodes(target: Target, client: httpx.Client) -> httpx.Response:
     """GET nodes once no node is NOT_RESPONDING: real slurmctld re-pings a node ~0.5 s after an UNDRAIN (a transient the fake leaves out)."""
+    V = target.version
     response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
     deadline = time.monotonic() + 10
     while any("NOT_RESPONDING" in n["state"] for n in response.json().get("nodes", [])) and time.monotonic() < deadline:
@@ -232,6 +254,7 @@ def _settled_nodes(target: Target, client: httpx.Client) -> httpx.Response:
 
 def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
     """The same requests, in the same order, to one slurmrestd; each answer reduced."""
+    V = target.version
     answers: list[tuple[str, dict[str, Any]]] = []
     other_key = make_jwt_key()
     with httpx.Client(base_url=target.url, timeout=15) as client:
@@ -249,7 +272,7 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
 
         send("list nodes", "GET", f"/slurm/{V}/nodes/")
         send("ping", "GET", f"/slurm/{V}/ping/")
-        for version in ("v0.0.43", "v0.0.44"):
+        for version in target.unserved:
             send(f"list nodes {version} (not served)", "GET", f"/slurm/{version}/nodes/")
             send(f"ping {version} (not served)", "GET", f"/slurm/{version}/ping")
         send("no token", "GET", f"/slurm/{V}/nodes/", token=None)
@@ -286,7 +309,7 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
             json_type=False,
         )
         send("undrain", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["UNDRAIN"]})
-        answers.append(("after undrain (reason kept)", _reduce(target, _settled_nodes(target, client))))
+        answers.append(("after undrain", _reduce(target, _settled_nodes(target, client))))
         target.make_busy(BUSY)
         send("busy node", "GET", f"/slurm/{V}/nodes/")
         target.queue(2)  # both nodes: one is busy, so it pends
@@ -321,23 +344,23 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
     return answers
 
 
-def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None:
+def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target, slurm_release: Release) -> None:
     theirs, ours = conversation(real), conversation(fake)
+    dialect = DIALECTS[slurm_release.series]
     differences = [
         f"{what}:\n  real: {r}\n  fake: {f}" for (what, r), (_, f) in zip(theirs, ours, strict=True) if r != f
     ]
-    assert not differences, "the fake differs from real slurmrestd 24.11:\n" + "\n".join(differences)
+    assert not differences, f"the fake differs from {real.name}:\n" + "\n".join(differences)
     facts = dict(theirs)
     # What the product relies on, as real Slurm answers it:
     assert facts["list nodes"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
-    assert (
-        facts["list nodes v0.0.44 (not served)"]["status"] == 404
-        and facts["list nodes v0.0.44 (not served)"]["type"] == "text/plain"
-    )
+    newer = f"list nodes {real.unserved[0]} (not served)"
+    assert facts[newer]["status"] == 404 and facts[newer]["type"] == "text/plain"
     assert (facts["no token"]["status"], facts["no token"]["type"]) == (401, "text/plain")
     assert facts["token signed with another key"]["status"] == 511
     assert [e["error_number"] for e in facts["token signed with another key"]["errors"]] == [1007]
     assert facts["ping with a bad token"]["status"] == 200
+    assert [p["responding"] for p in facts["ping with a bad token"]["pings"]] == [False]
     assert facts["after drain"]["nodes"][IDLE] == {
         "state": ["IDLE", "DRAIN", "DYNAMIC_NORM"],
         "reason": "slime: scale-in",
@@ -345,9 +368,10 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None
         "address_is_the_nodes": True,
         "hostname": IDLE,
     }
-    assert facts["drain without Content-Type"]["status"] == 400
-    assert facts["after undrain (reason kept)"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
-    assert facts["after undrain (reason kept)"]["nodes"][IDLE]["reason"] == "slime: scale-in"
+    assert facts["drain without Content-Type"]["status"] == dialect.untyped_post[0]
+    assert facts["after undrain"]["nodes"][IDLE]["state"] == ["IDLE", "DYNAMIC_NORM"]
+    kept = "slime: scale-in" if dialect.reason_outlives_drain else ""
+    assert facts["after undrain"]["nodes"][IDLE]["reason"] == kept
     assert facts["busy and drained"]["nodes"][BUSY]["state"] == ["ALLOCATED", "DRAIN", "DYNAMIC_NORM"]
     # Node demand's view: a running job on the busy node, a pending 2-node job (Resources), the partition UNLIMITED.
     assert sorted(
@@ -363,19 +387,23 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target) -> None
         ("delete it again (gone)", 2018),
         ("drain unknown node", 2018),
     ):
-        assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
+        refused = (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]])
+        assert refused == (dialect.error_status, [number]), what
     assert IDLE not in facts["after delete"]["nodes"]
     # The release to FUTURE: the record stays (not listed, still one of the partition's 2 nodes), DRAIN
-    # cleared; a busy node and a node already FUTURE are refused (2028); the next slurmd -Z takes it back.
+    # cleared; a busy node and a node already FUTURE are refused (24.11: 2028, 26.05: 2180); the next
+    # slurmd -Z takes it back.
     assert (facts["FUTURE drained idle node"]["status"], facts["FUTURE drained idle node"]["errors"]) == (200, [])
     assert IDLE not in facts["after FUTURE"]["nodes"] and BUSY in facts["after FUTURE"]["nodes"]
     assert facts["partitions after FUTURE"]["partitions"][0]["total"] == 2
-    for what, number in (("FUTURE busy node", 2028), ("FUTURE again", 2028), ("FUTURE unknown node", 2018)):
-        assert (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]]) == (500, [number]), what
+    not_again = dialect.refused_state[0]
+    for what, number in (("FUTURE busy node", not_again), ("FUTURE again", not_again), ("FUTURE unknown node", 2018)):
+        refused = (facts[what]["status"], [e["error_number"] for e in facts[what]["errors"]])
+        assert refused == (dialect.error_status, [number]), what
     assert facts["after its host boots again"]["nodes"][IDLE] == {
         "state": ["IDLE", "DYNAMIC_NORM"],
-        "reason": "slime: scale-in",
-        "reason_set_by_user": "slurm",
+        "reason": kept,
+        "reason_set_by_user": "slurm" if kept else "",
         "address_is_the_nodes": True,
         "hostname": IDLE,
     }
@@ -409,7 +437,7 @@ def product_client_run(target: Target) -> list[str]:
         try:
             client.future(IDLE)
         except SlurmUnavailable as exc:
-            seen.append(f"FUTURE again refused: {'answered 500' in exc.cause}")
+            seen.append(f"FUTURE again refused: {'Invalid node state' in exc.cause}")
         seen.append(
             f"deleted its record: {client.delete(IDLE)}; again: {client.delete(IDLE)}"
         )  # already gone: done, not an error
@@ -421,7 +449,7 @@ def product_client_run(target: Target) -> list[str]:
         try:
             client.delete(BUSY)
         except SlurmUnavailable as exc:
-            seen.append(f"delete busy refused: {'answered 500' in exc.cause}")
+            seen.append(f"delete busy refused: {'(Requested nodes are busy)' in exc.cause}")
         wrong = SlurmClient(_SecretReader(make_jwt_key()), config, timeout=15)  # type: ignore[arg-type]
         try:
             wrong.nodes()
@@ -434,11 +462,11 @@ def product_client_run(target: Target) -> list[str]:
     return seen
 
 
-def test_slime_client_speaks_v0_0_42_to_real_slurmrestd_as_to_the_fake(real: Target, fake: Target) -> None:
+def test_slime_client_speaks_the_newest_version_to_real_slurmrestd_as_to_the_fake(real: Target, fake: Target) -> None:
     theirs = product_client_run(real)
     assert theirs == product_client_run(fake)
     assert theirs == [
-        f"version {V}",  # probed v0.0.44 and v0.0.43 first: 404
+        f"version {real.version}",  # newer ones probed first: 404
         f"nodes {sorted([IDLE, BUSY])}; {IDLE} ['DYNAMIC_NORM', 'IDLE'] busy=False",
         f"{IDLE} address is the node's: True",
         "drained: True reason 'slime: scale-in'",

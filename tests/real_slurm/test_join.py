@@ -28,6 +28,7 @@ from testbed.wait import wait_for
 from testbed.world import b64, make_slurm_key
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
+SLURM_RELEASES = ("26.05", "24.11")  # Slinky v1.3's default, and the 24.11 of Slinky 1.0-1.2 (conftest.py)
 
 FILES_USER_DATA = USER_DATA.with_name("slurm-worker-files.yaml")
 
@@ -46,22 +47,35 @@ def test_install_md_shows_the_user_data_files_verbatim() -> None:
     )
 
 
-def test_user_data_renders_as_cloud_init_renders_it() -> None:
+@pytest.mark.parametrize(
+    ("node_conf", "slurmd"),
+    [
+        ("", "slurmd -Z --conf-server 192.0.2.1:30817"),
+        ("Feature=nodeset-a", 'slurmd -Z --conf-server 192.0.2.1:30817 --conf "Feature=nodeset-a"'),
+    ],
+)
+def test_user_data_renders_as_cloud_init_renders_it(node_conf: str, slurmd: str) -> None:
     key = base64.b64encode(b"k" * 16).decode()
-    meta = {"local-hostname": "bm-1", "slurm_conf_server": "192.0.2.1:30817", "slurm_key_base64": key}
+    hosts = base64.b64encode(b"192.0.2.1 ctl-0.ctl-internal.slurm ctl.slurm\n").decode()
+    meta = {
+        "local-hostname": "bm-1",
+        "slurm_conf_server": "192.0.2.1:30817",
+        "slurm_key_base64": key,
+        "slurm_hosts_base64": hosts,
+        "slurm_node_conf": node_conf,
+    }
     rendered = render_user_data(USER_DATA.read_text(), meta)
     assert rendered.startswith("#cloud-config\n") and "## template" not in rendered
-    assert "slurmd -Z --conf-server 192.0.2.1:30817\n" in rendered and f"echo '{key}'" in rendered
-    script = boot_script(rendered)
-    assert (
-        script.splitlines()[0] == "#!/bin/sh" and script.splitlines()[-1] == "slurmd -Z --conf-server 192.0.2.1:30817"
-    )
+    assert f"  - {slurmd}" in rendered.splitlines() and f"echo '{key}'" in rendered
+    script = boot_script(rendered).splitlines()
+    assert script[0] == "#!/bin/sh" and script[-2:] == [f"echo '{hosts}' | base64 -d >> /etc/hosts", slurmd]
     # write_files: decoded, then permissions and owner, before runcmd
     files = boot_script(render_user_data(FILES_USER_DATA.read_text(), meta)).splitlines()
-    assert files[-3:] == [
+    assert files[-4:] == [
         "chmod 0600 /etc/slurm/slurm.key",
         "chown slurm:slurm /etc/slurm/slurm.key",
-        "slurmd -Z --conf-server 192.0.2.1:30817",
+        f"echo '{hosts}' | base64 -d >> /etc/hosts",
+        slurmd,
     ]
     # What cloud-init does with a key that is not there: a placeholder, not an error.
     missing = render_user_data(USER_DATA.read_text(), {"local-hostname": "bm-1"})

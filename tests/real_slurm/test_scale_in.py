@@ -24,16 +24,17 @@ from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
 from testbed.capi_sim import MD_NS
-from testbed.real.slurm import SlurmFailed
+from testbed.real.slurm import Release, SlurmFailed
 from testbed.real.slurm_pool import Pool, SecretReader, future_records
 from testbed.real.slurm_site import Site
 from testbed.wait import wait_for
 
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
+SLURM_RELEASES = ("26.05", "24.11")  # Slinky v1.3's default, and the 24.11 of Slinky 1.0-1.2 (conftest.py)
 
 
 def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy_one_stays(
-    pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture
+    pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture, slurm_release: Release
 ) -> None:
     caplog.set_level(logging.INFO, logger="slime.scaling.slurmrestd")
     p = pool(3, releasedNodes="delete")  # the records go (the default keeps them: the next test)
@@ -58,10 +59,12 @@ def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy
     versions = [
         r.__dict__.get("api_version") for r in caplog.records if r.getMessage() == "slurmrestd API version discovered"
     ]
-    assert versions == ["v0.0.42"]  # probed v0.0.44, v0.0.43 (404 from Slurm 24.11), then v0.0.42
+    assert versions == [slurm_release.api_version]  # probed newest first: newer ones are a 404
 
 
-def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(site: Site, pool: Callable[..., Pool]) -> None:
+def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(
+    site: Site, pool: Callable[..., Pool], slurm_release: Release
+) -> None:
     """Nothing lost: the released nodes go back to FUTURE, a job as big as the pool is still accepted, and runs when the hosts return.
 
     bm-a took a FUTURE record the operator declared (docs/install.md); bm-b is a purely dynamic
@@ -85,16 +88,23 @@ def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(site: Sit
         "bm-a": ["FUTURE", "DYNAMIC_NORM"],
         "bm-b": ["FUTURE", "DYNAMIC_NORM"],
     }
-    assert kept["bm-a"]["reason"] == DRAIN_REASON  # DRAIN is gone; the reason stays until the node next runs a job
+    # DRAIN is gone; 24.11 keeps the reason until the node next runs a job, 26.05 clears it with DRAIN.
+    assert kept["bm-a"]["reason"] == (DRAIN_REASON if slurm_release.series == "24.11" else "")
     events = p.events("SlurmNodeReturnedToFuture")
     assert (
         len(events) == 2
         and all("returned to FUTURE" in e["message"] for e in events)
         and p.events("SlurmNodeDeleted") == []
     )
-    # Real Slurm still counts both records: a 2-node job is accepted and queues, a 3-node one is refused at submission.
-    with pytest.raises(SlurmFailed, match="Requested node configuration is not available"):
-        slurm.sbatch("-N3", "--wrap", "true")
+    # Real Slurm still counts both records: a 2-node job is accepted and queues; a 3-node one is refused
+    # at submission by 24.11, queued by 26.05 waiting for a third record (PartitionNodeLimit).
+    if slurm_release.series == "24.11":
+        with pytest.raises(SlurmFailed, match="Requested node configuration is not available"):
+            slurm.sbatch("-N3", "--wrap", "true")
+    else:
+        too_big = slurm.sbatch("-N3", "--wrap", "true")
+        wait_for(lambda: slurm.jobs()[too_big]["state_reason"] == "PartitionNodeLimit", 20, "the 3-node job to wait")
+        slurm.client(["scancel", str(too_big)])
     job = slurm.sbatch("-N2", "--wrap", "srun hostname")
     wait_for(lambda: slurm.jobs()[job]["state_reason"] not in ("None", ""), 20, f"job {job} to pend with a reason")
     assert slurm.jobs()[job]["job_state"] == ["PENDING"]

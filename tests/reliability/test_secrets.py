@@ -51,15 +51,8 @@ def test_no_slurm_key_in_logs_metrics_or_errors(
         # Requests that carry the key: an already injected Secret (UPDATE), one with stale values, one
         # whose metaData is broken YAML around the key, and the key where a name should be.
         key64 = b64(slurm.key)
-        injected = metadata_secret(
-            data,
-            extra={
-                "slurm_controller_host": "192.0.2.10",
-                "slurm_controller_port": "30817",
-                "slurm_conf_server": "192.0.2.10:30817",
-                "slurm_key_base64": key64,
-            },
-        )
+        injected = metadata_secret(data)  # as the first admission left it: every join key present
+        injected["data"]["metaData"] = json.loads(base64.b64decode(first["patch"]))[0]["value"]
         assert "patch" not in _review(injection, injected, "UPDATE")
         stale = metadata_secret(data, extra={"slurm_controller_host": "198.51.100.9", "slurm_key_base64": key64})
         assert _review(injection, stale, "UPDATE")["patchType"] == "JSONPatch"

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kubemu import Emulator
-from testbed.fake_slurmrestd import FakeSlurmrestd
+from testbed.fake_slurmrestd import DEFAULT_RELEASE, FakeSlurmrestd
 from testbed.services import Scaling
 from testbed.world import config_map, machine_deployment, make_jwt_key, mirror
 
@@ -41,7 +41,8 @@ def jwt_key() -> bytes:
 
 
 @pytest.fixture
-def slurm(jwt_key: bytes) -> Iterator[FakeSlurmrestd]:
-    fake = FakeSlurmrestd(jwt_key)
+def slurm(jwt_key: bytes, request: pytest.FixtureRequest) -> Iterator[FakeSlurmrestd]:
+    """The fake slurmrestd, speaking the default release's dialect (or ``indirect`` parametrization's)."""
+    fake = FakeSlurmrestd(jwt_key, release=getattr(request, "param", DEFAULT_RELEASE))
     yield fake
     fake.stop()

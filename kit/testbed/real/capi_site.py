@@ -231,7 +231,7 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
         slurm = Slurm(
             prepared.root,
             workdir / "slurm",
-            SlurmConfig(address=network.host_address, port=port),
+            SlurmConfig.slinky(prepared.root, network.host_address, port),
             slurm_key=slinky.key,
             jwt_key=slinky.jwt_key,
         )  # the keys of Slinky's Secrets

@@ -111,8 +111,9 @@ def boot_script(rendered: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def meta_data_for(slurm: Slurm, hostname: str) -> dict[str, str]:
-    """The metadata a node of ``slurm`` gets after injection, made here without the webhooks (for the CLI)."""
+def meta_data_for(slurm: Slurm, hostname: str, node_conf: str = "") -> dict[str, str]:
+    """The metadata a node of ``slurm`` gets after injection, made here without the webhooks (for the CLI and the
+    conformance test)."""
     host, port = slurm.config.address, str(slurm.config.port)
     return {
         "local-hostname": hostname,
@@ -120,6 +121,8 @@ def meta_data_for(slurm: Slurm, hostname: str) -> dict[str, str]:
         "slurm_controller_port": port,
         "slurm_conf_server": f"{host}:{port}",
         "slurm_key_base64": base64.b64encode(slurm.slurm_key).decode(),
+        "slurm_hosts_base64": base64.b64encode(slurm.hosts_line.encode()).decode(),
+        "slurm_node_conf": node_conf,
     }
 
 
@@ -211,7 +214,10 @@ def boot(
     script.parent.mkdir(parents=True)
     script.touch(0o700)
     script.write_text(boot_script(render_user_data(user_data.read_text(), meta_data)))
+    hosts = directory / "hosts"  # the node's own /etc/hosts (the user-data adds the controller's names)
+    hosts.write_text((root.path / "etc/hosts").read_text())
     binds = [
+        Bind(hosts, "/etc/hosts"),
         Bind(parts["etc"], "/etc/slurm"),
         Bind(parts["spool"], "/var/spool/slurmd"),
         Bind(parts["run"], "/run"),

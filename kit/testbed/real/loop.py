@@ -298,7 +298,7 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         slurm = Slurm(
             parts.root,
             workdir / "slurm",
-            SlurmConfig(address=network.host_address, port=port, partition=PARTITION),
+            SlurmConfig.slinky(parts.root, network.host_address, port, partition=PARTITION),
             slurm_key=slinky.key,
             jwt_key=slinky.jwt_key,
         )

@@ -1,10 +1,13 @@
-"""Real Slurm 24.11 from Debian trixie: a cached root, and a controller with slurmrestd per test.
+"""Real Slurm from Debian: 26.05 (forky, Slinky v1.3's default) or 24.11 (trixie); a cached root, and a
+controller with slurmrestd per test.
 
-**The root.** :func:`prepare_root` makes a Debian trixie root once with ``debootstrap
+**The root.** :func:`prepare_root` makes a Debian root for a :class:`Release` (:data:`SLURM_26_05`
+from forky, the default; :data:`SLURM_24_11` from trixie) once with ``debootstrap
 --variant=minbase`` from Debian's registry and installs :data:`PACKAGES` into it with apt-get. It
 is cached outside the repository (``$SLIME_REAL_CACHE``, else ``~/.cache/slime/real``), in a
 directory named after a hash of the suite, the mirror, the package list and :data:`RECIPE`, so a
-change of any of them builds a new one. Nothing of the host's own packages changes, except that
+change of any of them builds a new one. The host's debootstrap has no forky script: sid's is
+used, and forky's Release file, past its Valid-Until date on the mirror, is accepted. Nothing of the host's own packages changes, except that
 ``debootstrap`` is installed on the host when it is missing. Name resolution is switched off in
 the root once the packages are in (``hosts: files``, ``nameserver 127.0.0.1``): the daemons must
 never look a name up on a real DNS server, and they need none (nodes register by address).
@@ -55,9 +58,7 @@ from testbed.real.build import cache_root
 from testbed.real.controlplane import LISTEN_PORTS
 from testbed.world import make_slurm_key
 
-SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
-SLURM_SERIES = "24.11"
 PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "slurm-wlm-jwt-plugin")
 # Bump when the preparation of the root changes: the cached root is then made anew.
 RECIPE = 1
@@ -65,7 +66,29 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 HOST_TOOLS = ("ip", "unshare", "chroot", "mount", "nsenter")
 CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROGRESS_SECONDS = 20.0
-API_VERSION = "v0.0.42"  # what Slurm 24.11 serves newest (it serves v0.0.40 to v0.0.42)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Slurm release as Debian packages it: the suite, the series, the newest data parser it serves."""
+
+    suite: str
+    series: str
+    api_version: str  # the newest slurmrestd data parser of the series
+    debootstrap_script: str = ""  # "" : the suite's own
+    apt_options: tuple[str, ...] = ()
+
+
+SLURM_26_05 = Release(
+    "forky",
+    "26.05",
+    "v0.0.45",  # 26.05 serves v0.0.42 to v0.0.45
+    "/usr/share/debootstrap/scripts/sid",
+    ("-o", "Acquire::Check-Valid-Until=false"),
+)
+SLURM_24_11 = Release("trixie", "24.11", "v0.0.42")  # 24.11 serves v0.0.40 to v0.0.42
+RELEASES = {r.series: r for r in (SLURM_26_05, SLURM_24_11)}
+DEFAULT_RELEASE = SLURM_26_05  # Slinky v1.3's chart default (it needs Slurm >= 25.11)
 
 Progress = Callable[[str], None]
 
@@ -86,9 +109,9 @@ class SlurmFailed(RuntimeError):
 # --- the root ------------------------------------------------------------------------------------
 
 
-def root_name() -> str:
-    digest = hashlib.sha256(json.dumps([SUITE, MIRROR, sorted(PACKAGES), RECIPE]).encode()).hexdigest()[:12]
-    return f"slurm-{SUITE}-{SLURM_SERIES}-{digest}"
+def root_name(release: Release, packages: tuple[str, ...] = PACKAGES) -> str:
+    digest = hashlib.sha256(json.dumps([release.suite, MIRROR, sorted(packages), RECIPE]).encode()).hexdigest()[:12]
+    return f"slurm-{release.suite}-{release.series}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -96,14 +119,21 @@ class SlurmRoot:
     """A prepared root: where it is, the Slurm release in it, and its ``slurm`` user's ids."""
 
     path: Path
-    release: str
+    release: str  # the installed Slurm version, e.g. 26.05.5
     slurm_uid: int
     slurm_gid: int
+    series: str = DEFAULT_RELEASE.series
 
     @classmethod
     def load(cls, path: Path) -> SlurmRoot:
         ready = json.loads((path / ".slime-ready.json").read_text())
-        return cls(path, str(ready["release"]), int(ready["slurm_uid"]), int(ready["slurm_gid"]))
+        release = str(ready["release"])
+        return cls(path, release, int(ready["slurm_uid"]), int(ready["slurm_gid"]), ".".join(release.split(".")[:2]))
+
+    @property
+    def api_version(self) -> str:
+        """The newest slurmrestd data parser this root's Slurm serves."""
+        return RELEASES[self.series].api_version
 
 
 def check_host(progress: Progress = to_stderr) -> None:
@@ -200,10 +230,14 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
-    """The cached trixie root with Slurm, made on first use (about a minute: debootstrap, then apt-get)."""
+def prepare_root(
+    progress: Progress = to_stderr, release: Release = DEFAULT_RELEASE, extra_packages: tuple[str, ...] = ()
+) -> SlurmRoot:
+    """The cached root with Slurm ``release`` (and ``extra_packages``), made on first use (about a minute:
+    debootstrap, then apt-get)."""
     check_host(progress)
-    final = cache_root() / root_name()
+    packages = (*PACKAGES, *extra_packages)
+    final = cache_root() / root_name(release, packages)
     if (final / ".slime-ready.json").is_file():
         return SlurmRoot.load(final)
     with _locked(final.name):
@@ -217,7 +251,9 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
         log = cache_root() / f"{final.name}.log"
         log.write_text("")
         started = time.monotonic()
-        progress(f"making the Debian {SUITE} root once (debootstrap --variant=minbase from {MIRROR}); log {log}")
+        progress(
+            f"making the Debian {release.suite} root once (debootstrap --variant=minbase from {MIRROR}); log {log}"
+        )
         # In a mount namespace of its own: the /proc and /sys debootstrap mounts vanish with it, even if it is killed.
         _run_logged(
             [
@@ -227,16 +263,17 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
                 "private",
                 "debootstrap",
                 "--variant=minbase",
-                SUITE,
+                release.suite,
                 str(partial),
                 MIRROR,
+                *([release.debootstrap_script] if release.debootstrap_script else []),
             ],
             log,
             "debootstrap",
             600,
             progress,
         )
-        progress(f"debootstrap done in {time.monotonic() - started:.0f} s; installing {' '.join(PACKAGES)}")
+        progress(f"debootstrap done in {time.monotonic() - started:.0f} s; installing {' '.join(packages)}")
         certs = partial / "etc/ssl/certs"
         certs.mkdir(parents=True, exist_ok=True)
         if HOST_CA_BUNDLE.is_file():
@@ -244,8 +281,11 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
         policy = partial / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\n# no daemon starts while packages install\nexit 101\n")
         policy.chmod(0o755)
+        options = " ".join(release.apt_options)
         install = (
-            "apt-get update && apt-get install -y --no-install-recommends " + " ".join(PACKAGES) + " && apt-get clean"
+            f"apt-get {options} update && apt-get install -y --no-install-recommends "
+            + " ".join(packages)
+            + " && apt-get clean"
         )
         _run_logged(
             chroot_argv(partial, ["sh", "-c", install], env={"DEBIAN_FRONTEND": "noninteractive"}),
@@ -267,28 +307,28 @@ def prepare_root(progress: Progress = to_stderr) -> SlurmRoot:
         for lists in (partial / "var/lib/apt/lists").glob("*_*"):
             lists.unlink()
         version = subprocess.run(chroot_argv(partial, ["slurmctld", "-V"]), capture_output=True, text=True, timeout=60)
-        release = version.stdout.strip().split()[-1] if version.stdout.strip() else ""
-        if not release.startswith(SLURM_SERIES):
+        installed = version.stdout.strip().split()[-1] if version.stdout.strip() else ""
+        if not installed.startswith(release.series):
             raise SlurmFailed(
-                f"the root has Slurm {release or '?'} ({version.stderr.strip()[-300:]}), expected {SLURM_SERIES}"
+                f"the root has Slurm {installed or '?'} ({version.stderr.strip()[-300:]}), expected {release.series}"
             )
         uid, gid = _user_ids(partial, "slurm")
         (partial / ".slime-ready.json").write_text(
             json.dumps(
                 {
-                    "release": release,
+                    "release": installed,
                     "slurm_uid": uid,
                     "slurm_gid": gid,
-                    "suite": SUITE,
+                    "suite": release.suite,
                     "mirror": MIRROR,
-                    "packages": list(PACKAGES),
+                    "packages": list(packages),
                     "recipe": RECIPE,
                     "seconds": round(time.monotonic() - started, 1),
                 }
             )
         )
         partial.rename(final)
-        progress(f"root ready in {time.monotonic() - started:.0f} s: Slurm {release} at {final}")
+        progress(f"root ready in {time.monotonic() - started:.0f} s: Slurm {installed} at {final}")
         return SlurmRoot.load(final)
 
 
@@ -426,15 +466,41 @@ exit 0
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    """What the cluster's ``slurm.conf`` says; the rest is Slinky's shape."""
+    """What the cluster's ``slurm.conf`` says; the rest is Slinky's shape.
 
-    address: str  # what nodes and clients dial: SlurmctldHost=<hostname>(<address>)
+    ``dns_names``: Slinky >= 1.3's shape. slurmctld is named by cluster DNS
+    (``SlurmctldHost=<pod>.<statefulset>-internal.<namespace>``, ``SlurmctldAddr=<statefulset>.<namespace>``),
+    names a bare-metal node resolves only through the ``/etc/hosts`` lines the injection webhook gives
+    it; and each of ``nodesets`` is a ``NodeSet=<name> Feature=<name>`` with a partition of the same
+    name over it. Without: Slinky < 1.3's ``SlurmctldHost=<pod>(<address>)``.
+    """
+
+    address: str  # what nodes and clients dial
     port: int  # SlurmctldPort
-    hostname: str = "slurm-controller-0"  # slurmctld's host name (its pod's, in Slinky)
+    hostname: str = "slurm-controller-0"  # slurmctld's pod name in Slinky
     cluster: str = "slime"
     partition: str = "metal"
     slurmd_timeout: int = 10  # Slinky keeps the default 300; short here so a dead node shows in seconds
     epilog: bool = True
+    dns_names: bool = False
+    namespace: str = "slurm"  # the Controller's namespace (for the DNS names)
+    statefulset: str = "slurm-controller"  # the slurmctld StatefulSet: <controller>-controller
+    nodesets: tuple[str, ...] = ()
+
+    @classmethod
+    def slinky(cls, root: SlurmRoot, address: str, port: int, **extra: Any) -> SlurmConfig:
+        """The shape Slinky gives ``root``'s Slurm: v1.3's (DNS names) for Slurm >= 25.11, which v1.3
+        needs; the shape of 1.0-1.2 for older Slurm."""
+        return cls(address=address, port=port, dns_names=root.series >= "25.11", **extra)
+
+    @property
+    def host_name(self) -> str:
+        """slurmctld's host name, which must equal its ``SlurmctldHost`` name for it to start."""
+        return f"{self.hostname}.{self.statefulset}-internal.{self.namespace}" if self.dns_names else self.hostname
+
+    @property
+    def service_name(self) -> str:
+        return f"{self.statefulset}.{self.namespace}"
 
 
 def slurm_conf(config: SlurmConfig) -> str:
@@ -443,7 +509,11 @@ def slurm_conf(config: SlurmConfig) -> str:
         "# Written by testbed/real/slurm.py, after the slurm.conf of SchedMD's Slinky slurm-operator.",
         f"ClusterName={config.cluster}",
         "SlurmUser=slurm",
-        f"SlurmctldHost={config.hostname}({config.address})",
+        *(
+            [f"SlurmctldHost={config.host_name}", f"SlurmctldAddr={config.service_name}"]
+            if config.dns_names
+            else [f"SlurmctldHost={config.hostname}({config.address})"]
+        ),
         f"SlurmctldPort={config.port}",
         "SlurmdPort=6818",
         "SlurmdUser=root",
@@ -475,7 +545,11 @@ def slurm_conf(config: SlurmConfig) -> str:
     if config.epilog:
         lines.append("# A relative name: shipped to the nodes with the configuration (configless).")
         lines.append("Epilog=epilog.sh")
+    for nodeset in config.nodesets:
+        lines.append(f"NodeSet={nodeset} Feature={nodeset}")
     lines.append(f"PartitionName={config.partition} Nodes=ALL Default=YES MaxTime=UNLIMITED State=UP")
+    for nodeset in config.nodesets:
+        lines.append(f"PartitionName={nodeset} Nodes={nodeset} MaxTime=UNLIMITED State=UP")
     return "\n".join(lines) + "\n"
 
 
@@ -520,6 +594,12 @@ class Slurm:
         return f"{self.config.address}:{self.config.port}"
 
     @property
+    def hosts_line(self) -> str:
+        """What a node needs in /etc/hosts to reach slurmctld by every name its slurm.conf gives it."""
+        names = dict.fromkeys([self.config.host_name, self.config.hostname, self.config.service_name])
+        return f"{self.config.address} {' '.join(names)}\n"
+
+    @property
     def restd_url(self) -> str:
         return f"http://127.0.0.1:{self.restd_port}"
 
@@ -547,7 +627,7 @@ class Slurm:
         # As in a pod: the controller's own name resolves to its address. slurmctld looks up the host
         # name of every srun it answers (the clients here run under the controller's name); with no
         # DNS, an unknown name costs 10 s of retries.
-        (self.workdir / "hosts").write_text(f"127.0.0.1 localhost\n{self.config.address} {self.config.hostname}\n")
+        (self.workdir / "hosts").write_text(f"127.0.0.1 localhost\n{self.hosts_line}")
         (self.etc / "slurm.conf").write_text(slurm_conf(self.config))
         (self.etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         (self.etc / "plugstack.conf").write_text("")  # Debian's ships a glob Include Slurm cannot parse
@@ -568,7 +648,7 @@ class Slurm:
         return self
 
     def start_controller(self, timeout: float = 30.0) -> None:
-        argv = chroot_argv(self.root.path, ["slurmctld", "-D", "-i"], self.binds(), hostname=self.config.hostname)
+        argv = chroot_argv(self.root.path, ["slurmctld", "-D", "-i"], self.binds(), hostname=self.config.host_name)
         with open(self.log / "slurmctld.log", "ab") as out:
             self.ctld = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -590,10 +670,12 @@ class Slurm:
             self.root.path,
             [
                 "slurmrestd",
+                # Unprivileged, as slurmrestd must be; by number, since Slurm 26.05 no longer resolves the
+                # name "nobody" (fatal "Unable to resolve user: nobody") while 24.11 does.
                 "-u",
-                "nobody",
+                "65534",
                 "-g",
-                "nogroup",
+                "65534",
                 "-a",
                 "rest_auth/jwt",
                 "-s",
@@ -640,7 +722,7 @@ class Slurm:
         self, argv: Sequence[str], check: bool = True, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
         """A Slurm command (scontrol, sbatch, srun, squeue, ...) as root on the controller's host (its name, its files)."""
-        command = chroot_argv(self.root.path, argv, self.binds(), hostname=self.config.hostname)
+        command = chroot_argv(self.root.path, argv, self.binds(), hostname=self.config.host_name)
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             raise SlurmFailed(f"{' '.join(argv)} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")

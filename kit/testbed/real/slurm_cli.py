@@ -22,7 +22,8 @@ import jwt
 from testbed.real.cloudinit import boot, meta_data_for
 from testbed.real.netns import Network
 from testbed.real.slurm import (
-    API_VERSION,
+    DEFAULT_RELEASE,
+    RELEASES,
     Slurm,
     SlurmConfig,
     SlurmFailed,
@@ -51,13 +52,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="JWT_KEY_FILE",
         help="only print a JWT for slurmrestd (sun=slurm, valid 1 h) signed with this jwt_hs256.key",
     )
+    parser.add_argument(
+        "--slurm",
+        choices=sorted(RELEASES),
+        default=DEFAULT_RELEASE.series,
+        help=f"the Slurm release (Debian packages; default {DEFAULT_RELEASE.series})",
+    )
     args = parser.parse_args(argv)
     if args.token is not None:
         now = int(time.time())
         print(jwt.encode({"sun": "slurm", "iat": now, "exp": now + 3600}, args.token.read_bytes(), algorithm="HS256"))
         return 0
     try:
-        root = prepare_root()
+        root = prepare_root(release=RELEASES[args.slurm])
     except Unavailable as exc:
         print(f"slime-slurm: {exc}", file=sys.stderr)
         return 2
@@ -73,7 +80,7 @@ def _serve(root: SlurmRoot, count: int, workdir: Path | None, check: bool) -> in
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with Network() as network:
-        config = SlurmConfig(address=network.host_address, port=free_port(30000, 32767))
+        config = SlurmConfig.slinky(root, network.host_address, free_port(30000, 32767))
         with Slurm(root, workdir / "controller", config) as slurm:
             nodes = []
             for index in range(count):
@@ -97,12 +104,12 @@ def _serve(root: SlurmRoot, count: int, workdir: Path | None, check: bool) -> in
             )
             print(
                 f'  API:   curl -H "X-SLURM-USER-TOKEN: $(slime-slurm --token {slurm.etc / "jwt_hs256.key"})" '
-                f"{slurm.restd_url}/slurm/{API_VERSION}/nodes/"
+                f"{slurm.restd_url}/slurm/{root.api_version}/nodes/"
             )
             helper = workdir / "slurm"
             helper.write_text(
                 "#!/bin/sh\n# Run a Slurm command (sinfo, squeue, sbatch, scontrol ...) on the controller's side.\nexec "
-                + shlex.join(chroot_argv(root.path, [], slurm.binds(), hostname=config.hostname))
+                + shlex.join(chroot_argv(root.path, [], slurm.binds(), hostname=config.host_name))
                 + ' "$@"\n'
             )
             helper.chmod(0o755)

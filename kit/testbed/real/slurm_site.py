@@ -66,14 +66,28 @@ class Site:
     def api(self) -> client.CoreV1Api:
         return client.CoreV1Api(self.emulator.api_client())
 
-    def create_metadata_secret(self, index: int, hostname: str, machine: str | None = None) -> dict[str, Any]:
+    def create_metadata_secret(
+        self,
+        index: int,
+        hostname: str,
+        machine: str | None = None,
+        template: str = "workers-template",
+        template_annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         """CAPM3's part for one host: its Metal3Data, then its ``metaData`` Secret created through the API; the Secret as stored.
 
         The Secret is named after ``machine`` (the Metal3Machine; default: the host name), its
         ``local-hostname`` is ``hostname``: a host named after its BareMetalHost keeps its name
         from one Machine to the next, each Machine has its own Secret.
         """
-        _, data = seed_metal3(self.emulator, namespace=METAL3_NS, template_labels=OPT_IN, index=index)
+        _, data = seed_metal3(
+            self.emulator,
+            namespace=METAL3_NS,
+            template=template,
+            template_labels=OPT_IN,
+            template_annotations=template_annotations,
+            index=index,
+        )
         secret = metadata_secret(
             data, machine=machine or hostname, host=f"bmh-{index}", extra={"local-hostname": hostname}
         )
