@@ -2,7 +2,11 @@
 
 Every replica polls (KEDA may reach any replica behind the Service): per slurmrestd endpoint,
 one ``GET jobs`` and one ``GET partitions`` every ``--demand-interval-seconds``, then the rule of
-:mod:`scaling_webhook.demand` per mapped partition. Gauges (label ``partition`` only):
+:mod:`scaling_webhook.demand` per mapped partition. After the first listing, ``GET jobs`` asks with
+``update_time`` (slurmctld's ``last_update``): when no job changed, slurmctld sends no jobs and the
+jobs parsed last time are used again, re-evaluated at the current time (begin times pass).
+slurmctld's OpenMetrics (Slurm >= 25.11) are not used: they count pending jobs per partition but
+not the nodes those jobs ask for, which is the demand. Gauges (label ``partition`` only):
 ``slime_demand_nodes``, ``_running_nodes``, ``_pending_nodes``, ``_ignored_jobs``.
 
 An unknown demand is never a number: when slurmrestd fails, or the last reading is older than
@@ -27,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from common.kube import KubeClient
-from scaling_webhook.demand import Demand, DemandError, node_demand, parse_job, partition_max_nodes
+from scaling_webhook.demand import Demand, DemandError, Job, node_demand, parse_job, partition_max_nodes
 from scaling_webhook.mappings import Mapping, MappingSource
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import SlurmEndpoint
@@ -107,6 +111,9 @@ class DemandPoller:
         self.clock = clock
         self.gauges = DemandGauges(metrics)
         self._clients: dict[SlurmEndpoint, SlurmClient] = {}
+        # Per endpoint, slurmctld's last_update and the jobs parsed from that listing: the next poll
+        # asks only whether anything changed since (update_time) and reuses them when nothing did.
+        self._listings: dict[SlurmEndpoint, tuple[int, list[Job]]] = {}
         self._readings: dict[str, Reading] = {}
         self._lock = threading.Lock()
 
@@ -129,7 +136,7 @@ class DemandPoller:
         now = self.clock()
         client = self._client(endpoint)
         try:
-            jobs = [parse_job(raw) for raw in client.jobs()]
+            jobs = self._jobs(endpoint, client)
             partitions = client.partitions()
         except (SlurmUnavailable, DemandError) as exc:
             cause = exc.cause if isinstance(exc, SlurmUnavailable) else str(exc)
@@ -152,6 +159,18 @@ class DemandPoller:
             readings[partition] = Reading(partition, now, demand=demand)
         return readings
 
+    def _jobs(self, endpoint: SlurmEndpoint, client: SlurmClient) -> list[Job]:
+        """The endpoint's jobs: the cached ones when slurmctld says none changed since the last listing."""
+        cached = self._listings.pop(endpoint, None)
+        listing = client.jobs(since=cached[0] if cached else None)
+        if listing.jobs is None and cached is not None:
+            jobs = cached[1]
+        else:
+            jobs = [parse_job(raw) for raw in listing.jobs or []]
+        if listing.last_update is not None:
+            self._listings[endpoint] = (listing.last_update, jobs)
+        return jobs
+
     def _client(self, endpoint: SlurmEndpoint) -> SlurmClient:
         client = self._clients.get(endpoint)
         if client is None:
@@ -172,6 +191,7 @@ class DemandPoller:
                 log.warning("node demand unknown", extra={"partition": reading.partition, "error": reading.error})
         for endpoint in set(self._clients) - endpoints:
             self._clients.pop(endpoint).close()
+            self._listings.pop(endpoint, None)
 
     def reading(self, partition: str) -> Reading | None:
         """The last reading of ``partition``, turned into an error when it is stale or not made yet; None when not mapped."""

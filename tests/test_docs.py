@@ -145,3 +145,25 @@ def test_docs_operations_lists_every_metric() -> None:
     # prometheus_client names a counter's family without its _total suffix
     registered = {n if n in documented else n + "_total" for n in registered_metrics()}
     assert registered == documented
+
+
+def _tested_versions() -> list[tuple[str, list[str], str]]:
+    """docs/interfaces.md's "Tested upstream versions" rows: (upstream, versions, pinned-in file or "-")."""
+    section = (REPO / "docs" / "interfaces.md").read_text().split("## Tested upstream versions", 1)[1]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] not in ("Upstream", "---"):
+            rows.append((cells[0], re.findall(r"v?\d+\.\d+(?:\.\d+)?", cells[1].split("(")[0]), cells[3].strip("`")))
+    return rows
+
+
+def test_the_tested_versions_table_names_the_pinned_versions() -> None:
+    rows = _tested_versions()
+    assert len(rows) >= 9, rows
+    for upstream, versions, pinned_in in rows:
+        if pinned_in == "-":
+            continue
+        text = (REPO / pinned_in).read_text()
+        missing = [v for v in versions if v not in text]
+        assert versions and not missing, f"{upstream}: {missing or 'no version'} not in {pinned_in}"

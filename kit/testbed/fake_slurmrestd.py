@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 import jwt
 
@@ -141,6 +142,10 @@ class FakeSlurmrestd:
         self.started: dict[int, int] = {}  # job id -> when it became eligible (it started at once)
         self.pending: dict[int, dict[str, Any]] = {}  # job id -> its record, as GET jobs lists it
         self.partitions: dict[str, int | None] = {PARTITION: None}  # name -> MaxNodes (None: UNLIMITED)
+        # When the last full job listing was sent, and what it held: slurmctld's last_update, and
+        # what an update_time query compares against (tests also edit pending and node jobs directly).
+        self._listed: tuple[int, tuple[Any, ...]] | None = None
+        self.unchanged_answers = 0  # GET jobs answered "No job changes since update_time"
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -302,6 +307,7 @@ class FakeSlurmrestd:
     def handle(self, method: str, path: str, token: str | None, raw: bytes) -> tuple[int, dict[str, Any] | str]:
         if self.fail_status is not None:
             return self.fail_status, self._body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
+        path, _, query = path.partition("?")
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
             return 404, self.dialect.not_found  # text/plain
@@ -327,7 +333,7 @@ class FakeSlurmrestd:
             if what == "ping" and method == "GET":
                 return 200, self._body(pings=[self._ping(True)])
             if what == "jobs" and method == "GET":
-                return 200, self._body(jobs=self._jobs())
+                return 200, self._job_listing(query)
             if what == "partitions" and method == "GET":
                 total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
                 return 200, self._body(
@@ -409,6 +415,33 @@ class FakeSlurmrestd:
 
     def _body(self, errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
         return _body(self.dialect.release, errors, **payload)
+
+    def _jobs_fingerprint(self) -> tuple[Any, ...]:
+        """Cheap at any queue length: which jobs are pending and which run where."""
+        running = tuple((node.name, tuple(node.jobs)) for node in self.nodes.values() if node.jobs)
+        return (tuple(self.pending), running)
+
+    def _job_listing(self, query: str) -> dict[str, Any]:
+        """GET jobs as slurmctld answers it: every job with ``last_update`` (the time of the listing);
+        with ``update_time=T`` at or after the last listing and no job changed since, no jobs, no
+        ``last_update`` and a warning (slurmrestd's ``SLURM_NO_CHANGE_IN_DATA`` answer)."""
+        asked = parse_qs(query).get("update_time", [""])[0]
+        fingerprint = self._jobs_fingerprint()
+        if asked.isdigit() and self._listed is not None:
+            listed_at, listed = self._listed
+            if int(asked) >= listed_at and listed == fingerprint:
+                self.unchanged_answers += 1
+                body = self._body(jobs=[], last_backfill=_no_val(0), last_update=_no_val(0))
+                body["warnings"] = [
+                    {
+                        "description": f"No job changes since update_time[{asked}]",
+                        "source": "_op_handler_jobs",
+                    }
+                ]
+                return body
+        now = int(time.time())
+        self._listed = (now, fingerprint)
+        return self._body(jobs=self._jobs(), last_backfill=_no_val(0), last_update=_no_val(now))
 
     def _failure(self, method: str) -> str:
         """How a refused node request's description begins."""

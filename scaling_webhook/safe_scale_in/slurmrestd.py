@@ -53,6 +53,15 @@ class SlurmUnavailable(Exception):
         self.cause = cause
 
 
+@dataclass(frozen=True, slots=True)
+class JobListing:
+    """One ``GET jobs``: the jobs (None: unchanged since the ``update_time`` asked about) and slurmctld's
+    ``last_update`` to ask about next time (None when it gave none)."""
+
+    jobs: list[dict[str, Any]] | None
+    last_update: int | None
+
+
 class _NodeGone(Exception):
     """slurmctld has no record of the node (error 2018): a DELETE or a return to FUTURE has nothing left to do."""
 
@@ -218,9 +227,23 @@ class SlurmClient:
     def nodes(self) -> list[SlurmNode]:
         return [parse_node(n) for n in self._list("nodes", f"/slurm/{self.version()}/nodes/") if n.get("name")]
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job slurmctld knows (pending, running and recently finished), as slurmrestd lists them."""
-        return self._list("jobs", f"/slurm/{self.version()}/jobs/")
+    def jobs(self, since: int | None = None) -> JobListing:
+        """Every job slurmctld knows (pending, running and recently finished), as slurmrestd lists them;
+        with ``since`` (a ``last_update`` it gave before), ``jobs=None`` when no job changed since then.
+
+        slurmctld answers an ``update_time`` it has no newer change for with no jobs, no
+        ``last_update`` and a warning ("No job changes since update_time..."): the cheap answer to
+        the most frequent question at a large queue. A listing that is really empty carries a
+        ``last_update``, so the two are never confused."""
+        path = f"/slurm/{self.version()}/jobs/" + (f"?update_time={since}" if since else "")
+        data = self._call("GET", path)
+        raw = data.get("jobs")
+        if not isinstance(raw, list):
+            raise SlurmUnavailable(f"{self.where} answered GET jobs without a jobs list")
+        last_update = _timestamp(data.get("last_update"))
+        if since and not raw and last_update is None:
+            return JobListing(None, since)
+        return JobListing([item for item in raw if isinstance(item, dict)], last_update)
 
     def partitions(self) -> list[dict[str, Any]]:
         return self._list("partitions", f"/slurm/{self.version()}/partitions/")
@@ -262,6 +285,13 @@ class SlurmClient:
         except _NodeGone:
             return False
         return True
+
+
+def _timestamp(value: Any) -> int | None:
+    """A time slurmrestd gives as ``{"set": true, "number": N}`` (v0.0.40 on) or a bare number; None when unset or 0."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) and not value.get("infinite") else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _errors_of(data: Any) -> str:

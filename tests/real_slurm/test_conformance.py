@@ -189,6 +189,10 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
     body = response.json()
     out["errors"] = body.get("errors")
     out["keys"] = sorted(k for k in body if k in ("errors", "warnings", "meta", "nodes", "pings", "jobs", "partitions"))
+    if "jobs" in body:  # last_update: the listing's time; unset (or 0) on a "no change since update_time" answer
+        last_update = body.get("last_update") or {}
+        out["last_update_set"] = bool(last_update.get("set")) and last_update.get("number", 0) > 0
+        out["warnings"] = [w["description"].split("update_time")[0] for w in body.get("warnings") or []]
     if "nodes" in body:
         nodes = {}
         for node in body["nodes"]:
@@ -250,6 +254,18 @@ def _settled_nodes(target: Target, client: httpx.Client) -> httpx.Response:
         time.sleep(0.2)
         response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
     return response
+
+
+def _quiet_last_update(target: Target, client: httpx.Client) -> int:
+    """The last_update of a job listing slurmctld then calls unchanged. slurmctld reports a change made in the
+    same second as the listing, and its scheduler touches a new job once: list again (bounded) until quiet."""
+    V, headers = target.version, {"X-SLURM-USER-TOKEN": _token(target.key)}
+    for _ in range(15):
+        since = client.get(f"/slurm/{V}/jobs/", headers=headers).json()["last_update"]["number"]
+        if not client.get(f"/slurm/{V}/jobs/?update_time={since}", headers=headers).json()["jobs"]:
+            return int(since)
+        time.sleep(1.0)
+    raise AssertionError(f"{target.name}: a job changed on every listing for 15 s")
 
 
 def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
@@ -314,6 +330,8 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
         send("busy node", "GET", f"/slurm/{V}/nodes/")
         target.queue(2)  # both nodes: one is busy, so it pends
         send("list jobs", "GET", f"/slurm/{V}/jobs/")
+        since = _quiet_last_update(target, client)
+        send("jobs unchanged since a listing", "GET", f"/slurm/{V}/jobs/?update_time={since}")
         send("list partitions", "GET", f"/slurm/{V}/partitions/")
         target.unqueue()
         send("delete busy node", "DELETE", f"/slurm/{V}/node/{BUSY}")
@@ -377,6 +395,10 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target, slurm_r
     assert sorted(
         (j["state"], j["reason"], j["node_count"]["number"], j["nodes"]) for j in facts["list jobs"]["jobs"]
     ) == [(["PENDING"], "Resources", 2, ""), (["RUNNING"], "None", 1, BUSY)]
+    # Asked with a quiet listing's last_update, slurmctld sends no jobs, no last_update and a warning.
+    unchanged = facts["jobs unchanged since a listing"]
+    assert facts["list jobs"]["last_update_set"] and not unchanged["last_update_set"], unchanged
+    assert (unchanged["status"], unchanged["jobs"], unchanged["warnings"]) == (200, [], ["No job changes since "])
     assert facts["list partitions"]["partitions"] == [
         {"is_the_one": True, "max_nodes": {"set": False, "infinite": True, "number": 0}, "total": 2}
     ]
@@ -450,6 +472,7 @@ def product_client_run(target: Target) -> list[str]:
             client.delete(BUSY)
         except SlurmUnavailable as exc:
             seen.append(f"delete busy refused: {'(Requested nodes are busy)' in exc.cause}")
+        seen.append(_job_listings(client, target))
         wrong = SlurmClient(_SecretReader(make_jwt_key()), config, timeout=15)  # type: ignore[arg-type]
         try:
             wrong.nodes()
@@ -460,6 +483,26 @@ def product_client_run(target: Target) -> list[str]:
     finally:
         client.close()
     return seen
+
+
+def _job_listings(client: SlurmClient, target: Target) -> str:
+    """Node demand's listings: all jobs, then "unchanged" when asked since a quiet listing, then all again after a change."""
+    for _ in range(15):
+        first = client.jobs()
+        unchanged = client.jobs(since=first.last_update)
+        if unchanged.jobs is None:
+            break
+        time.sleep(1.0)  # a change in the listing's second, or the scheduler's first touch of a job
+    target.queue(1)  # its one node is busy: the job pends
+    try:
+        changed = client.jobs(since=first.last_update)
+    finally:
+        target.unqueue()
+    listed = first.jobs is not None and len(first.jobs) > 0 and first.last_update is not None
+    return (
+        f"jobs listed with last_update: {listed}; unchanged since it: {unchanged.jobs is None}; "
+        f"listed again after a new job: {changed.jobs is not None}"
+    )
 
 
 def test_slime_client_speaks_the_newest_version_to_real_slurmrestd_as_to_the_fake(real: Target, fake: Target) -> None:
@@ -477,5 +520,6 @@ def test_slime_client_speaks_the_newest_version_to_real_slurmrestd_as_to_the_fak
         f"after delete: ['{BUSY}']",
         f"{BUSY} busy=True drained=False",
         "delete busy refused: True",
+        "jobs listed with last_update: True; unchanged since it: True; listed again after a new job: True",
         "wrong key:  the JWT (511) twice; check jwtSecret/jwtKey/tokenUser",
     ]

@@ -74,6 +74,21 @@ def test_a_pending_four_node_job_is_a_demand_of_four_nodes(
     assert [p["partition"] for p in listing["partitions"]] == ["batch"] and listing["partitions"][0]["nodes"] == 5
 
 
+def test_an_unchanged_queue_is_not_listed_again(
+    world: Emulator, slurm: FakeSlurmrestd, scaling_factory: Callable[..., Scaling]
+) -> None:
+    """After a listing the poller asks with ``update_time`` (slurmctld's ``last_update``): while no job
+    changes, slurmrestd sends no jobs and the demand is what the kept jobs say; a new job is listed again."""
+    slurm.submit(4, reason="Resources")
+    scaling = scaling_factory(world, **INTERVAL)
+    nodes_served(scaling, 4)
+    wait_for(lambda: slurm.unchanged_answers >= 3, what="polls answered 'no job changes since update_time'")
+    assert any("update_time=" in path for method, path in slurm.calls if method == "GET")
+    assert demand(scaling).json()["nodes"] == 4  # the kept jobs, evaluated again
+    slurm.submit(2, reason="Resources")
+    nodes_served(scaling, 6)
+
+
 def test_an_unknown_demand_is_never_a_number(
     world: Emulator, slurm: FakeSlurmrestd, scaling_factory: Callable[..., Scaling]
 ) -> None:
