@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 import tracemalloc
-from base64 import b64encode
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
@@ -39,27 +38,17 @@ from scaling_webhook.demand_poller import DemandPoller
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import NodeDemandConfig
-from testbed.fake_slurmrestd import PARTITION, FakeSlurmrestd
+from testbed.fake_slurmrestd import PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.world import make_jwt_key
 
 QUEUES = (1_000, 10_000, 100_000)
-
-
-class _KeySecret:
-    """The one Kubernetes call the slurmrestd client makes: GET the Secret holding the JWT key."""
-
-    def __init__(self, key: bytes) -> None:
-        self.key = key
-
-    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        return {"data": {"jwt_hs256.key": b64encode(self.key).decode()}}
 
 
 def _poller(slurm: FakeSlurmrestd, key: bytes) -> DemandPoller:
     config = NodeDemandConfig(slurmrestd=slurm.url, jwt_secret=("slurm", "jwt"), partition=PARTITION)
     mapping = Mapping(("slime-system", "mirror"), ("metal3", "pool"), MappingProxyType({NODE_DEMAND_KEY: config}))
     source = SimpleNamespace(table=(mapping,))
-    return DemandPoller(_KeySecret(key), source, ScalingMetrics(WebhookMetrics()), 30.0)  # type: ignore[arg-type]
+    return DemandPoller(JwtKeySecret(key), source, ScalingMetrics(WebhookMetrics()), 30.0)  # type: ignore[arg-type]
 
 
 def _timed_poll(poller: DemandPoller) -> tuple[float, float, int]:

@@ -30,6 +30,7 @@ conformance test).
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -504,3 +505,14 @@ def _body(release: str, errors: list[dict[str, Any]] | None = None, **payload: A
         "slurm": {"release": release, "cluster": "fake"},
     }
     return {**payload, "meta": meta, "errors": errors or [], "warnings": []}
+
+
+class JwtKeySecret:
+    """The one Kubernetes call SliMe's slurmrestd client makes, GET the Secret holding the JWT key,
+    answered with ``key``: for driving the client against a slurmrestd without a cluster."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        return {"data": {"jwt_hs256.key": base64.b64encode(self.key).decode()}}

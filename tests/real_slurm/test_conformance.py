@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-from base64 import b64encode
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ import pytest
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.audit import scan_logs
-from testbed.fake_slurmrestd import DIALECTS, PARTITION, FakeSlurmrestd
+from testbed.fake_slurmrestd import DIALECTS, PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.real.cloudinit import Node, boot, meta_data_for
 from testbed.real.netns import Network
 from testbed.real.slurm import Release, Slurm, SlurmConfig, SlurmRoot, free_port
@@ -431,20 +430,10 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target, slurm_r
     }
 
 
-class _SecretReader:
-    """The one Kubernetes call SlurmClient makes: GET the JWT key Secret."""
-
-    def __init__(self, key: bytes) -> None:
-        self.key = key
-
-    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        return {"data": {"jwt_hs256.key": b64encode(self.key).decode()}}
-
-
 def product_client_run(target: Target) -> list[str]:
     """SliMe's slurmrestd client through the operations safe scale-in uses."""
     config = SafeScaleInConfig(slurmrestd=target.url, jwt_secret=("slurm", "jwt"))
-    client = SlurmClient(_SecretReader(target.key), config, timeout=15)  # type: ignore[arg-type]
+    client = SlurmClient(JwtKeySecret(target.key), config, timeout=15)  # type: ignore[arg-type]
     seen = [f"version {client.version()}"]
     try:
         nodes = {n.name: n for n in client.nodes()}
@@ -473,7 +462,7 @@ def product_client_run(target: Target) -> list[str]:
         except SlurmUnavailable as exc:
             seen.append(f"delete busy refused: {'(Requested nodes are busy)' in exc.cause}")
         seen.append(_job_listings(client, target))
-        wrong = SlurmClient(_SecretReader(make_jwt_key()), config, timeout=15)  # type: ignore[arg-type]
+        wrong = SlurmClient(JwtKeySecret(make_jwt_key()), config, timeout=15)  # type: ignore[arg-type]
         try:
             wrong.nodes()
         except SlurmUnavailable as exc:
