@@ -100,7 +100,9 @@ def _write_file(entry: Mapping[str, Any]) -> list[str]:
 
 
 def boot_script(rendered: str) -> str:
-    """The shell script a node runs for rendered ``#cloud-config`` user-data: write_files, then runcmd."""
+    """The shell script a node runs for rendered ``#cloud-config`` user-data: write_files, then runcmd.
+    ``bootcmd`` is left out: it makes cloud-init's own instance-data.json root-only, and this simulated
+    boot has no cloud-init (the whole-loop tier boots its hosts with real cloud-init)."""
     if not rendered.startswith("#cloud-config"):
         raise ValueError("rendered user-data is not #cloud-config")
     config = yaml.safe_load(rendered) or {}
