@@ -1,4 +1,4 @@
-"""The development PKI: CA and leaf certificates (usages, names, chain), private key modes, and the CLI's defaults and errors."""
+"""The development PKI: CA and leaf certificates (usages, names, chain), key file modes, the CLI's defaults, errors."""
 
 from __future__ import annotations
 

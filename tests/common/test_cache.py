@@ -1,4 +1,4 @@
-"""Informers against kubemu: list in pages, follow the watch, selectors, transforms, errors, and the shared InformerSet."""
+"""Informers against kubemu: paged list, the watch, selectors, transforms, errors, and the shared InformerSet."""
 
 from __future__ import annotations
 

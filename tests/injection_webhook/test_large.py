@@ -1,4 +1,4 @@
-"""respond_off_loop: the same answer as respond(), computed in a worker thread only for large metaData with join data."""
+"""respond_off_loop: the same answer as respond(), in a worker thread only for large metaData with join data."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""InjectionResolver against kubemu: owner verification from the cache, the memo, and each Unresolved reason of the chain."""
+"""InjectionResolver against kubemu: owner verification from the cache, the memo, the chain's Unresolved reasons."""
 
 from __future__ import annotations
 
@@ -157,7 +157,8 @@ def test_a_pod_outside_a_controllers_statefulset_is_named(resolver: InjectionRes
     emulator.patch("v1", "Pod", "slurm", "slurm-controller-0", {"metadata": {"ownerReferences": None}})
     result = resolve(resolver, data)
     assert result == Unresolved(
-        "pod slurm/slurm-controller-0 is not owned by a StatefulSet of a Slinky Controller (namespace slurm of cluster local)"
+        "pod slurm/slurm-controller-0 is not owned by a StatefulSet of a Slinky Controller "
+        "(namespace slurm of cluster local)"
     )
 
 
@@ -194,7 +195,8 @@ def test_without_a_kubeconfig_secret_the_local_cluster_runs_slurm(
         ("not*base64", "Secret metal3/bm-cluster-kubeconfig has no valid base64 key 'value'"),
         (
             b64("- not a map"),
-            "kubeconfig for cluster metal3/bm-cluster is not usable: ValueError (from Secret metal3/bm-cluster-kubeconfig)",
+            "kubeconfig for cluster metal3/bm-cluster is not usable: ValueError "
+            "(from Secret metal3/bm-cluster-kubeconfig)",
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""ScaleAdmission against kubemu's watches: no API call when warm, one fresh mirror read on a mismatch, outcomes counted once."""
+"""ScaleAdmission over kubemu's watches: no call when warm, one fresh mirror read on a mismatch, outcomes counted."""
 
 from __future__ import annotations
 

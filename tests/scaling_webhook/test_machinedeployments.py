@@ -79,7 +79,8 @@ def test_set_replicas_is_one_merge_patch_on_scale(scaler: MachineDeploymentScale
     scaler.set_replicas("metal3", "md", 5)
     (call,) = emulator.requests
     assert (call.method, call.path) == ("PATCH", f"/apis/{CAPI}/v1beta2/namespaces/metal3/machinedeployments/md/scale")
-    assert emulator.get(f"{CAPI}/v1beta2", "MachineDeployment", "metal3", "md")["spec"]["replicas"] == 5  # type: ignore[index]
+    stored = emulator.get(f"{CAPI}/v1beta2", "MachineDeployment", "metal3", "md")
+    assert stored is not None and stored["spec"]["replicas"] == 5
 
 
 def test_a_missing_machine_deployment_is_named_and_not_retried(

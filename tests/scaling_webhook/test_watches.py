@@ -1,4 +1,4 @@
-"""MappedObjects against kubemu: which watches a mapping table opens and closes, what they hold, and capacity's errors."""
+"""MappedObjects against kubemu: the watches a mapping table opens and closes, what they hold, capacity errors."""
 
 from __future__ import annotations
 

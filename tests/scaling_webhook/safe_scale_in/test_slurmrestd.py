@@ -1,4 +1,4 @@
-"""The slurmrestd client: node parsing, version probing, the JWT key read from kubemu, node calls and errors over HTTP."""
+"""The slurmrestd client: node parsing, version probe, the JWT key read from kubemu, node calls and errors over HTTP."""
 
 from __future__ import annotations
 
