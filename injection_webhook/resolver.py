@@ -300,6 +300,7 @@ class InjectionResolver:
         self._metal3: ResourcePath | None = None
         self._absent: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self.startup_error = ""
+        self._discovered = threading.Event()  # set once the Metal3 caches exist (start-up discovery done)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -329,6 +330,7 @@ class InjectionResolver:
             description="metal3datas",
         )
         self.startup_error = ""
+        self._discovered.set()
 
     @property
     def metal3_version(self) -> str | None:
@@ -406,7 +408,9 @@ class InjectionResolver:
 
     def wait_for_metal3_caches(self) -> str | None:
         """Block (in a worker thread) until the Metal3 caches have synced: None, or why they have not
-        within the sync timeout (a reason that names the cache, never an object)."""
+        within the sync timeout (a reason that names the cache, never an object). A review that
+        arrives while the start-up discovery is still running waits for it too (up to the sync timeout)."""
+        self._discovered.wait(self.sync_timeout)
         try:
             self._metal3_informer(self._metal3data, wait=True)
         except _Missing as missing:

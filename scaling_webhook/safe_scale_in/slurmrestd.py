@@ -201,6 +201,7 @@ class SlurmClient:
             return version
         with self._lock:
             if self._version is None:
+                self._signing_key()  # a Secret problem is named as itself, not as every version refused
                 tried = []
                 for candidate in SLURM_API_VERSIONS:
                     try:

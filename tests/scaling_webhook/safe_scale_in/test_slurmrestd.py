@@ -174,11 +174,6 @@ def test_a_key_that_is_not_base64_is_named_without_its_value(make_client: MakeCl
     assert error.value.cause == f"Secret {JWT_NS}/{JWT_NAME} key 'jwt_hs256.key' is not valid base64"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: version() folds a signing-key failure into 'serves none of <versions>' (and reads the "
-    "Secret once per version), blaming slurmrestd for a problem with the Secret",
-)
 def test_a_missing_secret_while_probing_is_named_as_such(make_client: MakeClient) -> None:
     with pytest.raises(SlurmUnavailable) as error:
         make_client().nodes()
