@@ -117,7 +117,10 @@ class AdmissionEndpoint:
             return summary.uid, await asyncio.wait_for(self.handler(request), self.deadline_seconds), summary
         except TimeoutError:
             self._metrics.deadline_exceeded.labels(self.webhook).inc()
-            message = f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {summary.uid}); retry"
+            message = (
+                f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {summary.uid}); "
+                "retry"
+            )
             return summary.uid, errored(503, message), summary
         except Exception as exc:
             log.exception(

@@ -585,7 +585,8 @@ class InjectionResolver:
         key_secret = self._ready(view.secret(namespace, secret_name), view.name, wait).get(namespace, secret_name)
         if key_secret is None:
             raise _Missing(
-                f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not exist in cluster {view.name}"
+                f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not "
+                f"exist in cluster {view.name}"
             )
         key_base64 = _b64_value(
             key_secret,
@@ -644,7 +645,8 @@ class InjectionResolver:
             status = pod.get("status") or {}
             if status.get("phase") != "Running":
                 raise _Missing(
-                    f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster {cluster})"
+                    f"slurmctld pod {pod_ref} is {status.get('phase') or 'not yet scheduled'}, not Running (cluster "
+                    f"{cluster})"
                 )
             host = status.get("hostIP")
             if not host:

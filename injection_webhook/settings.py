@@ -34,13 +34,19 @@ class InjectionSettings(ServiceSettings):
     controller_selector: str = Field(
         DEFAULT_CONTROLLER_SELECTOR,
         min_length=1,
-        description="Label selector of the slurmctld pod and StatefulSet (older Slinky and the thesis: app.kubernetes.io/name=slurm-ctld).",
+        description=(
+            "Label selector of the slurmctld pod and StatefulSet (older Slinky and the thesis: "
+            "app.kubernetes.io/name=slurm-ctld)."
+        ),
     )
     cache_sync_timeout_seconds: float = Field(
         3.0,
         gt=0,
         le=25,
-        description="How long a first admission for a new cluster or namespace waits for its caches; keep below the webhook timeout.",
+        description=(
+            "How long a first admission for a new cluster or namespace waits for its caches; keep below the webhook "
+            "timeout."
+        ),
     )
     conf_server_policy: str = Field(
         "hostIP",

@@ -58,7 +58,8 @@ def template_name(machine_deployment: Obj) -> str:
     if kind != METAL3_MACHINE_TEMPLATE or not isinstance(name, str) or not name:
         found = f"{kind} {name}" if kind else "none"
         raise CapacityUnknown(
-            f"capacityAware needs a MachineDeployment whose infrastructureRef is a {METAL3_MACHINE_TEMPLATE} (found: {found})"
+            f"capacityAware needs a MachineDeployment whose infrastructureRef is a {METAL3_MACHINE_TEMPLATE} (found: "
+            f"{found})"
         )
     return name
 

@@ -55,7 +55,8 @@ class DemandError(ValueError):
 
 
 def number(value: Any) -> int | None:
-    """An integer from slurmrestd: plain, or ``{"set": true, "infinite": false, "number": N}`` (None when unset/infinite)."""
+    """An integer from slurmrestd: plain, or ``{"set": true, "infinite": false, "number": N}``
+    (None when unset/infinite)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -200,7 +201,8 @@ class Demand:
 
 
 def partition_max_nodes(partitions: Iterable[dict[str, Any]], name: str) -> int | None:
-    """The partition's ``MaxNodes`` per job (None: unlimited); raise :class:`DemandError` if Slurm has no such partition."""
+    """The partition's ``MaxNodes`` per job (None: unlimited);
+    raise :class:`DemandError` if Slurm has no such partition."""
     for partition in partitions:
         if partition.get("name") == name:
             return number((partition.get("maximums") or {}).get("nodes"))
@@ -223,7 +225,8 @@ def why_ignored(job: Job, max_nodes: int | None, pool_max: int | None, now: floa
 
 
 def node_demand(partition: str, jobs: Iterable[Job], max_nodes: int | None, pool_max: int | None, now: float) -> Demand:
-    """Apply the rule to ``jobs`` for ``partition`` (``max_nodes``: its MaxNodes; ``pool_max``: the pool's maxReplicas)."""
+    """Apply the rule to ``jobs`` for ``partition`` (``max_nodes``: its MaxNodes;
+    ``pool_max``: the pool's maxReplicas)."""
     allocated: set[str] = set()
     pending_nodes = pending_jobs = 0
     ignored: Counter[str] = Counter()

@@ -194,7 +194,8 @@ class DemandPoller:
             self._listings.pop(endpoint, None)
 
     def reading(self, partition: str) -> Reading | None:
-        """The last reading of ``partition``, turned into an error when it is stale or not made yet; None when not mapped."""
+        """The last reading of ``partition``, turned into an error when it is stale or not made yet;
+        None when not mapped."""
         with self._lock:
             reading = self._readings.get(partition)
         if reading is None:

@@ -261,8 +261,8 @@ def respond(decision: Decision) -> AdmissionResponse:
         return allow(f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)")
     if isinstance(decision, Refused):
         return deny(
-            f"cannot scale MachineDeployment {md} to {decision.replicas} replicas from mirror {mirror}: {decision.reason}; "
-            "the mirror keeps its current replicas",
+            f"cannot scale MachineDeployment {md} to {decision.replicas} replicas from mirror {mirror}: "
+            f"{decision.reason}; the mirror keeps its current replicas",
             code=decision.code,
             reason=_REASONS.get(decision.code, "Forbidden"),
         )

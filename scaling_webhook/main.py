@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "scaling-webhook",
         build,
         argv,
-        description="Serve the validating admission webhook that scales Cluster API MachineDeployments from mirror Deployments.",
+        description=(
+            "Serve the validating admission webhook that scales Cluster API MachineDeployments from mirror Deployments."
+        ),
     )
 
 

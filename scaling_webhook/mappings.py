@@ -358,15 +358,16 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
         if first is not None:
             raise MappingError(
                 f"{first.source} and {mapping.source} both target MachineDeployment {mapping.machine_deployment_ref} "
-                f"(from mirrors {first.mirror_ref} and {mapping.mirror_ref}); one MachineDeployment must have one writer"
+                f"(from mirrors {first.mirror_ref} and {mapping.mirror_ref}); one MachineDeployment must have one "
+                "writer"
             )
         demand = mapping.node_demand
         if demand is not None:
             first = by_partition.get(demand.partition)
             if first is not None:
                 raise MappingError(
-                    f"{first.source} and {mapping.source} both publish the node demand of partition {demand.partition!r}; "
-                    "one partition feeds one pool"
+                    f"{first.source} and {mapping.source} both publish the node demand of partition "
+                    f"{demand.partition!r}; one partition feeds one pool"
                 )
             by_partition[demand.partition] = mapping
         by_mirror[mapping.mirror] = mapping

@@ -53,15 +53,17 @@ class ScalingMetrics:
         self.write = {r: self.writes.labels(r) for r in WRITE_REASONS}
         self.waiting = Gauge(
             "slime_scaling_waiting_mappings",
-            "Mappings whose MachineDeployment is not set to its mirror now, by why: paused (MachineDeployment or Cluster), "
-            "autoscaler (a cluster-autoscaler node group), capped (mirror above maxReplicas), capacity (an increase beyond the "
-            "BareMetalHosts that can take it, capacityAware mappings), missing (mirror or MachineDeployment absent).",
+            "Mappings whose MachineDeployment is not set to its mirror now, by why: paused (MachineDeployment or "
+            "Cluster), autoscaler (a cluster-autoscaler node group), capped (mirror above maxReplicas), capacity (an "
+            "increase beyond the BareMetalHosts that can take it, capacityAware mappings), missing (mirror or "
+            "MachineDeployment absent).",
             ["reason"],
             registry=registry,
         )
         self.capacity_shortfall = Gauge(
             "slime_scaling_capacity_shortfall_replicas",
-            "Replicas that capacityAware mappings' mirrors ask for and no available BareMetalHost can take yet (summed over mappings).",
+            "Replicas that capacityAware mappings' mirrors ask for and no available BareMetalHost can take yet "
+            "(summed over mappings).",
             registry=registry,
         )
         self.leader = Gauge(
@@ -113,12 +115,14 @@ class ScalingMetrics:
         )
         self.drain_overdue = Counter(
             "slime_scaling_drain_overdue_total",
-            "Held Machines whose Slurm node was still busy or not drained after drainTimeoutSeconds (each is warned about, never released).",
+            "Held Machines whose Slurm node was still busy or not drained after drainTimeoutSeconds (each is warned "
+            "about, never released).",
             registry=registry,
         )
         self.orphans_undrained = Counter(
             "slime_scaling_orphan_drains_undone_total",
-            "Nodes drained by SliMe whose Machine was neither marked nor deleting, undrained because no scale-in needed them.",
+            "Nodes drained by SliMe whose Machine was neither marked nor deleting, undrained because no scale-in "
+            "needed them.",
             registry=registry,
         )
         self.slurm_errors = Counter(

@@ -19,9 +19,10 @@ MachineDeployment or Cluster, on every mapping change, on gaining the Lease, and
 4. **Follow.** Target = the mirror's replicas, capped at the mapping's ``maxReplicas`` (Event
    ``ReplicasCapped``) and, for ``capacityAware`` mappings, an increase capped at the hosts that
    can take it (Event ``CapacityLimited``; :mod:`scaling_webhook.capacity`); a host becoming
-   available wakes the reconciler, which raises the rest. When the MachineDeployment differs, set it: one absolute ``/scale`` merge
-   patch, or safe scale-in for mappings that opted in. ``ScaledFromMirror`` when the mirror
-   moved, ``DriftCorrected`` when the MachineDeployment had been changed by someone else.
+   available wakes the reconciler, which raises the rest. When the MachineDeployment differs,
+   set it: one absolute ``/scale`` merge patch, or safe scale-in for mappings that opted in.
+   ``ScaledFromMirror`` when the mirror moved, ``DriftCorrected`` when the MachineDeployment had
+   been changed by someone else.
 
 A mirror or MachineDeployment that does not exist is never read as 0: the mapping waits.
 """
@@ -267,16 +268,16 @@ class Reconciler:
                 return target
             allowed = max(current, capacity.ceiling)
             why = (
-                f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) match "
-                "its Metal3MachineTemplate's hostSelector"
+                f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) "
+                "match its Metal3MachineTemplate's hostSelector"
             )
         waiting["capacity"] += 1
         self._shortfall += target - allowed
         self._tell(
             mapping,
             REASON_CAPACITY,
-            f"mirror {mapping.mirror_ref} asks {target}; MachineDeployment "
-            f"{mapping.machine_deployment_ref} is held at {allowed} because {why}; the rest follows when hosts become available",
+            f"mirror {mapping.mirror_ref} asks {target}; MachineDeployment {mapping.machine_deployment_ref} is held "
+            f"at {allowed} because {why}; the rest follows when hosts become available",
             warning=True,
         )
         return allowed
@@ -310,8 +311,9 @@ class Reconciler:
                 mapping.machine_deployment,
                 self.scaler.api_version,
                 REASON_ADOPTED,
-                f"Mapped to mirror Deployment {mapping.mirror_ref}: the mirror was set to this MachineDeployment's {current} "
-                "replicas (mapping never changes the pool); from now on the MachineDeployment follows the mirror",
+                f"Mapped to mirror Deployment {mapping.mirror_ref}: the mirror was set to this MachineDeployment's "
+                f"{current} replicas (mapping never changes the pool); from now on the MachineDeployment follows the "
+                "mirror",
             )
         )
         return Change(mapping, "adopt", current)

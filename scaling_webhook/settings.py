@@ -53,7 +53,9 @@ class ScalingSettings(ServiceSettings):
     lease_renew_deadline_seconds: float = Field(
         10.0,
         gt=0,
-        description="The leader stops writing this long after its last renewal; must be shorter than the lease duration.",
+        description=(
+            "The leader stops writing this long after its last renewal; must be shorter than the lease duration."
+        ),
     )
     lease_retry_seconds: float = Field(2.0, gt=0, description="How often replicas try to take or renew the Lease.")
     scale_requesters: str = Field(
@@ -65,7 +67,10 @@ class ScalingSettings(ServiceSettings):
         10.0,
         gt=0,
         le=300,
-        description="How often node demand is read from slurmrestd, for mappings with nodeDemand (an older reading is served for 3 periods).",
+        description=(
+            "How often node demand is read from slurmrestd, for mappings with nodeDemand (an older reading is served "
+            "for 3 periods)."
+        ),
     )
 
     def scale_requester_set(self) -> frozenset[str]:
@@ -85,7 +90,8 @@ class ScalingSettings(ServiceSettings):
     def _namespace(cls, value: str) -> str:
         if not is_dns1123_label(value):
             raise ValueError(
-                f"{value!r} is not a valid namespace name (DNS-1123 label: lower case letters, digits and '-', at most 63)"
+                f"{value!r} is not a valid namespace name (DNS-1123 label: lower case letters, digits and '-', at "
+                "most 63)"
             )
         return value
 
@@ -94,6 +100,7 @@ class ScalingSettings(ServiceSettings):
     def _config_map(cls, value: str) -> str:
         if not is_dns1123_subdomain(value):
             raise ValueError(
-                f"{value!r} is not a valid object name (DNS-1123 subdomain: lower case letters, digits, '-' and '.', at most 253)"
+                f"{value!r} is not a valid object name (DNS-1123 subdomain: lower case letters, digits, '-' and '.', "
+                "at most 253)"
             )
         return value

@@ -65,7 +65,8 @@ class MappedObjects:
     def _informer(
         self, kind: str, path: ResourcePath, ref: Ref, label_selector: str | None = None, **options: Any
     ) -> Informer:
-        """The cache of ``kind`` ``ref``: that object, or with ``label_selector`` (or no name) a set in its namespace."""
+        """The cache of ``kind`` ``ref``: that object, or with
+        ``label_selector`` (or no name) a set in its namespace."""
         key = (kind, ref)
         with self._lock:
             informer = self._informers.get(key)
@@ -120,7 +121,8 @@ class MappedObjects:
     def _follow_pools(
         self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]
     ) -> None:
-        """Watch the pools' Machines (safe scale-in, capacity) and what capacity counts (errors surface in :meth:`capacity`).
+        """Watch the pools' Machines (safe scale-in, capacity) and what capacity counts
+        (errors surface in :meth:`capacity`).
 
         A Machine's watch event wakes the reconciler, so a Machine Cluster API just created gets
         safe scale-in's pre-drain hook within one event, not one resync later: a Machine deleted

@@ -184,13 +184,15 @@ def report(results: dict[str, object], admissions: int) -> str:
     lines = [
         "## Admission latency measured by kube-apiserver (issue 12)",
         "",
-        f"`python3 -m bench.apiserver_latency --admissions {admissions}` on {platform.node() and 'the 2-core development machine'}, "
-        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}: {results['kube']}, etcd and kube-controller-manager on 127.0.0.1 "
-        f"(testbed/real), the chart installed with helm, both webhooks run {'from the image as the chart pods (podman)' if results['runner'] == 'pod' else 'as local processes'}, "
-        "called through ExternalName Services with the chart-generated client certificate. "
-        f"{admissions} metaData Secret creates (injection) and {admissions} mirror `/scale` patches (scaling), one at a time. "
-        "Figures are the increase of `apiserver_admission_webhook_admission_duration_seconds` over the run, the API "
-        "server's own timing of each webhook call (TLS, the request, the webhook, the answer).",
+        f"`python3 -m bench.apiserver_latency --admissions {admissions}` on "
+        f"{platform.node() and 'the 2-core development machine'}, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "
+        f"commit {commit}: {results['kube']}, etcd and kube-controller-manager on 127.0.0.1 (testbed/real), the chart "
+        "installed with helm, both webhooks run "
+        f"{'from the image as the chart pods (podman)' if results['runner'] == 'pod' else 'as local processes'}, "
+        f"called through ExternalName Services with the chart-generated client certificate. {admissions} metaData "
+        f"Secret creates (injection) and {admissions} mirror `/scale` patches (scaling), one at a time. Figures are "
+        "the increase of `apiserver_admission_webhook_admission_duration_seconds` over the run, the API server's own "
+        "timing of each webhook call (TLS, the request, the webhook, the answer).",
         "",
         "| webhook | calls | p50 | p90 | p99 | share ≤ 5 ms | thesis (§6.2/6.3) |",
         "|---|---:|---|---|---|---:|---|",
@@ -204,14 +206,15 @@ def report(results: dict[str, object], admissions: int) -> str:
             cells.append(f"{ms(low)}–{ms(high)} ms (est. {estimate * 1000:.2f})")
         share = r["buckets"].get(0.005, 0.0) / r["count"] if r["count"] else 0.0
         lines.append(
-            f"| {component} | {r['count']:.0f} | {' | '.join(cells)} | {share:.1%} | median {THESIS[component]}: not a latency |"
+            f"| {component} | {r['count']:.0f} | {' | '.join(cells)} | {share:.1%} | median {THESIS[component]}: not "
+            "a latency |"
         )
     lines += [
         "",
-        "Each quantile is given as the histogram bucket it falls in (kube-apiserver's buckets are 5, 25, 100, 500 ms, …, "
-        "so nothing finer can be read from it) and, in brackets, what Prometheus' `histogram_quantile` would report "
-        "(linear interpolation inside the bucket, which assumes evenly spread observations: a figure of the method, "
-        "not of the webhook).",
+        "Each quantile is given as the histogram bucket it falls in (kube-apiserver's buckets are 5, 25, 100, 500 ms, "
+        "…, so nothing finer can be read from it) and, in brackets, what Prometheus' `histogram_quantile` would "
+        "report (linear interpolation inside the bucket, which assumes evenly spread observations: a figure of the "
+        "method, not of the webhook).",
         "",
         "For scale, the same client timed each whole API request (kube-apiserver, etcd, the webhook):",
         "",
@@ -227,9 +230,10 @@ def report(results: dict[str, object], admissions: int) -> str:
     lines += [
         "",
         "**The thesis' figures are not latencies.** It read "
-        "`increase(apiserver_admission_webhook_admission_duration_seconds_count[1m])`: the `_count` series counts calls, so "
-        "its increase over a minute is a number of admissions, and its medians (50.6 for injection, 24.5 for scaling, "
-        "reported as µs) are call rates per minute, not durations. The duration is in the `_bucket` series, read above.",
+        "`increase(apiserver_admission_webhook_admission_duration_seconds_count[1m])`: the `_count` series counts "
+        "calls, so its increase over a minute is a number of admissions, and its medians (50.6 for injection, 24.5 "
+        "for scaling, reported as µs) are call rates per minute, not durations. The duration is in the `_bucket` "
+        "series, read above.",
     ]
     return "\n".join(lines)
 

@@ -115,7 +115,8 @@ def render(results: list[dict[str, Any]], command: str) -> str:
         "Slurm 24.11 and 26.05 by tests/real_slurm/test_conformance.py), medians. *Full*: the first poll and every",
         "poll after a job changed (every job listed and parsed); *unchanged*: asked with `update_time`, slurmctld",
         "sends no jobs and the poller re-evaluates the jobs it kept. CPU is the poller's thread only (the fake",
-        "serves from another thread of the same process, in the wall time). *Peak*: memory allocated in the process during a",
+        "serves from another thread of the same process, in the wall time). *Peak*: memory allocated in the process "
+        "during a",
         "full poll, the fake's answer included (tracemalloc); *kept*: what the parsed jobs hold between polls.",
         "",
         "| pending jobs | full poll (wall / CPU) | unchanged poll (wall / CPU) | unchanged / full | peak | kept |",

@@ -237,8 +237,10 @@ def render(results: dict[str, Any], command: str) -> str:
     rows += [
         "",
         f"The worst-case bodies themselves: p50 {worst['p50']:.0f} ms, p99 {worst['p99']:.0f} ms, slowest "
-        f"{worst['max']:.0f} ms over {worst['n']} answers ({', '.join(f'{k}: {v}' for k, v in sorted(results['worst_answers'].items()))};",
-        "503: another large review was being handled and this one could not start within 100 ms; the API server retries).",
+        f"{worst['max']:.0f} ms over {worst['n']} answers "
+        f"({', '.join(f'{k}: {v}' for k, v in sorted(results['worst_answers'].items()))};",
+        "503: another large review was being handled and this one could not start within 100 ms; the API server "
+        "retries).",
         f"The trickling clients: {results['tricklers_let_go']} of {results['tricklers']} let go, after a median of "
         f"{results['trickler_held_s'] or 0:.1f} s (`--read-timeout-seconds` 10).",
     ]

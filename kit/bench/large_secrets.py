@@ -2,8 +2,9 @@
 
 A review over ``--max-body-bytes`` (1 MiB) is refused before it is read in full; a ``metaData`` of
 more than 1000 keys is refused at its 1001st; below that the webhook edits a value over 4 KiB in
-a worker thread, off the event loop, and takes reviews over 64 KiB one at a time. This measures, on the real ``injection-webhook`` process (TLS,
-warm caches, kubemu as the API server, the same setup as ``python3 -m bench``):
+a worker thread, off the event loop, and takes reviews over 64 KiB one at a time. This measures,
+on the real ``injection-webhook`` process (TLS, warm caches, kubemu as the API server, the same
+setup as ``python3 -m bench``):
 
 - the latency of a small admission alone (the baseline, measured in the same run);
 - the time to answer an admission whose ``metaData`` is 256 KiB, 1 MiB (just under the limit)
@@ -184,7 +185,8 @@ def render(results: dict[str, Any], command: str) -> str:
         f"{base:.2f} ms (max {results['small_alone_max_ms']:.2f} ms over 300). Then, for each size, one large",
         "admission is sent while small ones run back to back on a second connection:",
         "",
-        "| metaData | answer | large admission | slowest small admission meanwhile | vs small alone | small ones served meanwhile |",
+        "| metaData | answer | large admission | slowest small admission meanwhile | vs small alone | small ones "
+        "served meanwhile |",
         "|---|---|---|---|---|---|",
     ]
     for label, row in results["sizes"].items():

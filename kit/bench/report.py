@@ -76,12 +76,14 @@ def render(results: dict[str, Any]) -> str:
     if results.get("kubemu_nodelay"):
         out += [
             "",
-            "**The API emulator and Nagle.** The kubemu of this run bound its listening socket with `proto=0`, so asyncio "
-            "did not turn on TCP_NODELAY for its connections. Each response went out as two writes (headers, then body), met "
-            "Nagle's algorithm and the client's delayed ACK, and every API call took about 40 ms. kube-apiserver is written in "
-            "Go, which sets TCP_NODELAY on every connection, so the bench set it on the emulator's listening socket (accepted "
-            'sockets inherit it). The row "scaling (mapped) vs kubemu as shipped" shows the same target without it. kubemu '
-            "sets TCP_NODELAY itself since commit 48c5a41; with that kubemu the bench has nothing to set and skips that row.",
+            "**The API emulator and Nagle.** The kubemu of this run bound its listening socket with `proto=0`, so "
+            "asyncio did not turn on TCP_NODELAY for its connections. Each response went out as two writes (headers, "
+            "then body), met Nagle's algorithm and the client's delayed ACK, and every API call took about 40 ms. "
+            "kube-apiserver is written in Go, which sets TCP_NODELAY on every connection, so the bench set it on the "
+            "emulator's listening socket (accepted sockets inherit it). "
+            'The row "scaling (mapped) vs kubemu as shipped" shows the same target without it. '
+            "kubemu sets TCP_NODELAY itself since commit 48c5a41; "
+            "with that kubemu the bench has nothing to set and skips that row.",
         ]
     settings = results["settings"]
     out += [
@@ -92,9 +94,10 @@ def render(results: dict[str, Any]) -> str:
         results["command"].strip(),
         "```",
         "",
-        f"Settings: {settings['repeats']} × {settings['duration']:g} s throughput runs with {settings['connections']} connections, "
-        f"{settings['repeats']} × {settings['latency_duration']:g} s runs with 1 connection, and {settings['warmup']:g} s of warm-up "
-        f"per target. Handler-only figures use {settings['handler_calls']:,} timed calls each.",
+        f"Settings: {settings['repeats']} × {settings['duration']:g} s throughput runs with {settings['connections']} "
+        f"connections, {settings['repeats']} × {settings['latency_duration']:g} s runs with 1 connection, and "
+        f"{settings['warmup']:g} s of warm-up per target. Handler-only figures use {settings['handler_calls']:,} "
+        "timed calls each.",
         "",
     ]
 
@@ -103,7 +106,8 @@ def render(results: dict[str, Any]) -> str:
     out += [
         "## End to end over TLS",
         "",
-        "| target | req/s | p50 / p99 ms (8 conns) | p50 / p99 ms (1 conn) | CPU µs/req | API calls per admission | ÷ raw ASGI | ÷ bare FastAPI | ÷ kopf |",
+        "| target | req/s | p50 / p99 ms (8 conns) | p50 / p99 ms (1 conn) | CPU µs/req | API calls per admission "
+        "| ÷ raw ASGI | ÷ bare FastAPI | ÷ kopf |",
         "|---|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for name, target in targets.items():
@@ -131,8 +135,8 @@ def render(results: dict[str, Any]) -> str:
     for name, target in measured.items():
         for r in target["throughput"] + target["latency"]:
             out.append(
-                f"| {name} | {r['connections']} | {r['seconds']:g} | {r['requests']:,} | {r['errors']} | {r['rps']:,.0f} | "
-                f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_request']:.0f} |"
+                f"| {name} | {r['connections']} | {r['seconds']:g} | {r['requests']:,} | {r['errors']} | "
+                f"{r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_request']:.0f} |"
             )
     out += ["", "</details>", ""]
 
@@ -140,11 +144,16 @@ def render(results: dict[str, Any]) -> str:
     h = results["handlers"]
     out += ["## Handler only (no HTTP, warm caches)", "", "| code path | median µs | p99 µs |", "|---|---:|---:|"]
     labels = {
-        "injection": "injection: `select` + `resolver.resolve` (warm) + `respond` (full mutation: YAML edit, base64, JSONPatch)",
+        "injection": (
+            "injection: `select` + `resolver.resolve` (warm) + `respond` (full mutation: YAML edit, base64, JSONPatch)"
+        ),
         "injection + envelope": "the same + `decode_review` of the body + `encode_review` of the answer",
         "scaling": "scaling: `scale_intent` + `respond` (mapped; the PATCH round trip excluded)",
         "scaling unmapped": "scaling: `scale_intent` of an unmapped Deployment",
-        "log line": "one INFO admission log line (`common.logs.JsonFormatter` to a file), written for every patched or denied admission",
+        "log line": (
+            "one INFO admission log line (`common.logs.JsonFormatter` to a file), written for every patched or "
+            "denied admission"
+        ),
     }
     for key, label in labels.items():
         if key in h:
@@ -160,11 +169,12 @@ def render(results: dict[str, Any]) -> str:
     out += [
         "## Memory of the injection service",
         "",
-        'RSS and peak RSS (`VmRSS`, `VmHWM`) are read from the service process once it is ready. "Held by the resolver" is '
-        "measured separately with `tracemalloc` on a resolver in the bench process, after `gc.collect()`: what the caches "
-        "(and the client) keep, without the allocator's slack.",
+        'RSS and peak RSS (`VmRSS`, `VmHWM`) are read from the service process once it is ready. "Held by the '
+        'resolver" is measured separately with `tracemalloc` on a resolver in the bench process, after '
+        "`gc.collect()`: what the caches (and the client) keep, without the allocator's slack.",
         "",
-        "| Metal3Data | Metal3DataTemplates | RSS MiB | peak RSS MiB | held by the resolver MiB (peak) | ready after s |",
+        "| Metal3Data | Metal3DataTemplates | RSS MiB | peak RSS MiB | held by the resolver MiB (peak) "
+        "| ready after s |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     out += [
@@ -178,8 +188,8 @@ def render(results: dict[str, Any]) -> str:
         growth = same[-1]["rss_mib"] - same[0]["rss_mib"]
         objects = 2 * (same[-1]["metal3data"] - same[0]["metal3data"])
         out += [
-            f"Growth from {same[0]['metal3data']:,} to {same[-1]['metal3data']:,} (as many templates): {growth:.1f} MiB, "
-            f"about {growth * 1024 * 1024 / max(objects, 1):,.0f} bytes per cached object.",
+            f"Growth from {same[0]['metal3data']:,} to {same[-1]['metal3data']:,} (as many templates): {growth:.1f} "
+            f"MiB, about {growth * 1024 * 1024 / max(objects, 1):,.0f} bytes per cached object.",
             "",
         ]
 
@@ -312,8 +322,8 @@ def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any]
         cpu_ours = _median(ours["throughput"], "cpu_us_per_request")
         cpu_ref = _median(measured[ref]["throughput"], "cpu_us_per_request")
         text = (
-            f"the server is CPU-bound on its one core, so throughput follows CPU per request: {cpu_ours:,.0f} µs for {name} "
-            f"against {cpu_ref:,.0f} µs for {ref}. "
+            f"the server is CPU-bound on its one core, so throughput follows CPU per request: {cpu_ours:,.0f} µs for "
+            f"{name} against {cpu_ref:,.0f} µs for {ref}. "
         )
         if name.startswith("injection"):
             parts = [
@@ -349,29 +359,34 @@ def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any]
                 text += ". "
             if ref == "bare FastAPI":
                 text += (
-                    "Bare FastAPI does none of this: it returns a fixed answer without parsing the body. The handler is well "
-                    "inside its own target; the gap is the work around it."
+                    "Bare FastAPI does none of this: it returns a fixed answer without parsing the body. The handler "
+                    "is well inside its own target; the gap is the work around it."
                 )
             else:
                 need = cpu_ref / 2
                 text += (
-                    f"kopf parses the review and runs its handler machinery ({cpu_ref:,.0f} µs per request) for a handler that "
-                    f"allows without reading the object; ours does the full mutation in {cpu_ours:,.0f} µs. To be 2× kopf, "
-                    f"the injection path would have to fit in about {need:,.0f} µs per request, which is near the bare FastAPI "
-                    f"floor measured here ({_median(measured['bare FastAPI']['throughput'], 'cpu_us_per_request'):,.0f} µs) "
-                    f"plus the {known:,.0f} µs of work listed above."
+                    f"kopf parses the review and runs its handler machinery ({cpu_ref:,.0f} µs per request) for a "
+                    f"handler that allows without reading the object; ours does the full mutation in {cpu_ours:,.0f} "
+                    f"µs. To be 2× kopf, the injection path would have to fit in about {need:,.0f} µs per request, "
+                    "which is near the bare FastAPI floor measured here "
+                    f"({_median(measured['bare FastAPI']['throughput'], 'cpu_us_per_request'):,.0f} µs) plus the "
+                    f"{known:,.0f} µs of work listed above."
                     if "bare FastAPI" in measured
                     else ""
                 )
         elif "mapped" in name:
             text += (
-                "Each mapped admission makes a synchronous PATCH to the API server through the `kubernetes` client in a worker "
-                "thread (request building, urllib3, JSON), and the Event recorder posts one Event per scale in the background. "
-                "That client work is server CPU the baselines never spend. The emulator runs on CPU 1 next to wrk, so the round trip "
-                "also waits for that core. This row measures the API round trip more than the webhook."
+                "Each mapped admission makes a synchronous PATCH to the API server through the `kubernetes` client in "
+                "a worker thread (request building, urllib3, JSON), and the Event recorder posts one Event per scale "
+                "in the background. That client work is server CPU the baselines never spend. The emulator runs on "
+                "CPU 1 next to wrk, so the round trip also waits for that core. This row measures the API round trip "
+                "more than the webhook."
             )
         else:
-            text += "The unmapped path does no API call; the difference is the shared transport (JSON decode/encode, metrics, logging at debug)."
+            text += (
+                "The unmapped path does no API call; the difference is the shared transport (JSON decode/encode, "
+                "metrics, logging at debug)."
+            )
         return text
     if "handler" in goal:
         return "see the handler-only table; the figure is the median of individually timed calls on this machine."
@@ -381,31 +396,32 @@ def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any]
         objects = 2 * (top["metal3data"] - base["metal3data"])
         per_rss = (top["rss_mib"] - base["rss_mib"]) * 2**20 / max(1, objects)
         text = (
-            f"the process already uses {base['rss_mib']:.0f} MiB with {base['metal3data']} objects: Python, FastAPI/Starlette, "
-            f"uvicorn, the `kubernetes` client, cryptography and prometheus_client are loaded before anything is cached. "
-            f"With {top['metal3data']:,} Metal3Data and as many templates, RSS grows by {top['rss_mib'] - base['rss_mib']:.0f} MiB "
-            f"(about {per_rss:,.0f} bytes per object)."
+            f"the process already uses {base['rss_mib']:.0f} MiB with {base['metal3data']} objects: Python, "
+            "FastAPI/Starlette, uvicorn, the `kubernetes` client, cryptography and prometheus_client are loaded "
+            f"before anything is cached. With {top['metal3data']:,} Metal3Data and as many templates, RSS grows by "
+            f"{top['rss_mib'] - base['rss_mib']:.0f} MiB (about {per_rss:,.0f} bytes per object)."
         )
         if "traced_mib" in top and "traced_mib" in base:
             held = top["traced_mib"] - base["traced_mib"]
             text += (
-                f" Of that, the resolver holds {held:.0f} MiB (tracemalloc: about {held * 2**20 / max(1, objects):,.0f} bytes per "
-                f"object, slim dicts of name, namespace, labels, owner references, resourceVersion and the template name). The "
-                f"rest is allocator memory left over from decoding the initial lists (peak RSS {top['peak_rss_mib']:.0f} MiB), "
-                f"which CPython's allocator and glibc keep rather than return to the system."
+                f" Of that, the resolver holds {held:.0f} MiB (tracemalloc: about "
+                f"{held * 2**20 / max(1, objects):,.0f} bytes per object, slim dicts of name, namespace, labels, "
+                "owner references, resourceVersion and the template name). The rest is allocator memory left over "
+                f"from decoding the initial lists (peak RSS {top['peak_rss_mib']:.0f} MiB), which CPython's allocator "
+                "and glibc keep rather than return to the system."
             )
         realistic = [r for r in results["rss"] if r["templates"] != r["metal3data"]]
         if realistic:
             r = realistic[-1]
             text += (
                 (
-                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
-                    f"{r['rss_mib']:.0f} MiB, which also misses the 100 MB budget."
+                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} "
+                    f"templates) RSS is {r['rss_mib']:.0f} MiB, which also misses the 100 MB budget."
                 )
                 if r["rss_mib"] * 1.048576 > 100
                 else (
-                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} templates) RSS is "
-                    f"{r['rss_mib']:.0f} MiB, within the budget."
+                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} "
+                    f"templates) RSS is {r['rss_mib']:.0f} MiB, within the budget."
                 )
             )
         return text
@@ -413,6 +429,7 @@ def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any]
         scaling = measured[name]
         return (
             f"with one connection the p50 is {_median(scaling['latency'], 'p50_ms'):.2f} ms and the p99 "
-            f"{_median(scaling['latency'], 'p99_ms'):.2f} ms; the tail comes from the emulator's PATCH and the noisy shared CPU."
+            f"{_median(scaling['latency'], 'p99_ms'):.2f} ms; the tail comes from the emulator's PATCH and the noisy "
+            "shared CPU."
         )
     return "see the tables above."

@@ -93,10 +93,10 @@ def report(stories: list[loop.Story]) -> str:
         f"`python3 -m bench.whole_loop --stories {len(stories)}` on the 2-core development machine "
         f"({platform.machine()}), {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}: the whole loop of "
         "`tests/real_loop/test_whole_loop.py` (real kube-apiserver/etcd/kube-controller-manager v1.36.4 with the HPA "
-        f"controller, cert-manager v1.21.2, KEDA v2.21.0 polling every {KEDA_POLLING} s on the node demand, Prometheus, "
-        "Cluster API v1.14.2, Slurm 24.11, the chart's pods), its story run "
-        f"{len(stories)} times on one loop. Medians over the {len(stories)} scale-ups of each kind; the share is the "
-        "phase's median over the whole's median, both from this run.",
+        f"controller, cert-manager v1.21.2, KEDA v2.21.0 polling every {KEDA_POLLING} s on the node demand, "
+        f"Prometheus, Cluster API v1.14.2, Slurm 24.11, the chart's pods), its story run {len(stories)} times on one "
+        f"loop. Medians over the {len(stories)} scale-ups of each kind; the share is the phase's median over the "
+        "whole's median, both from this run.",
         "",
         "| scale-up | " + " | ".join(name for name, _, _ in PHASES) + " | submitted → started | slowest |",
         "|---|" + "---:|" * (len(PHASES) + 2),
@@ -116,13 +116,15 @@ def report(stories: list[loop.Story]) -> str:
         "What each phase is, from the timeline's steps (`testbed/real/timeline.py`):",
         "",
         "- **KEDA reaction**: the job submitted (`sbatch`) → the scaling webhook admitted KEDA's (0 → n) or the HPA's "
-        f"`/scale` of the mirror. Bounded by KEDA's polling ({KEDA_POLLING} s here) and, for the HPA, its 5 s sync: from 0, "
-        "KEDA activates the mirror to 1 and the HPA takes it to n at its next sync, which is why a 4-node job on an empty "
-        "pool waits longer here than a 1-node one (or a 4-node one on a pool at 1, where the HPA is already active).",
+        f"`/scale` of the mirror. Bounded by KEDA's polling ({KEDA_POLLING} s here) and, for the HPA, its 5 s sync: "
+        "from 0, KEDA activates the mirror to 1 and the HPA takes it to n at its next sync, which is why a 4-node job "
+        "on an empty pool waits longer here than a 1-node one (or a 4-node one on a pool at 1, where the HPA is "
+        "already active).",
         "- **scaling webhook**: that admission → the leader's `/scale` of the MachineDeployment, as kube-apiserver's "
         "audit log times both: the webhook's answer, the mirror stored, the leader's watch event, its write. The "
         "webhook call itself is a few ms (the apiserver-latency section above).",
-        "- **Cluster API**: the MachineDeployment's `/scale` → the n-th new Machine created by the MachineSet controller.",
+        "- **Cluster API**: the MachineDeployment's `/scale` → the n-th new Machine created by the MachineSet "
+        "controller.",
         '- **provisioning (simulated metal)**: the Machine → its slurmd registered. Here a host "boots" in about a '
         "second (testbed/real/machines.py), so this phase includes the injection webhook, CAPI's and the simulator's "
         "steps and cloud-init running `slurmd -Z`, but none of a real server's POST, PXE and image write.",
@@ -132,11 +134,11 @@ def report(stories: list[loop.Story]) -> str:
         "(demand seen, registered, started) are polled every 0.2 s, so a phase between two of those can read 0 ms.",
         "",
         "**Next to the thesis' Figure 6.15** (one scale-up, 15 s KEDA polling, pending-jobs metric, a real bare-metal "
-        "node): KEDA's reaction in seconds, the scaling webhook in tens of milliseconds, provisioning in minutes. Here "
-        "the first two keep their order of magnitude (KEDA seconds with a 2 s poll; the webhook plus the leader's "
-        "follow-up about a tenth of a second), Cluster API adds one to two seconds the thesis folded into provisioning, "
-        "and provisioning is seconds only because the metal is simulated: on real servers it is the minutes of the "
-        "thesis, and it dominates everything SliMe controls by two to three orders of magnitude.",
+        "node): KEDA's reaction in seconds, the scaling webhook in tens of milliseconds, provisioning in minutes. "
+        "Here the first two keep their order of magnitude (KEDA seconds with a 2 s poll; the webhook plus the "
+        "leader's follow-up about a tenth of a second), Cluster API adds one to two seconds the thesis folded into "
+        "provisioning, and provisioning is seconds only because the metal is simulated: on real servers it is the "
+        "minutes of the thesis, and it dominates everything SliMe controls by two to three orders of magnitude.",
     ]
     return "\n".join(lines)
 

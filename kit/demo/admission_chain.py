@@ -383,7 +383,8 @@ class AdmissionChain:
             raise WebhookCallError("received invalid webhook response: not an admission.k8s.io/v1 AdmissionReview")
         if response.get("uid") != request["uid"]:
             raise WebhookCallError(
-                f"received invalid webhook response: expected response.uid={request['uid']!r}, got {response.get('uid')!r}"
+                f"received invalid webhook response: expected response.uid={request['uid']!r}, got "
+                f"{response.get('uid')!r}"
             )
         if not isinstance(response.get("allowed"), bool):
             raise WebhookCallError("received invalid webhook response: response.allowed is not a bool")

@@ -149,15 +149,18 @@ class Story:
         say(f"  cluster   kubemu at {env.emulator.url}")
         say(
             f"            Slinky Controller {cluster.SLURM_NAMESPACE}/{cluster.CONTROLLER}; slurmctld pod on hostIP "
-            f"{cluster.HOST_IP}, NodePort {cluster.NODE_PORT}; key Secret {cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}"
+            f"{cluster.HOST_IP}, NodePort {cluster.NODE_PORT}; key Secret "
+            f"{cluster.SLURM_NAMESPACE}/{env.seeded.key_secret}"
         )
         say(
             f"            Metal3DataTemplate {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE} "
-            f"(slurm-controller-namespace={cluster.SLURM_NAMESPACE}), Metal3Data {cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE}-0"
+            f"(slurm-controller-namespace={cluster.SLURM_NAMESPACE}), Metal3Data "
+            f"{cluster.METAL3_NAMESPACE}/{cluster.TEMPLATE}-0"
         )
         say(
-            f"            MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT} ({CAPI_GROUP}/{CAPI_VERSION}), "
-            f"mirror Deployment {cluster.SLIME_NAMESPACE}/{cluster.MIRROR}, ConfigMap {cluster.SLIME_NAMESPACE}/scaling-webhook-configmap"
+            f"            MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT} "
+            f"({CAPI_GROUP}/{CAPI_VERSION}), mirror Deployment {cluster.SLIME_NAMESPACE}/{cluster.MIRROR}, ConfigMap "
+            f"{cluster.SLIME_NAMESPACE}/scaling-webhook-configmap"
         )
         say(
             f"  webhooks  injection-webhook {env.injection.url}/mutate, scaling-webhook {env.scaling.url}/validate "
@@ -172,8 +175,8 @@ class Story:
         name, ns = secret["metadata"]["name"], secret["metadata"]["namespace"]
         sent = yaml.safe_load(base64.b64decode(secret["data"]["metaData"]))
         say(
-            f"  CAPM3 creates Secret {ns}/{name} (owned by Metal3Data {ns}/{env.seeded.metal3_data['metadata']['name']}) "
-            f"with metaData keys {', '.join(sent)}"
+            f"  CAPM3 creates Secret {ns}/{name} (owned by Metal3Data "
+            f"{ns}/{env.seeded.metal3_data['metadata']['name']}) with metaData keys {', '.join(sent)}"
         )
         start = self.mark()
         try:
@@ -262,7 +265,8 @@ class Story:
         say.section("2. KEDA scales the mirror; the MachineDeployment follows")
         md_ref = f"MachineDeployment {cluster.METAL3_NAMESPACE}/{cluster.MACHINE_DEPLOYMENT}"
         say(
-            f"  now: mirror {cluster.SLIME_NAMESPACE}/{cluster.MIRROR} = {self.mirror_replicas()}, {md_ref} = {self.md_replicas()}"
+            f"  now: mirror {cluster.SLIME_NAMESPACE}/{cluster.MIRROR} = {self.mirror_replicas()}, {md_ref} = "
+            f"{self.md_replicas()}"
         )
         if self.md_replicas() != 0:
             raise DemoError(f"{md_ref} should start at 0, it is {self.md_replicas()}")
@@ -466,7 +470,8 @@ def main(
                 assert env.emulator and env.injection and env.scaling and env.ca
                 say.section("Everything stays up until Ctrl-C:")
                 say(
-                    f"  KUBECONFIG={env.kubeconfig}   (kubemu at {env.emulator.url}; e.g. kubectl get machinedeployments -A)"
+                    f"  KUBECONFIG={env.kubeconfig}   (kubemu at {env.emulator.url}; e.g. kubectl get "
+                    "machinedeployments -A)"
                 )
                 say(f"  injection webhook  {env.injection.url}/mutate   (metrics {env.injection.metrics_url}/metrics)")
                 say(f"  scaling webhook    {env.scaling.url}/validate   (metrics {env.scaling.metrics_url}/metrics)")

@@ -178,7 +178,8 @@ def _method_not_allowed() -> ApiError:
 
 
 def _wire_scale(scale: Obj) -> Obj:
-    """A Scale as kube-apiserver serializes it: ``ScaleSpec.Replicas`` is an int32 with ``omitempty``, so 0 is left out."""
+    """A Scale as kube-apiserver serializes it: ``ScaleSpec.Replicas`` is an int32
+    with ``omitempty``, so 0 is left out."""
     spec = scale.get("spec")
     if isinstance(spec, dict) and type(spec.get("replicas")) is int and spec["replicas"] == 0:
         del spec["replicas"]
@@ -201,7 +202,8 @@ def _set_path(obj: Obj, dotted: str, value: Any) -> None:
 
 
 def _fold_string_data(res: Resource, obj: Obj) -> None:
-    """As kube-apiserver does for a Secret, before admission: stringData's entries go into data (base64), winning over data's."""
+    """As kube-apiserver does for a Secret, before admission:
+    stringData's entries go into data (base64), winning over data's."""
     if res.kind != "Secret" or res.group or "stringData" not in obj:
         return
     string_data = obj.pop("stringData") or {}

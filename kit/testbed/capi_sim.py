@@ -43,7 +43,9 @@ def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
     inner = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in options.items())
     return config_map(
         {
-            "mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+            "mappings": (
+                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+            )
         }
     )
 

@@ -1,4 +1,5 @@
-"""A minimal webhook built only from ``common/``, to test the shared transport and serving, and what those tests measure with."""
+"""A minimal webhook built only from ``common/``, to test the shared transport and serving,
+and what those tests measure with."""
 
 from __future__ import annotations
 

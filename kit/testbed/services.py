@@ -90,7 +90,8 @@ class Scaling:
         return [r for r in self.emulator.requests if all(getattr(r, k) == v for k, v in filters.items())]
 
     def hot_path_calls(self) -> list[RecordedRequest]:
-        """The webhook's own requests except Event creation (sent off the hot path), the ConfigMap watch and the Lease."""
+        """The webhook's own requests except Event creation (sent off the hot path),
+        the ConfigMap watch and the Lease."""
         assert self.emulator is not None, "calls are recorded by kubemu only"
         return [
             r

@@ -17,7 +17,8 @@ class WaitTimeout(AssertionError):
 
 
 def wait_for(condition: Callable[[], T], timeout: float = 5.0, what: str = "condition", interval: float = 0.01) -> T:
-    """Call ``condition()`` until its value is truthy and return it; raise :class:`WaitTimeout` after ``timeout`` seconds."""
+    """Call ``condition()`` until its value is truthy and return it;
+    raise :class:`WaitTimeout` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

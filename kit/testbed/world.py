@@ -112,8 +112,8 @@ class SlurmCluster:
 
     def __repr__(self) -> str:  # never show the keys, even in a traceback
         return (
-            f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} bytes>, "
-            f"jwt_secret={self.jwt_secret!r}, jwt_key=<{len(self.jwt_key)} bytes>)"
+            f"SlurmCluster({self.namespace}/{self.controller}, key_secret={self.key_secret!r}, key=<{len(self.key)} "
+            f"bytes>, jwt_secret={self.jwt_secret!r}, jwt_key=<{len(self.jwt_key)} bytes>)"
         )
 
     @property
@@ -497,7 +497,8 @@ def baremetal_host(
     annotations: dict[str, str] | None = None,
     error: str = "",
 ) -> Obj:
-    """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``; ``consumer`` a Metal3Machine name."""
+    """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``;
+    ``consumer`` a Metal3Machine name."""
     spec: Obj = {"online": True, "bmc": {"address": f"redfish://bmc.example/{name}", "credentialsName": f"{name}-bmc"}}
     if consumer is not None:
         spec["consumerRef"] = {
@@ -541,7 +542,8 @@ def md_events(api: ObjectApi, namespace: str, name: str, reason: str | None = No
 
 
 def scale_mirror(emulator: Any, namespace: str, name: str, replicas: int, dry_run: bool = False) -> Obj:
-    """``PATCH deployments/<name>/scale`` through the API, as KEDA's HPA does: admission runs, then the mirror is stored.
+    """``PATCH deployments/<name>/scale`` through the API, as KEDA's HPA does: admission runs,
+    then the mirror is stored.
 
     Raises the kubernetes client's ``ApiException`` when the API server (an admission webhook) refuses it.
     """

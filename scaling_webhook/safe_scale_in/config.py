@@ -53,7 +53,8 @@ class SafeScaleInConfig(SlurmEndpoint):
 
 
 def parse_released_nodes(value: Any, where: str) -> str:
-    """``safeScaleIn.releasedNodes`` (``where`` names it): ``future`` (default when None) or ``delete``; ValueError otherwise."""
+    """``safeScaleIn.releasedNodes`` (``where`` names it): ``future`` (default when None) or ``delete``;
+    ValueError otherwise."""
     if value is None:
         return DEFAULT_RELEASED_NODES
     if not isinstance(value, str) or value.strip() not in RELEASED_NODES:

@@ -14,14 +14,15 @@ replica that lost the Lease stops between two writes.
     UNDRAIN only drains SliMe made), then set the replicas. Works without Slurm.
 * :meth:`SafeScaleIn.maintain` (every pass): keep the pre-terminate hook on every Machine
   (Cluster API waits for it with or without a nodeRef; the pre-drain hook an earlier SliMe set,
-  which does not hold a Machine without one, is replaced); for each deleting Machine, read Slurm *for that Machine at that moment* and release the hook only
-  when Slurm reports its node drained and idle (then the node is returned to FUTURE, so Slurm
-  keeps its record for the pool, or deleted with ``releasedNodes: delete``), or gone after it
-  had joined, or when :func:`.victims.never_joined` holds. Otherwise it waits: a node
-  not drained yet is drained; a busy one is never let go, however long (``drainTimeoutSeconds``
-  only adds Warnings and a metric); nothing is released while slurmrestd is unusable. Nodes
-  SliMe drained whose Machines are neither marked nor deleting are undrained when no scale-in
-  needs them (a scale-in that stopped half way leaves none drained for good).
+  which does not hold a Machine without one, is replaced); for each deleting Machine, read Slurm
+  *for that Machine at that moment* and release the hook only when Slurm reports its node drained
+  and idle (then the node is returned to FUTURE, so Slurm keeps its record for the pool, or
+  deleted with ``releasedNodes: delete``), or gone after it had joined, or when
+  :func:`.victims.never_joined` holds. Otherwise it waits: a node not drained yet is drained; a
+  busy one is never let go, however long (``drainTimeoutSeconds`` only adds Warnings and a
+  metric); nothing is released while slurmrestd is unusable. Nodes SliMe drained whose Machines
+  are neither marked nor deleting are undrained when no scale-in needs them (a scale-in that
+  stopped half way leaves none drained for good).
 """
 
 from __future__ import annotations
@@ -329,8 +330,8 @@ class SafeScaleIn:
             self._event(
                 mapping,
                 REASON_DEFERRED,
-                f"Scale-in to {target} asked; lowered to {replicas} only: {outcome.deferred} replica(s) deferred, {why}. "
-                "The reconciler finishes as nodes become idle.",
+                f"Scale-in to {target} asked; lowered to {replicas} only: {outcome.deferred} replica(s) deferred, "
+                f"{why}. The reconciler finishes as nodes become idle.",
                 warning=True,
             )
 

@@ -156,7 +156,8 @@ class SlurmClient:
     # --- transport ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, gone_raises: bool = False) -> dict[str, Any]:
-        """One request (signed, the key read again once after 401/511); with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`."""
+        """One request (signed, the key read again once after 401/511);
+        with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`."""
         for attempt in (1, 2):
             headers = {"X-SLURM-USER-TOKEN": self._token(), "Accept": "application/json"}
             try:

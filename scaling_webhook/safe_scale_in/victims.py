@@ -94,7 +94,8 @@ def machine_addresses(machine: dict[str, Any]) -> list[str]:
 
 
 def node_for(machine: dict[str, Any], nodes: Iterable[SlurmNode]) -> SlurmNode | None:
-    """The Slurm node of a Machine: the one SliMe recorded, else one whose name, hostname or address is a Machine address."""
+    """The Slurm node of a Machine: the one SliMe recorded, else one whose
+    name, hostname or address is a Machine address."""
     recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
     addresses = set(machine_addresses(machine))
     if not addresses and not recorded:

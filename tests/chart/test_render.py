@@ -501,7 +501,8 @@ def test_per_mapping_keda_overrides_win_even_when_zero(render):
 
 
 def test_scale_down_stabilization_is_the_hpas_default_unless_set(render):
-    """Empty: no `advanced` block, so the HPA keeps its 300 s window; set globally or per mapping: KEDA's HPA behavior."""
+    """Empty: no `advanced` block, so the HPA keeps its 300 s window;
+    set globally or per mapping: KEDA's HPA behavior."""
     values = {
         "keda": {"enabled": True},
         "scaling": {

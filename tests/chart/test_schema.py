@@ -185,19 +185,22 @@ def test_bad_values_are_rejected(render, lint, case):
                     "mappings": [mapping("s/m0", "metal3/md-a"), mapping("s/m0", "metal3/md-b")],
                 }
             },
-            "scaling.mappings[0] and scaling.mappings[1] both use mirror Deployment s/m0; a mirror may drive only one MachineDeployment",
+            "scaling.mappings[0] and scaling.mappings[1] both use mirror Deployment s/m0; a mirror may drive only one "
+            "MachineDeployment",
         ),
         (
             {
                 "keda": {"enabled": True, "maxReplicaCount": 4},
                 "scaling": {"mappings": [mapping("s/m0", "d/md0", "p"), mapping("s/m1", "d/md1", "p", maxReplicas=5)]},
             },
-            "scaling.mappings[1] (mirror s/m1 -> MachineDeployment d/md1): maxReplicas 5 is higher than its KEDA maxReplicaCount 4",
+            "scaling.mappings[1] (mirror s/m1 -> MachineDeployment d/md1): maxReplicas 5 is higher than its KEDA "
+            "maxReplicaCount 4",
         ),
         ({"networkPolicy": {"enabled": True}}, "networkPolicy.enabled=true needs networkPolicy.admissionFrom"),
         (
             {"keda": {"enabled": True, "demand": "nodes"}, "scaling": {"mappings": [mapping("s/m", "n/d", "p")]}},
-            "scaling.mappings[0] uses keda.demand=nodes: set scaling.nodeDemand.slurmrestd and scaling.nodeDemand.jwtSecret",
+            "scaling.mappings[0] uses keda.demand=nodes: set scaling.nodeDemand.slurmrestd and "
+            "scaling.nodeDemand.jwtSecret",
         ),
     ],
     ids=[

@@ -204,8 +204,8 @@ def _free_port() -> str:
     [
         (
             ["--kubeconfig", "/etc/hostname", "--host", "127.0.0.1"],
-            "injection-webhook: invalid configuration: --kubeconfig (env KUBECONFIG): kubeconfig /etc/hostname is not usable: "
-            "/etc/hostname is not a kubeconfig (its YAML is not a map)\n",
+            "injection-webhook: invalid configuration: --kubeconfig (env KUBECONFIG): kubeconfig /etc/hostname is not "
+            "usable: /etc/hostname is not a kubeconfig (its YAML is not a map)\n",
         ),
         (
             ["--host", "999.1.1.1"],

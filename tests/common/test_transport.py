@@ -51,7 +51,8 @@ CASES = [
         review({"uid": "u1"}, api_version="admission.k8s.io/v1beta1"),
         "application/json",
         400,
-        "unsupported review apiVersion='admission.k8s.io/v1beta1' kind='AdmissionReview', expected admission.k8s.io/v1 AdmissionReview",
+        "unsupported review apiVersion='admission.k8s.io/v1beta1' kind='AdmissionReview', expected "
+        "admission.k8s.io/v1 AdmissionReview",
         "u1",
     ),
     ("no request", review(), "application/json", 400, "AdmissionReview has no request object", ""),

@@ -233,7 +233,8 @@ def test_opted_in_but_unresolvable_is_denied_naming_what_is_missing(
 def test_no_slurmctld_pod_is_denied(emulator: Emulator, start_injection: StartInjection) -> None:
     _, data = seed_metal3(emulator, template_labels=OPT_IN)
     assert denial(mutate(start_injection(emulator), metadata_secret(data))).endswith(
-        "no slurmctld pod matches app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller in namespace slurm of cluster local"
+        "no slurmctld pod matches app.kubernetes.io/name=slurmctld,app.kubernetes.io/component=controller in "
+        "namespace slurm of cluster local"
     )
 
 

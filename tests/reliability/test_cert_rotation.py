@@ -1,4 +1,5 @@
-"""The serving certificate rotated 10 times under steady admission load: nothing fails, each new cert is served within 15 s.
+"""The serving certificate rotated 10 times under steady admission load: nothing fails, each new
+cert is served within 15 s.
 
 The injection webhook serves from a kubelet-style Secret volume (``..data`` symlink swap, the
 helpers of ``tests/common/test_serving.py``) with the production poll period (10 s). The load is

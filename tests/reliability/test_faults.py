@@ -124,7 +124,8 @@ def test_injection_cold_cache_fault_denies_within_sync_timeout_naming_the_cluste
     response, seconds = timed(lambda: service.review("/mutate", request))
     message = denied(
         response,
-        "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: cannot read slurmctld pods in slurm (local) from cluster local",
+        "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: cannot read slurmctld pods in slurm (local) "
+        "from cluster local",
         cause,
     )
     handle.remove()

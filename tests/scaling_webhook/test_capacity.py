@@ -195,8 +195,9 @@ def test_three_free_hosts_scale_to_five_gives_three_then_two_hosts_appear_gives_
     (event,) = wait_for(lambda: md_events(pool, NS, MD, "CapacityLimited"), what="the CapacityLimited event")
     assert event["type"] == "Warning"
     assert event["message"] == (
-        f"mirror {SLIME_NAMESPACE}/mirror asks 5; MachineDeployment {NS}/{MD} is held at 3 because 0 host(s) are in use by this "
-        "pool and 3 available BareMetalHost(s) match its Metal3MachineTemplate's hostSelector; the rest follows when hosts become available"
+        f"mirror {SLIME_NAMESPACE}/mirror asks 5; MachineDeployment {NS}/{MD} is held at 3 because 0 host(s) are in "
+        "use by this pool and 3 available BareMetalHost(s) match its Metal3MachineTemplate's hostSelector; the rest "
+        "follows when hosts become available"
     )
     assert scaling.metric("slime_scaling_capacity_shortfall_replicas") == 2
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="capacity"') == 1
@@ -269,8 +270,9 @@ def test_a_capacity_that_cannot_be_counted_holds_the_pool_and_says_why(
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror", 4)
     (event,) = wait_for(lambda: md_events(emulator, NS, MD, "CapacityLimited"), what="the CapacityLimited event")
     assert event["message"] == (
-        f"mirror {SLIME_NAMESPACE}/mirror asks 4; MachineDeployment {NS}/{MD} is held at 1 because the hosts that could take "
-        f"them cannot be counted: Metal3MachineTemplate {NS}/{MD} not found; the rest follows when hosts become available"
+        f"mirror {SLIME_NAMESPACE}/mirror asks 4; MachineDeployment {NS}/{MD} is held at 1 because the hosts that "
+        f"could take them cannot be counted: Metal3MachineTemplate {NS}/{MD} not found; the rest follows when hosts "
+        "become available"
     )
     assert md_replicas(emulator, NS, MD) == 1
     assert scaling.metric("slime_scaling_capacity_shortfall_replicas") == 3

@@ -133,7 +133,8 @@ def test_replicas_taken_from_the_scale(replicas: int) -> None:
         ),
         (
             with_replicas(2**63),
-            "Scale object has spec.replicas 9223372036854775808, more than a Kubernetes replica count may be (2147483647)",
+            "Scale object has spec.replicas 9223372036854775808, more than a Kubernetes replica count may be "
+            "(2147483647)",
         ),
         (request(object=None), "Scale object has no integer spec.replicas"),
         (request(object={"spec": "x"}), "Scale object has no integer spec.replicas"),
@@ -270,7 +271,8 @@ def test_respond_invalid() -> None:
     response = respond(Invalid(MAPPING, "Scale object has no integer spec.replicas"))
     assert not response.allowed and response.code == 400 and response.reason == "BadRequest"
     assert response.message == (
-        "cannot scale MachineDeployment metal3/md-a from mirror slime/mirror-a: Scale object has no integer spec.replicas"
+        "cannot scale MachineDeployment metal3/md-a from mirror slime/mirror-a: Scale object has no integer "
+        "spec.replicas"
     )
 
 

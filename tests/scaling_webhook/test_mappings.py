@@ -87,7 +87,9 @@ def test_thesis_keys_and_a_list_item_onto_one_machine_deployment_are_refused() -
 def test_max_replicas() -> None:
     table = parse_mappings(
         {
-            "mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: 12}\n- {mirror: a/n, machineDeployment: x/o}"
+            "mappings": (
+                "- {mirror: a/m, machineDeployment: x/md, maxReplicas: 12}\n- {mirror: a/n, machineDeployment: x/o}"
+            )
         },
         "s",
     )
@@ -166,8 +168,8 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
         ),
         (
             {**THESIS, "mappings": "- {mirror: slime/mirror-deployment, machineDeployment: x/md}"},
-            "mappings[0]: mirror slime/mirror-deployment is already mapped by thesis keys (to MachineDeployment metal3/md); "
-            "a mirror may drive only one MachineDeployment",
+            "mappings[0]: mirror slime/mirror-deployment is already mapped by thesis keys (to MachineDeployment "
+            "metal3/md); a mirror may drive only one MachineDeployment",
         ),
         (
             {"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: -1}"},
@@ -228,9 +230,10 @@ def test_capacity_aware_and_node_demand_options() -> None:
     table = parse_mappings(
         {
             "mappings": (
-                f"- {{mirror: a/m, machineDeployment: x/md, capacityAware: true, nodeDemand: {{partition: batch}}, {SAFE}}}\n"
-                "- {mirror: a/n, machineDeployment: x/md2, nodeDemand: {partition: gpu, slurmrestd: 'http://other:6820', "
-                "jwtSecret: slurm/other, tokenUser: slinky}}\n"
+                "- {mirror: a/m, machineDeployment: x/md, capacityAware: true, nodeDemand: {partition: batch}, "
+                f"{SAFE}}}\n"
+                "- {mirror: a/n, machineDeployment: x/md2, nodeDemand: {partition: gpu, "
+                "slurmrestd: 'http://other:6820', jwtSecret: slurm/other, tokenUser: slinky}}\n"
                 "- {mirror: a/o, machineDeployment: x/md3}\n"
             )
         },
@@ -254,7 +257,8 @@ def test_capacity_aware_and_node_demand_options() -> None:
         ("capacityAware: 'yes'", "mappings[0].capacityAware: must be true or false, got 'yes'"),
         (
             "nodeDemand: batch",
-            "mappings[0].nodeDemand: must be a map with keys partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser",
+            "mappings[0].nodeDemand: must be a map with keys partition, slurmrestd, jwtSecret, jwtKey, apiVersion, "
+            "tokenUser",
         ),
         ("nodeDemand: {slurmrestd: 'http://s:6820', jwtSecret: s/j}", "mappings[0].nodeDemand: missing key partition"),
         (
@@ -267,7 +271,8 @@ def test_capacity_aware_and_node_demand_options() -> None:
         ),
         (
             "nodeDemand: {partition: batch, Partition: x}",
-            "mappings[0].nodeDemand: unknown key(s) Partition; allowed: partition, slurmrestd, jwtSecret, jwtKey, apiVersion, tokenUser",
+            "mappings[0].nodeDemand: unknown key(s) Partition; allowed: partition, slurmrestd, jwtSecret, jwtKey, "
+            "apiVersion, tokenUser",
         ),
         (
             f"nodeDemand: {{partition: batch, jwtKey: other.key}}, {SAFE}",

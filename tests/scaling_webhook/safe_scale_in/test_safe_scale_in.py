@@ -369,7 +369,8 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[..., Env]
 
 
 def _partition_nodes(slurm: FakeSlurmrestd) -> int:
-    """The partition's node count, as slurmrestd lists it (what Slurm checks a job's node count against at submission)."""
+    """The partition's node count, as slurmrestd lists it (what Slurm checks a job's node count
+    against at submission)."""
     now = int(time.time())
     token = jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60}, slurm.key, algorithm="HS256")
     answer = httpx.get(f"{slurm.url}/slurm/v0.0.42/partitions/", headers={"X-SLURM-USER-TOKEN": token}, timeout=5)
@@ -450,7 +451,8 @@ def test_a_node_someone_deletes_during_the_release_is_released_as_gone(env: Call
 
 
 def test_a_future_slurm_refuses_holds_the_machine_until_slurm_shows_the_node_gone(env: Callable[..., Env]) -> None:
-    """Someone returns the node to FUTURE between SliMe's read and its own request: Slurm refuses (2180), nothing is released that pass."""
+    """Someone returns the node to FUTURE between SliMe's read and its own request:
+    Slurm refuses (2180), nothing is released that pass."""
     e = env(1)
     scaling = e.scaling()
     e.scale(scaling, 0)
