@@ -1,9 +1,10 @@
 """The console-script entry both services share: parse, configure logging, listen, build, run.
 
 Flags are generated from the settings model, so each one shows its environment twin and a
-readable type in ``--help``. Any bad flag or variable, an unusable kubeconfig, a port already in
-use or an address that cannot be bound ends the process with exit code 2 and one line that
-names the setting and the reason: never a traceback.
+readable type in ``--help``. Any bad flag or variable, a serving certificate, key or client CA
+that is missing, unreadable or not a pair, an unusable kubeconfig, a port already in use or an
+address that cannot be bound ends the process with exit code 2 and one line that names the
+setting and the reason: never a traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic.fields import FieldInfo
 
 from common.kube import KubeConfigError
 from common.logs import configure_logging
-from common.serving import Listeners, ServiceRunner
+from common.serving import CertificateFileError, Listeners, ServiceRunner, check_certificate_files
 from common.settings import ServiceSettings
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -117,6 +118,14 @@ def parse_settings(settings_type: type[S], argv: Sequence[str] | None, prog: str
         raise ConfigError("; ".join(_problem(settings_type, e) for e in exc.errors())) from None
 
 
+def check_certificates(settings: ServiceSettings) -> None:
+    """The serving certificate, its key and the client CA can be read and go together, or a ConfigError names the flag."""
+    try:
+        check_certificate_files(settings.cert_file, settings.key_file, settings.client_ca_file)
+    except CertificateFileError as exc:
+        raise ConfigError(f"{flag(exc.field)} (env {settings.env_name(exc.field)}): {exc.reason}") from None
+
+
 def listen(settings: ServiceSettings) -> Listeners:
     """Bind both ports now, so a clash or a bad address is a clean configuration error."""
     bound: list[socket.socket] = []
@@ -146,6 +155,7 @@ def run_service(
     try:
         settings = parse_settings(settings_type, argv, prog, description)
         configure_logging(settings.log_level)
+        check_certificates(settings)
         listeners = listen(settings)
         try:
             runner = build(settings)

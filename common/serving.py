@@ -31,7 +31,7 @@ from typing import Any
 
 import uvicorn
 from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.hazmat.primitives.serialization import Encoding, load_pem_private_key
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -43,6 +43,52 @@ from common.metrics import WebhookMetrics
 from common.settings import ServiceSettings
 
 log = logging.getLogger("slime.serving")
+
+
+class CertificateFileError(Exception):
+    """A serving file cannot be used: ``field`` is the setting naming it, the message says why (one line)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+def _read(field: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise CertificateFileError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def check_certificate_files(cert_file: str, key_file: str, client_ca_file: str | None = None) -> None:
+    """Raise :class:`CertificateFileError` when the files cannot be served: checked once at start.
+
+    A missing, unreadable or wrong file at start is a configuration error (the chart mounts the
+    TLS Secret before the container starts, so the files are there or the pod is misconfigured):
+    the process stops with one line instead of running unready. Later changes go through
+    :meth:`ServingCertificate.reload_if_changed`, which keeps the last good pair.
+    """
+    try:
+        x509.load_pem_x509_certificates(_read("cert_file", cert_file))
+    except ValueError:
+        raise CertificateFileError("cert_file", f"{cert_file} holds no PEM certificate") from None
+    try:
+        load_pem_private_key(_read("key_file", key_file), password=None)
+    except (ValueError, TypeError):
+        raise CertificateFileError("key_file", f"{key_file} holds no unencrypted PEM private key") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file)
+    except ssl.SSLError as exc:
+        raise CertificateFileError(
+            "key_file", f"{key_file} is not the key of the certificate in {cert_file} ({exc.reason or exc})"
+        ) from None
+    if client_ca_file is not None:
+        try:
+            x509.load_pem_x509_certificates(_read("client_ca_file", client_ca_file))
+        except ValueError:
+            raise CertificateFileError("client_ca_file", f"{client_ca_file} holds no PEM certificate") from None
 
 
 def _file_stamp(path: str) -> tuple[str, int, int, int]:

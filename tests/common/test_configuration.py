@@ -1,4 +1,4 @@
-"""Every bad flag, variable, kubeconfig, port clash or address: exit 2 with one line naming the setting.
+"""Every bad flag, variable, certificate file, kubeconfig, port clash or address: exit 2 with one line naming the setting.
 
 Both console scripts share :func:`common.cli.run_service`. The table runs each bad configuration
 through the real ``main`` of a service; two cases also run as separate processes, to show the
@@ -13,11 +13,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from injection_webhook.main import main as injection_main
 from scaling_webhook.main import main as scaling_main
+from testbed.pki import Pki, make_pki
 
 ENV = (
     "SLIME_PORT",
@@ -36,10 +38,18 @@ ENV = (
 )
 
 
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A valid serving pair: every case but the certificate ones gets past the certificate check."""
+    return make_pki(tmp_path_factory.mktemp("serving"))
+
+
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def clean_env(monkeypatch: pytest.MonkeyPatch, serving: Pki) -> None:
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLIME_CERT_FILE", str(serving.cert_file))
+    monkeypatch.setenv("SLIME_KEY_FILE", str(serving.key_file))
 
 
 @pytest.fixture(autouse=True)
@@ -178,6 +188,65 @@ def test_bad_configuration_exits_2_with_one_line(
     assert reason in err
 
 
+def _not_pem(directory: Path) -> str:
+    path = directory / "not-pem.crt"
+    path.write_text("-----BEGIN NOTHING-----\n")
+    return str(path)
+
+
+CERTIFICATE_CASES = [
+    # (argv builder, the field named, the reason)
+    (
+        lambda d, pki: ["--cert-file", str(d / "missing.crt")],
+        "--cert-file (env SLIME_CERT_FILE)",
+        "cannot read {d}/missing.crt: No such file or directory",
+    ),
+    (lambda d, pki: ["--cert-file", str(d)], "--cert-file (env SLIME_CERT_FILE)", "cannot read {d}: Is a directory"),
+    (lambda d, pki: ["--cert-file", _not_pem(d)], "--cert-file (env SLIME_CERT_FILE)", "{d}/not-pem.crt holds no PEM"),
+    (
+        lambda d, pki: ["--key-file", str(d / "missing.key")],
+        "--key-file (env SLIME_KEY_FILE)",
+        "cannot read {d}/missing.key: No such file or directory",
+    ),
+    (
+        lambda d, pki: ["--key-file", str(pki.cert_file)],
+        "--key-file (env SLIME_KEY_FILE)",
+        "holds no unencrypted PEM private key",
+    ),
+    (
+        lambda d, pki: ["--key-file", str(make_pki(d / "other").key_file)],
+        "--key-file (env SLIME_KEY_FILE)",
+        "{d}/other/tls.key is not the key of the certificate in",
+    ),
+    (
+        lambda d, pki: ["--client-ca-file", str(d / "ca.crt")],
+        "--client-ca-file (env SLIME_CLIENT_CA_FILE)",
+        "cannot read {d}/ca.crt: No such file or directory",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "field", "reason"), CERTIFICATE_CASES)
+@pytest.mark.parametrize("service", ["injection", "scaling"])
+def test_an_unusable_certificate_file_exits_2_naming_its_flag(
+    service: str,
+    argv: Any,
+    field: str,
+    reason: str,
+    serving: Pki,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main = injection_main if service == "injection" else scaling_main
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv(tmp_path, serving), "--kubeconfig", _kubeconfig_text(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"{service}-webhook: invalid configuration: {field}: "), err
+    assert reason.format(d=tmp_path) in err, err
+
+
 @pytest.mark.parametrize("service", ["injection", "scaling"])
 def test_a_port_in_use_exits_2_naming_the_port(
     service: str, busy_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -211,16 +280,25 @@ def _free_port() -> str:
             ["--host", "999.1.1.1"],
             "injection-webhook: invalid configuration: --host (env SLIME_HOST): '999.1.1.1' is not an IP address\n",
         ),
+        (
+            ["--cert-file", "/nonexistent/tls.crt"],
+            "injection-webhook: invalid configuration: --cert-file (env SLIME_CERT_FILE): cannot read "
+            "/nonexistent/tls.crt: No such file or directory\n",
+        ),
     ],
 )
-def test_the_process_prints_only_that_line(argv: list[str], expected: str) -> None:
+def test_the_process_prints_only_that_line(argv: list[str], expected: str, serving: Pki) -> None:
     ports = ["--port", _free_port(), "--metrics-port", _free_port()]
     result = subprocess.run(
         [sys.executable, "-m", "injection_webhook.main", *argv, *ports],
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin"},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "SLIME_CERT_FILE": str(serving.cert_file),
+            "SLIME_KEY_FILE": str(serving.key_file),
+        },
     )
     assert (result.returncode, result.stderr, result.stdout) == (2, expected, "")
 
