@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .tables import BUILT_IN, DEFAULT_CRD, Column, crd_columns
+
 _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
 _LEVEL = {None: 2, "beta": 1, "alpha": 0}
 
@@ -52,7 +54,9 @@ class Resource:
 
     `custom` marks custom resources: like the real API server, they reject strategic merge patch.
     `field_labels` are the extra fields usable in field selectors (metadata.name and
-    metadata.namespace always are).
+    metadata.namespace always are). `short_names` and `categories` are served in discovery (kubectl
+    resolves ``ns``, ``deploy``, ``md`` and ``all`` through them); `columns` are what ``kubectl get``
+    prints (:mod:`kubemu.tables`: the built-in printers by default, else the CRD's Name and Age).
     """
 
     group: str
@@ -65,6 +69,9 @@ class Resource:
     custom: bool = False
     field_labels: tuple[str, ...] = ()
     singular: str = ""
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    columns: tuple[Column, ...] = ()
 
     def __post_init__(self) -> None:
         self.versions = list(self.versions)
@@ -72,6 +79,8 @@ class Resource:
             self.scale = ScaleSpec()
         if not self.singular:
             self.singular = self.kind.lower()
+        if not self.columns:
+            self.columns = BUILT_IN.get((self.group, self.plural), DEFAULT_CRD)
 
     @property
     def scale_spec(self) -> ScaleSpec | None:
@@ -91,14 +100,28 @@ class Resource:
 
 
 def default_resources() -> list[Resource]:
-    """The resources a SliMe management or workload cluster needs."""
+    """The resources a SliMe management or workload cluster needs.
+
+    Short names, categories and printer columns are the upstream ones: kube-apiserver's for the
+    built-in kinds; for the custom resources, their CRDs' as the real tiers install them (Cluster
+    API v1.14.2 at v1beta2, CAPM3 v1.12.3, BMO v0.12.4, Slinky slurm-operator v1.0.1).
+    """
     capi = ["v1beta1", "v1beta2"]
+    workload = ("all",)
     return [
-        Resource("", ["v1"], "Namespace", "namespaces", namespaced=False),
-        Resource("", ["v1"], "Pod", "pods", field_labels=("status.phase", "spec.nodeName")),
-        Resource("", ["v1"], "Service", "services"),
+        Resource("", ["v1"], "Namespace", "namespaces", namespaced=False, short_names=("ns",)),
+        Resource(
+            "",
+            ["v1"],
+            "Pod",
+            "pods",
+            field_labels=("status.phase", "spec.nodeName"),
+            short_names=("po",),
+            categories=workload,
+        ),
+        Resource("", ["v1"], "Service", "services", short_names=("svc",), categories=workload),
         Resource("", ["v1"], "Secret", "secrets", status=False, field_labels=("type",)),
-        Resource("", ["v1"], "ConfigMap", "configmaps", status=False),
+        Resource("", ["v1"], "ConfigMap", "configmaps", status=False, short_names=("cm",)),
         # Core events are selectable by the fields kube-apiserver's event strategy exposes (kubectl
         # describe uses involvedObject.*).
         Resource(
@@ -120,23 +143,171 @@ def default_resources() -> list[Resource]:
                 "source",
                 "type",
             ),
+            short_names=("ev",),
         ),
-        Resource("apps", ["v1"], "Deployment", "deployments", scale=ScaleSpec(selector="spec.selector")),
-        Resource("apps", ["v1"], "StatefulSet", "statefulsets", scale=ScaleSpec(selector="spec.selector")),
-        Resource("apps", ["v1"], "ReplicaSet", "replicasets", scale=ScaleSpec(selector="spec.selector")),
-        Resource("events.k8s.io", ["v1"], "Event", "events", status=False),
-        Resource("coordination.k8s.io", ["v1"], "Lease", "leases", status=False),
-        Resource("cluster.x-k8s.io", capi, "MachineDeployment", "machinedeployments", scale=True, custom=True),
-        Resource("cluster.x-k8s.io", capi, "Machine", "machines", custom=True),
-        Resource("cluster.x-k8s.io", capi, "Cluster", "clusters", custom=True),
-        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Data", "metal3datas", custom=True),
-        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3DataTemplate", "metal3datatemplates", custom=True),
-        Resource("infrastructure.cluster.x-k8s.io", capi, "Metal3Machine", "metal3machines", custom=True),
         Resource(
-            "infrastructure.cluster.x-k8s.io", capi, "Metal3MachineTemplate", "metal3machinetemplates", custom=True
+            "apps",
+            ["v1"],
+            "Deployment",
+            "deployments",
+            scale=ScaleSpec(selector="spec.selector"),
+            short_names=("deploy",),
+            categories=workload,
         ),
-        Resource("metal3.io", ["v1alpha1"], "BareMetalHost", "baremetalhosts", custom=True),
-        Resource("slinky.slurm.net", ["v1alpha1", "v1beta1"], "Controller", "controllers", custom=True),
+        Resource(
+            "apps",
+            ["v1"],
+            "StatefulSet",
+            "statefulsets",
+            scale=ScaleSpec(selector="spec.selector"),
+            short_names=("sts",),
+            categories=workload,
+        ),
+        Resource(
+            "apps",
+            ["v1"],
+            "ReplicaSet",
+            "replicasets",
+            scale=ScaleSpec(selector="spec.selector"),
+            short_names=("rs",),
+            categories=workload,
+        ),
+        Resource("events.k8s.io", ["v1"], "Event", "events", status=False, short_names=("ev",)),
+        Resource("coordination.k8s.io", ["v1"], "Lease", "leases", status=False),
+        Resource(
+            "cluster.x-k8s.io",
+            capi,
+            "MachineDeployment",
+            "machinedeployments",
+            scale=True,
+            custom=True,
+            short_names=("md",),
+            categories=("cluster-api",),
+            columns=crd_columns(
+                ("Cluster", ".spec.clusterName", "string", 0),
+                ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
+                ("Desired", ".spec.replicas", "integer", 0),
+                ("Current", ".status.replicas", "integer", 0),
+                ("Ready", ".status.readyReplicas", "integer", 0),
+                ("Available", ".status.availableReplicas", "integer", 0),
+                ("Up-to-date", ".status.upToDateReplicas", "integer", 0),
+                ("Paused", '.status.conditions[?(@.type=="Paused")].status', "string", 10),
+                ("Phase", ".status.phase", "string", 0),
+                ("Age", ".metadata.creationTimestamp", "date", 0),
+                ("Version", ".spec.template.spec.version", "string", 0),
+            ),
+        ),
+        Resource(
+            "cluster.x-k8s.io",
+            capi,
+            "Machine",
+            "machines",
+            custom=True,
+            short_names=("ma",),
+            categories=("cluster-api",),
+            columns=crd_columns(
+                ("Cluster", ".spec.clusterName", "string", 0),
+                ("Node Name", ".status.nodeRef.name", "string", 0),
+                ("Provider ID", ".spec.providerID", "string", 10),
+                ("Ready", '.status.conditions[?(@.type=="Ready")].status', "string", 0),
+                ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
+                ("Up-to-date", '.status.conditions[?(@.type=="UpToDate")].status', "string", 0),
+                ("Internal-IP", '.status.addresses[?(@.type=="InternalIP")].address', "string", 10),
+                ("Phase", ".status.phase", "string", 0),
+                ("Age", ".metadata.creationTimestamp", "date", 0),
+                ("Version", ".spec.version", "string", 0),
+            ),
+        ),
+        Resource(
+            "cluster.x-k8s.io",
+            capi,
+            "Cluster",
+            "clusters",
+            custom=True,
+            short_names=("cl",),
+            categories=("cluster-api",),
+            columns=crd_columns(
+                ("ClusterClass", ".spec.topology.classRef.name", "string", 0),
+                ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
+                ("Paused", '.status.conditions[?(@.type=="Paused")].status', "string", 10),
+                ("Phase", ".status.phase", "string", 0),
+                ("Age", ".metadata.creationTimestamp", "date", 0),
+                ("Version", ".spec.topology.version", "string", 0),
+            ),
+        ),
+        Resource(
+            "infrastructure.cluster.x-k8s.io",
+            capi,
+            "Metal3Data",
+            "metal3datas",
+            custom=True,
+            short_names=("m3d", "m3data", "m3datas", "metal3d", "metal3data"),
+            categories=("cluster-api",),
+        ),
+        Resource(
+            "infrastructure.cluster.x-k8s.io",
+            capi,
+            "Metal3DataTemplate",
+            "metal3datatemplates",
+            custom=True,
+            short_names=("m3dt", "m3datatemplate", "m3datatemplates", "metal3dt", "metal3datatemplate"),
+            categories=("cluster-api",),
+            columns=crd_columns(
+                ("Cluster", ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", "string", 0),
+                ("Age", ".metadata.creationTimestamp", "date", 0),
+            ),
+        ),
+        Resource(
+            "infrastructure.cluster.x-k8s.io",
+            capi,
+            "Metal3Machine",
+            "metal3machines",
+            custom=True,
+            short_names=("m3m", "m3machine", "m3machines", "metal3m", "metal3machine"),
+            categories=("cluster-api",),
+            columns=crd_columns(
+                ("Age", ".metadata.creationTimestamp", "date", 0),
+                ("ProviderID", ".spec.providerID", "string", 0),
+                ("Ready", ".status.ready", "string", 0),
+                ("Cluster", ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", "string", 0),
+                ("Phase", ".status.phase", "string", 0),
+            ),
+        ),
+        Resource(
+            "infrastructure.cluster.x-k8s.io",
+            capi,
+            "Metal3MachineTemplate",
+            "metal3machinetemplates",
+            custom=True,
+            short_names=("m3mt", "m3machinetemplate", "m3machinetemplates", "metal3mt", "metal3machinetemplate"),
+            categories=("cluster-api",),
+        ),
+        Resource(
+            "metal3.io",
+            ["v1alpha1"],
+            "BareMetalHost",
+            "baremetalhosts",
+            custom=True,
+            short_names=("bmh", "bmhost"),
+            columns=crd_columns(
+                ("Status", ".status.operationalStatus", "string", 1),
+                ("State", ".status.provisioning.state", "string", 0),
+                ("Consumer", ".spec.consumerRef.name", "string", 0),
+                ("BMC", ".spec.bmc.address", "string", 1),
+                ("Online", ".spec.online", "string", 0),
+                ("Error", ".status.errorType", "string", 0),
+                ("Age", ".metadata.creationTimestamp", "date", 0),
+            ),
+        ),
+        Resource(
+            "slinky.slurm.net",
+            ["v1alpha1", "v1beta1"],
+            "Controller",
+            "controllers",
+            custom=True,
+            short_names=("slurmctld",),
+            columns=crd_columns(("AGE", ".metadata.creationTimestamp", "date", 0)),
+        ),
     ]
 
 
@@ -205,13 +376,17 @@ class Registry:
             return None
         resources: list[dict[str, Any]] = []
         for res in served:
-            base = {
+            base: dict[str, Any] = {
                 "name": res.plural,
                 "singularName": res.singular,
                 "namespaced": res.namespaced,
                 "kind": res.kind,
                 "verbs": VERBS,
             }
+            if res.short_names:
+                base["shortNames"] = list(res.short_names)
+            if res.categories:
+                base["categories"] = list(res.categories)
             resources.append(base)
             if res.status:
                 resources.append(

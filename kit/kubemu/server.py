@@ -23,6 +23,7 @@ from .patch import apply_patch
 from .resources import Registry, Resource
 from .selectors import FieldSelector, LabelSelector, match_labels_to_string
 from .store import Obj, Store, WatchEvent
+from .tables import table, wants_table
 
 log = logging.getLogger("kubemu")
 
@@ -362,6 +363,12 @@ class KubeApp:
             after, limit, first_rv = _paging(info.query)
             items, rv, remaining = self.store.list(res, ns, labels, fields, after, limit)
             metadata = _page_metadata(items, first_rv or rv, remaining)
+            served = [self._out(o, res, info.version) for o in items]
+            if wants_table(headers.get("accept", "")):
+                printed = table(res.columns, served, metadata["resourceVersion"], info.query.get("includeObject", ""))
+                printed["metadata"] = metadata
+                await self._respond(send, 200, printed)
+                return
             await self._respond(
                 send,
                 200,
@@ -369,7 +376,7 @@ class KubeApp:
                     "kind": f"{res.kind}List",
                     "apiVersion": res.api_version(info.version),
                     "metadata": metadata,
-                    "items": [self._out(o, res, info.version) for o in items],
+                    "items": served,
                 },
             )
             return
@@ -383,6 +390,9 @@ class KubeApp:
         if handler is None or (info.verb == "create" and (info.name or (res.namespaced and not ns))):
             raise _method_not_allowed()
         code, obj = await handler(info, res, ns, headers, body, dry_run)
+        if info.verb == "get" and not info.subresource and wants_table(headers.get("accept", "")):
+            rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            obj = table(res.columns, [obj], rv, info.query.get("includeObject", ""))
         await self._respond(send, code, obj)
 
     def _non_resource(self, info: RequestInfo, host: str) -> Any:
