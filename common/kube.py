@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -125,9 +126,15 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         timeout: float | tuple[float, float] | None = 10.0,
+        warnings: list[str] | None = None,
     ) -> dict[str, Any]:
-        """One call; returns the decoded JSON body or raises :class:`KubeError`."""
+        """One call; returns the decoded JSON body or raises :class:`KubeError`.
+
+        With ``warnings``, the API server's ``Warning`` headers (an admission webhook's warnings,
+        a deprecated API) are appended to it, success or failure."""
         response = self._send(method, path, query, body, content_type, timeout)
+        if warnings is not None:
+            warnings.extend(warning_texts(response.headers.getlist("Warning")))
         try:
             data = response.read()
         except urllib3.exceptions.HTTPError as exc:
@@ -181,6 +188,14 @@ class KubeClient:
 
     def close(self) -> None:
         self.api_client.close()
+
+
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def warning_texts(headers: list[str]) -> list[str]:
+    """The texts of ``Warning`` headers (``299 - "text"``, RFC 7234), unescaped; one header may hold several."""
+    return [re.sub(r"\\(.)", r"\1", m.group(1)) for header in headers for m in _WARNING.finditer(header)]
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ the reconciler, so both read the cluster the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny, requester
@@ -258,7 +258,10 @@ def respond(decision: Decision) -> AdmissionResponse:
             f"{', '.join(sorted(decision.allowed))} may (--scale-requesters)"
         )
     if isinstance(decision, DryRun):
-        return allow(f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)")
+        # The warning reaches whoever asked (kubectl scale --dry-run=server shows it): with failurePolicy
+        # Ignore, it is also the only sign a dry run gives that the webhook was called at all (slime-check).
+        message = f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)"
+        return replace(allow(message), warnings=(f"SliMe: {message}",))
     if isinstance(decision, Refused):
         return deny(
             f"cannot scale MachineDeployment {md} to {decision.replicas} replicas from mirror {mirror}: "

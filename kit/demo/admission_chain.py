@@ -431,6 +431,7 @@ class AdmissionChain:
             raise AdmissionDenied(f"Internal error occurred: {message}", code=500) from None
         status = response.get("status") or {}
         warnings = [str(w) for w in response.get("warnings") or []]
+        attrs.warnings.extend(warnings)
         seconds = time.monotonic() - started
         if not response["allowed"]:
             message = status.get("message") or status.get("reason") or ""

@@ -27,6 +27,11 @@ from testbed.services import start_injection, start_scaling
 
 INJECTION_WEBHOOK = "injection.webhook.slime"
 SCALING_WEBHOOK = "scaling.webhook.slime"
+# How long the demo waits for any one condition (a webhook ready, the pool following, a heal).
+# On an idle laptop each takes well under a second; the limit is for a machine busy with other
+# work, where a thread may not run for seconds. The demo waits on conditions, never on a clock,
+# so a generous limit costs nothing when all is well.
+BUSY_MACHINE_SECONDS = 60.0
 
 
 class DemoError(RuntimeError):
@@ -99,11 +104,14 @@ class DemoEnvironment:
         self.emulator.write_kubeconfig(self.kubeconfig)
 
         kubeconfig = str(self.kubeconfig)
-        self.injection = start_injection(kubeconfig, pairs["injection"], log_level=self.log_level)
+        self.injection = start_injection(
+            kubeconfig, pairs["injection"], ready_timeout=BUSY_MACHINE_SECONDS, log_level=self.log_level
+        )
         scaling = start_scaling(
             kubeconfig,
             pairs["scaling"],
             wait_reconciled=False,
+            ready_timeout=BUSY_MACHINE_SECONDS,
             log_level=self.log_level,
             namespace=cluster.SLIME_NAMESPACE,
             resync_seconds=self.resync_seconds,

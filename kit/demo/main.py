@@ -31,14 +31,13 @@ from kubernetes.client.exceptions import ApiException
 
 from demo import cluster
 from demo.chart import ChartError, chart_dir
-from demo.environment import INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError
+from demo.environment import BUSY_MACHINE_SECONDS, INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError
 from testbed.helm import HelmUnavailable, helm_binary
 from testbed.wait import WaitTimeout, wait_for
 from testbed.world import impersonating
 
 INJECTED_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
 CAPI_GROUP, CAPI_VERSION = cluster.CAPI_VERSION.split("/")
-HEAL_DEADLINE_SECONDS = 10.0
 
 
 class Narrator:
@@ -275,7 +274,7 @@ class Story:
             self.keda_scale(replicas)
             say(f"  KEDA: PATCH deployments/{cluster.MIRROR}/scale to {replicas}")
             say(f"    admission: {self.describe_call(start, SCALING_WEBHOOK)}")
-            wait_for(self._md_at(replicas), 5, f"{md_ref} to reach {replicas}")
+            wait_for(self._md_at(replicas), BUSY_MACHINE_SECONDS, f"{md_ref} to reach {replicas}")
             say(f"    {md_ref} spec.replicas = {self.md_replicas()}")
         say("  MachineDeployment replicas: 0 -> 3 -> 1, following the mirror.")
 
@@ -288,7 +287,7 @@ class Story:
         mirror = self.mirror_replicas()
         say(f"  a) Someone scales {md_ref} to 5 by hand (not through the mirror, which says {mirror}).")
         try:
-            self.custom.patch_namespaced_custom_object_scale(
+            scaled: Any = self.custom.patch_namespaced_custom_object_scale(
                 CAPI_GROUP,
                 CAPI_VERSION,
                 cluster.METAL3_NAMESPACE,
@@ -298,11 +297,14 @@ class Story:
             )
         except ApiException as exc:
             raise DemoError(f"cannot scale the MachineDeployment by hand: {_api_error(exc)}") from None
+        # The API server's answer is the stored Scale: the drift is in. (Polling for it instead could
+        # miss it: the reconciler may heal it before a busy machine gets round to looking.)
+        if (scaled.get("spec") or {}).get("replicas") != 5:
+            raise DemoError(f"the API server did not store the drift: {md_ref}/scale answered {scaled.get('spec')}")
         started = time.monotonic()
-        wait_for(lambda: self.md_replicas() == 5, 2, f"{md_ref} to show the drift (5)")
         wait_for(
             lambda: self.md_replicas() == mirror,
-            HEAL_DEADLINE_SECONDS,
+            BUSY_MACHINE_SECONDS,
             f"the reconciler to heal {md_ref} back to {mirror}",
         )
         say(f"     healed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
@@ -313,7 +315,7 @@ class Story:
         say("  b) The mapping is removed from ConfigMap scaling-webhook-configmap for a moment.")
         self.set_mapping("[]\n")
         source = env.scaling_service.source
-        wait_for(lambda: len(source.table) == 0, 5, "the scaling webhook to drop the mapping")
+        wait_for(lambda: len(source.table) == 0, BUSY_MACHINE_SECONDS, "the scaling webhook to drop the mapping")
         start = self.mark()
         self.keda_scale(2)
         say(f"     KEDA scales the mirror to 2; admission: {self.describe_call(start, SCALING_WEBHOOK)}")
@@ -324,7 +326,7 @@ class Story:
         self.set_mapping(original)
         wait_for(
             lambda: self.mirror_replicas() == stuck,
-            HEAL_DEADLINE_SECONDS,
+            BUSY_MACHINE_SECONDS,
             f"the mirror to be adopted at {md_ref}'s {stuck}",
         )
         if self.md_replicas() != stuck:
@@ -338,7 +340,7 @@ class Story:
         start = self.mark()
         self.keda_scale(2)
         say(f"     KEDA scales the mirror to 2 again; admission: {self.describe_call(start, SCALING_WEBHOOK)}")
-        wait_for(lambda: self.md_replicas() == 2, HEAL_DEADLINE_SECONDS, f"{md_ref} to follow the mirror to 2")
+        wait_for(lambda: self.md_replicas() == 2, BUSY_MACHINE_SECONDS, f"{md_ref} to follow the mirror to 2")
         say(f"     followed: {md_ref} = {self.md_replicas()} after {time.monotonic() - started:.1f} s")
 
     def _show_event(self, reason: str, contains: str) -> None:
@@ -355,7 +357,7 @@ class Story:
             ]
 
         try:
-            events = wait_for(found, 3, f"a {reason} Event")
+            events = wait_for(found, BUSY_MACHINE_SECONDS / 4, f"a {reason} Event")
         except WaitTimeout:
             return  # Events are best effort (sent off the hot path); the heal itself was checked
         say = self.say

@@ -29,6 +29,9 @@ class AdmissionAttributes:
     user_info: dict[str, Any] = field(
         default_factory=lambda: {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
     )
+    # Warnings the webhooks returned: kube-apiserver sends each to the client as a ``Warning: 299 - "..."``
+    # header (kubectl prints them), on an allowed request and on a denied one alike.
+    warnings: list[str] = field(default_factory=list)
 
 
 class AdmissionDenied(Exception):

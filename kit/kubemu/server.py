@@ -82,6 +82,7 @@ class RequestInfo:
     namespace_in_path: bool = False
     extra_parts: bool = False
     user_info: dict[str, Any] = field(default_factory=dict)  # who asked, as admission reviews name them
+    warnings: list[str] = field(default_factory=list)  # the admission webhooks' warnings, sent as Warning headers
 
 
 ADMIN = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
@@ -163,6 +164,12 @@ def _page_metadata(items: list[Obj], rv: str, remaining: int) -> dict[str, Any]:
         state = {"after": list(_key(items[-1])), "rv": rv}
         metadata["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
     return metadata
+
+
+def warning_header(text: str) -> str:
+    """A ``Warning`` header value as kube-apiserver writes it: ``299 - "<text>"``, quotes and backslashes escaped."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{escaped}"'
 
 
 def _key(obj: Obj) -> tuple[str, str]:
@@ -300,7 +307,7 @@ class KubeApp:
             body = await self._read_body(receive)
             await self._dispatch(info, headers, body, recording_send, receive)
         except ApiError as err:
-            await self._respond(recording_send, err.code, err.status())
+            await self._respond(recording_send, err.code, err.status(), warnings=info.warnings)
         except Exception as exc:  # an emulator bug must look like an API server 500, not hang
             log.exception("kubemu internal error on %s %s", info.method, info.path)
             await self._respond(recording_send, 500, status_body(500, f"kubemu internal error: {exc}"))
@@ -324,15 +331,14 @@ class KubeApp:
                 return b"".join(chunks)
 
     @staticmethod
-    async def _respond(send: Send, code: int, body: Any, content_type: str = "application/json") -> None:
+    async def _respond(
+        send: Send, code: int, body: Any, content_type: str = "application/json", warnings: list[str] | None = None
+    ) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": code,
-                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(data)).encode())],
-            }
-        )
+        headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(data)).encode())]
+        # As kube-apiserver: one header per warning, RFC 7234 form with the agent "-".
+        headers += [(b"warning", warning_header(w).encode("utf-8")) for w in warnings or []]
+        await send({"type": "http.response.start", "status": code, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
     # --- routing -------------------------------------------------------------------------
@@ -393,7 +399,7 @@ class KubeApp:
         if info.verb == "get" and not info.subresource and wants_table(headers.get("accept", "")):
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
             obj = table(res.columns, [obj], rv, info.query.get("includeObject", ""))
-        await self._respond(send, code, obj)
+        await self._respond(send, code, obj, warnings=info.warnings)
 
     def _non_resource(self, info: RequestInfo, host: str) -> Any:
         if info.method != "GET":
@@ -482,6 +488,8 @@ class KubeApp:
             result = await asyncio.to_thread(self.admission, attrs)
         except AdmissionDenied as denied:
             raise ApiError(denied.code, None, denied.message) from denied
+        finally:
+            info.warnings.extend(attrs.warnings)
         return result if result is not None else attrs.object
 
     # --- verbs ---------------------------------------------------------------------------

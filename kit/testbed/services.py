@@ -41,13 +41,15 @@ class ServingFiles(Protocol):
     def ca_file(self) -> Path: ...
 
 
-def start_injection(kubeconfig: str, tls: ServingFiles, ready: bool = True, **settings: Any) -> RunningService:
+def start_injection(
+    kubeconfig: str, tls: ServingFiles, ready: bool = True, ready_timeout: float = 15.0, **settings: Any
+) -> RunningService:
     """The injection webhook on 127.0.0.1; with ``ready``, returns once ``/readyz`` answers 200."""
     values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
     values.update(settings)
     service = serve_in_thread(build_injection(InjectionSettings(**values)), tls.ca_file, "injection-webhook")
     if ready:
-        wait_for(service.ready, 15, "injection-webhook /readyz")
+        wait_for(service.ready, ready_timeout, "injection-webhook /readyz")
     return service
 
 

@@ -265,6 +265,9 @@ def test_respond_dry_run() -> None:
     response = respond(DryRun(MAPPING, 3))
     assert response.allowed and response.patch is None
     assert response.message == "dry run: MachineDeployment metal3/md-a would follow the mirror to 3 (not applied)"
+    assert response.warnings == (
+        "SliMe: dry run: MachineDeployment metal3/md-a would follow the mirror to 3 (not applied)",
+    )
 
 
 def test_respond_invalid() -> None:
