@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# One image for both webhooks: `injection-webhook` (default CMD) and `scaling-webhook`.
+# One image for both webhooks, `injection-webhook` (default CMD) and `scaling-webhook`, and the
+# preflight check `slime-check` (the chart's `helm test` runs it).
 #   docker build -t slime:dev .
 #   docker run --rm slime:dev scaling-webhook --help
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -21,14 +22,16 @@ COPY common ./common
 COPY injection_webhook ./injection_webhook
 COPY scaling_webhook ./scaling_webhook
 COPY certs ./certs
+COPY preflight ./preflight
 RUN pip install --no-deps . \
- && python -c "import injection_webhook.main, scaling_webhook.main" \
- && test -x /opt/venv/bin/injection-webhook && test -x /opt/venv/bin/scaling-webhook
+ && python -c "import injection_webhook.main, scaling_webhook.main, preflight.main" \
+ && test -x /opt/venv/bin/injection-webhook && test -x /opt/venv/bin/scaling-webhook \
+ && test -x /opt/venv/bin/slime-check
 
 # ---- runtime: the venv only; no build tools, no sources, non-root ----
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="slime" \
-      org.opencontainers.image.description="SliMe admission webhooks (injection-webhook, scaling-webhook)" \
+      org.opencontainers.image.description="SliMe admission webhooks (injection-webhook, scaling-webhook) and slime-check" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -36,6 +36,8 @@ NODE_REUSE_LABEL: Final = "infrastructure.cluster.x-k8s.io/node-reuse"
 METADATA_KEY: Final = "metaData"  # the one key of CAPM3's metadata Secret
 # Slinky >= 1.3 runs slurmctld with high availability and marks the active pod with this label.
 ACTIVE_CONTROLLER_LABEL: Final = "controller.slinky.slurm.net/active"
+CAPI_PROVIDER_LABEL: Final = "cluster.x-k8s.io/provider"  # on a provider's Deployment (clusterctl)
+CAPM3_PROVIDER: Final = "infrastructure-metal3"  # CAPM3's value of that label
 
 # --- Metal3DataTemplate: opt-in and per-template choices (injection) --------------------------
 OPT_IN_LABEL: Final = "slurm-controller-namespace"

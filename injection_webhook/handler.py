@@ -90,6 +90,10 @@ Resolution = JoinInfo | NotOptedIn | Unresolved | Unverified
 
 DRY_RUN = "dry-run"
 REQUESTER = "requester"
+# What a requester sees when join data is withheld (slime-check reads the first as proof that a
+# dry run reached the webhook).
+DRY_RUN_WARNING = "SliMe added no Slurm join data: this is a dry run"
+REQUESTER_WARNING = "SliMe added no Slurm join data: this requester may not receive it"
 
 
 def metal3data_owner(metadata: dict[str, Any]) -> dict[str, Any] | None:
@@ -153,10 +157,10 @@ def withhold(secret: MetaDataSecret, reason: str) -> AdmissionResponse:
     """Allowed without join data, with a warning the requester sees and a message for the log."""
     if reason == DRY_RUN:
         why = "a server-side dry run (join data is only added to Secrets that are stored)"
-        warning = "SliMe added no Slurm join data: this is a dry run"
+        warning = DRY_RUN_WARNING
     else:
         why = f"requester {secret.requester or '(none)'} is not one of the requesters allowed join data"
-        warning = "SliMe added no Slurm join data: this requester may not receive it"
+        warning = REQUESTER_WARNING
     return replace(allow(f"Slurm join data withheld from Secret {secret.ref}: {why}"), warnings=(warning,))
 
 

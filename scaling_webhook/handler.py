@@ -30,6 +30,8 @@ AUTOSCALER_ANNOTATIONS = (
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size",
 )
 
+DRY_RUN_WARNING_PREFIX = "SliMe: "  # the warning a dry-run scale of a mapped mirror returns (slime-check reads it)
+
 _REASONS = {
     400: "BadRequest",
     403: "Forbidden",
@@ -261,7 +263,7 @@ def respond(decision: Decision) -> AdmissionResponse:
         # The warning reaches whoever asked (kubectl scale --dry-run=server shows it): with failurePolicy
         # Ignore, it is also the only sign a dry run gives that the webhook was called at all (slime-check).
         message = f"dry run: MachineDeployment {md} would follow the mirror to {decision.replicas} (not applied)"
-        return replace(allow(message), warnings=(f"SliMe: {message}",))
+        return replace(allow(message), warnings=(f"{DRY_RUN_WARNING_PREFIX}{message}",))
     if isinstance(decision, Refused):
         return deny(
             f"cannot scale MachineDeployment {md} to {decision.replicas} replicas from mirror {mirror}: "

@@ -1,8 +1,8 @@
 """House rules, checked on every run: ruff (lint + import order), mypy (strict), and the layering of imports.
 
 The layering is the one docs/architecture.md describes: ``common/`` imports no service; neither service
-imports the other, nor the emulator, the demo, the benchmark or the test kit; nothing but the
-tests imports ``tests``.
+imports the other, nor the preflight check, the emulator, the demo, the benchmark or the test kit;
+``preflight/`` (slime-check) may read both services but no tool; nothing but the tests imports ``tests``.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("common", "injection_webhook", "scaling_webhook", "certs")
+PRODUCT = ("common", "injection_webhook", "scaling_webhook", "certs", "preflight")
 KIT = ("kubemu", "demo", "bench", "testbed")  # the slime-kit distribution, in kit/
 SERVICES = ("injection_webhook", "scaling_webhook")
 TOOLS = ("kubemu", "demo", "bench", "testbed", "tests")
 # package -> the first-party packages it must not import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "common": (*SERVICES, *TOOLS),
-    "certs": (*SERVICES, *TOOLS),
-    "injection_webhook": ("scaling_webhook", *TOOLS),
-    "scaling_webhook": ("injection_webhook", *TOOLS),
+    "common": (*SERVICES, "preflight", *TOOLS),
+    "certs": (*SERVICES, "preflight", *TOOLS),
+    "injection_webhook": ("scaling_webhook", "preflight", *TOOLS),
+    "scaling_webhook": ("injection_webhook", "preflight", *TOOLS),
+    "preflight": TOOLS,  # the preflight check reads both services' models; neither service imports it
     "kubemu": (*SERVICES, "demo", "bench", "testbed", "tests"),
     "testbed": ("demo", "bench", "tests"),
     "demo": ("bench", "tests"),
@@ -66,6 +67,8 @@ def test_imports_keep_the_layering() -> None:
         ("injection_webhook", "from scaling_webhook.mappings import Mapping\n", "imports scaling_webhook"),
         ("scaling_webhook", "import injection_webhook.handler\n", "imports injection_webhook"),
         ("common", "from kubemu import Emulator\n", "imports kubemu"),
+        ("scaling_webhook", "from preflight.checks import Checks\n", "imports preflight"),
+        ("preflight", "from testbed.world import b64\n", "imports testbed"),
         ("demo", "from tests.support import audit\n", "imports tests"),
     ],
 )

@@ -4,16 +4,23 @@ Object shapes follow docs/interfaces.md and the upstream contracts (seeded by
 :mod:`testbed.world`): a Slinky ``Controller`` with its slurmctld StatefulSet and pod (with a
 ``hostIP``), the auth Secret ``<controller>-auth-slurm`` (``slurm.key``: 1024 random ASCII
 characters), a NodePort Service, an opted-in ``Metal3DataTemplate`` and one ``Metal3Data``, a
-CAPI ``MachineDeployment`` at 0 replicas. The mirror Deployment and the scaling ConfigMap come
-from the rendered chart (:func:`apply_chart_objects`), as ``helm install`` would create them.
+CAPI ``MachineDeployment`` at 0 replicas, and CAPM3's own Deployment (its ServiceAccount is the
+identity that gets join data). The mirror Deployment and the scaling ConfigMap come from the
+rendered chart (:func:`apply_chart_objects`), as ``helm install`` would create them; so do the
+release's webhook Deployments, Services, TLS Secrets and webhook configurations
+(:func:`install_release`), pointed at the webhooks the demo runs, so ``slime-check`` can check
+the demo like an install.
 """
 
 from __future__ import annotations
 
+import base64
 from copy import deepcopy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from common.names import CAPI_PROVIDER_LABEL, CAPM3_MANAGER_USERNAME, CAPM3_PROVIDER
 from kubemu import Emulator
 from testbed import world
 
@@ -25,7 +32,7 @@ METAL3_NAMESPACE = "metal3"
 CAPI_CLUSTER = "bm-cluster"
 TEMPLATE = "slurm-workers"
 MACHINE_DEPLOYMENT = "md-slurm-workers"
-SLIME_NAMESPACE = "slime"
+SLIME_NAMESPACE = world.SLIME_NAMESPACE
 MIRROR = "mirror-slurm-workers"
 PARTITION = "workers"
 CAPI_VERSION = "cluster.x-k8s.io/v1beta2"
@@ -45,11 +52,15 @@ class SeededCluster:
         return f"SeededCluster(key_secret={self.key_secret!r}, slurm_key=<{len(self.slurm_key)} bytes>)"
 
 
-def chart_values() -> dict[str, Any]:
-    """Helm values whose mapping matches the seeded objects."""
+def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
+    """Helm values whose mapping matches the seeded objects; ``ports``: each webhook's admission port."""
+    ports = ports or {}
     return {
         "certManager": {"enabled": False},
+        "injection": {"replicas": 1, "port": ports.get("injection", 8443)},
         "scaling": {
+            "replicas": 1,
+            "port": ports.get("scaling", 8444),
             "resyncSeconds": 1,
             "mappings": [
                 {
@@ -126,11 +137,76 @@ def apply_chart_objects(emu: Emulator, rendered: list[dict[str, Any]]) -> list[s
     return created
 
 
+def seed_capm3(emu: Emulator) -> None:
+    """CAPM3's controller Deployment as clusterctl installs it: labelled with its provider, running as the
+    ServiceAccount whose username the injection webhook allows (CAPM3_MANAGER_USERNAME)."""
+    _, namespace, account = CAPM3_MANAGER_USERNAME.rsplit(":", 2)
+    world.ensure_namespace(emu, namespace)
+    labels = {CAPI_PROVIDER_LABEL: CAPM3_PROVIDER, "control-plane": "controller-manager"}
+    emu.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "capm3-controller-manager", "namespace": namespace, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": account,
+                        "containers": [{"name": "manager", "image": "quay.io/metal3-io/cluster-api-provider-metal3"}],
+                    },
+                },
+            },
+            "status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1},
+        }
+    )
+
+
+def install_release(emu: Emulator, rendered: list[dict[str, Any]], tls: dict[str, Path], ca_pem: bytes) -> list[str]:
+    """The release's webhook objects, as ``helm install`` leaves them, pointed at the demo's own webhooks.
+
+    Each webhook Deployment is stored as ready (the demo runs its one replica in-process); each
+    webhook Service is an ``ExternalName`` for ``localhost`` (the chart's port is the port the demo's
+    webhook listens on), as the real-Kubernetes tier routes them; each TLS Secret holds the pair the
+    webhook serves, and each webhook configuration the demo CA as its ``caBundle``. RBAC objects and
+    PodDisruptionBudgets are left out: kubemu authorizes nothing and schedules nothing.
+    """
+    created = []
+    bundle = base64.b64encode(ca_pem).decode()
+    for obj in rendered:
+        kind, meta = obj.get("kind"), obj.get("metadata") or {}
+        component = (meta.get("labels") or {}).get("app.kubernetes.io/component", "")
+        obj = deepcopy(obj)
+        if kind == "Deployment" and component.endswith("-webhook"):
+            replicas = obj["spec"].get("replicas", 1)
+            obj["status"] = {k: replicas for k in ("replicas", "readyReplicas", "availableReplicas", "updatedReplicas")}
+        elif kind == "Service" and component.endswith("-webhook"):
+            obj["spec"] = {"type": "ExternalName", "externalName": "localhost", "ports": obj["spec"].get("ports")}
+        elif kind == "Secret" and component.endswith("-webhook") and component.split("-")[0] in tls:
+            directory = tls[component.split("-")[0]]
+            obj["data"] = {
+                "tls.crt": base64.b64encode((directory / "tls.crt").read_bytes()).decode(),
+                "tls.key": base64.b64encode((directory / "tls.key").read_bytes()).decode(),
+                "ca.crt": bundle,
+            }
+        elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in obj.get("webhooks") or []:
+                hook["clientConfig"]["caBundle"] = bundle
+        else:
+            continue
+        emu.create(obj)
+        created.append(f"{kind} {meta.get('namespace', '')}/{meta['name']}".replace(" /", " "))
+    return created
+
+
 def seed(emu: Emulator, rendered: list[dict[str, Any]]) -> SeededCluster:
     world.ensure_namespace(emu, SLIME_NAMESPACE)
     key, key_secret = seed_slinky(emu)
     data = seed_metal3(emu)
     seed_capi(emu)
+    seed_capm3(emu)
     apply_chart_objects(emu, rendered)
     return SeededCluster(slurm_key=key, key_secret=key_secret, metal3_data=data)
 

@@ -22,6 +22,7 @@ from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
 from scaling_webhook.main import ScalingService
 from testbed.pki import ServingPair
+from testbed.real.controlplane import free_port
 from testbed.serve import RunningService
 from testbed.services import start_injection, start_scaling
 
@@ -47,6 +48,7 @@ class DemoEnvironment:
         self.kubeconfig = workdir / "kubeconfig"
         self.ca: CertificateAuthority | None = None
         self.rendered: list[dict[str, Any]] = []
+        self.ports: dict[str, int] = {}
         self.emulator: Emulator | None = None
         self.seeded: cluster.SeededCluster | None = None
         self.chain: AdmissionChain | None = None
@@ -77,13 +79,16 @@ class DemoEnvironment:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.rendered = chart.render(cluster.chart_values(), cluster.SLIME_NAMESPACE)
+        # The chart is rendered with the ports the webhooks will listen on, so the release's
+        # objects in kubemu (install_release) point at them.
+        self.ports = {component: free_port() for component in ("injection", "scaling")}
+        self.rendered = chart.render(cluster.chart_values(self.ports), cluster.SLIME_NAMESPACE)
         configurations = chart.webhook_configurations(self.rendered)
         if {c["kind"] for c in configurations} != {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}:
             raise DemoError("the rendered chart lacks a Mutating or a Validating WebhookConfiguration")
 
         tls = self.workdir / "tls"
-        self.ca = create_ca(tls, common_name="slime-demo-ca", days=1)
+        self.ca = create_ca(tls, common_name="slime-demo-ca", days=30)
         pairs = {}
         for component in ("injection", "scaling"):
             svc = f"{chart.RELEASE}-{component}-webhook"
@@ -94,7 +99,7 @@ class DemoEnvironment:
                 key,
                 [f"{svc}.{cluster.SLIME_NAMESPACE}.svc", f"{svc}.{cluster.SLIME_NAMESPACE}.svc.cluster.local"],
                 ["127.0.0.1"],
-                days=1,
+                days=30,
             )
             pairs[component] = ServingPair(cert, key, self.ca.cert_file)
 
@@ -105,13 +110,18 @@ class DemoEnvironment:
 
         kubeconfig = str(self.kubeconfig)
         self.injection = start_injection(
-            kubeconfig, pairs["injection"], ready_timeout=BUSY_MACHINE_SECONDS, log_level=self.log_level
+            kubeconfig,
+            pairs["injection"],
+            ready_timeout=BUSY_MACHINE_SECONDS,
+            port=self.ports["injection"],
+            log_level=self.log_level,
         )
         scaling = start_scaling(
             kubeconfig,
             pairs["scaling"],
             wait_reconciled=False,
             ready_timeout=BUSY_MACHINE_SECONDS,
+            port=self.ports["scaling"],
             log_level=self.log_level,
             namespace=cluster.SLIME_NAMESPACE,
             resync_seconds=self.resync_seconds,
@@ -122,6 +132,7 @@ class DemoEnvironment:
         urls = {INJECTION_WEBHOOK: self.injection.url, SCALING_WEBHOOK: self.scaling.url}
         local = [point_to_local(c, urls, self.ca.pem) for c in configurations]
         self.chain = AdmissionChain(local, namespace_labels=self._namespace_labels)
+        cluster.install_release(self.emulator, self.rendered, {c: tls / c for c in self.ports}, self.ca.pem)
 
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
         assert self.emulator is not None

@@ -173,6 +173,22 @@ def default_resources() -> list[Resource]:
             categories=workload,
         ),
         Resource("events.k8s.io", ["v1"], "Event", "events", status=False, short_names=("ev",)),
+        Resource(
+            "admissionregistration.k8s.io",
+            ["v1"],
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            namespaced=False,
+            status=False,
+        ),
+        Resource(
+            "admissionregistration.k8s.io",
+            ["v1"],
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            namespaced=False,
+            status=False,
+        ),
         Resource("coordination.k8s.io", ["v1"], "Lease", "leases", status=False),
         Resource(
             "cluster.x-k8s.io",

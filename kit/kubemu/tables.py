@@ -252,6 +252,12 @@ BUILT_IN: dict[tuple[str, str], tuple[Column, ...]] = {
     ("coordination.k8s.io", "leases"): (NAME, Column("Holder", lambda o: _spec(o).get("holderIdentity") or ""), AGE),
 }
 BUILT_IN[("events.k8s.io", "events")] = BUILT_IN[("", "events")]
+for _kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+    BUILT_IN[("admissionregistration.k8s.io", _kind)] = (
+        NAME,
+        Column("Webhooks", lambda o: len(o.get("webhooks") or []), type="integer"),
+        AGE,
+    )
 
 
 def crd_columns(*columns: tuple[str, str, str, int]) -> tuple[Column, ...]:

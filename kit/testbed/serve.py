@@ -85,9 +85,12 @@ class RunningService:
         self.thread.join(timeout=15)
 
 
-def serve_in_thread(runner: ServiceRunner, ca_file: Path | None = None, name: str = "service") -> RunningService:
-    """Serve ``runner`` on 127.0.0.1 (any free ports) in a thread; return once both ports listen."""
-    runner.host, runner.port, runner.metrics_port = "127.0.0.1", 0, 0
+def serve_in_thread(
+    runner: ServiceRunner, ca_file: Path | None = None, name: str = "service", port: int = 0
+) -> RunningService:
+    """Serve ``runner`` on 127.0.0.1 in a thread (admission on ``port``, 0: any free port; metrics on
+    any free port); return once both ports listen."""
+    runner.host, runner.port, runner.metrics_port = "127.0.0.1", port, 0
     service = RunningService(name, runner, threading.Thread(), ca_file)
 
     def serve() -> None:

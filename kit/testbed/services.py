@@ -42,12 +42,12 @@ class ServingFiles(Protocol):
 
 
 def start_injection(
-    kubeconfig: str, tls: ServingFiles, ready: bool = True, ready_timeout: float = 15.0, **settings: Any
+    kubeconfig: str, tls: ServingFiles, ready: bool = True, ready_timeout: float = 15.0, port: int = 0, **settings: Any
 ) -> RunningService:
-    """The injection webhook on 127.0.0.1; with ``ready``, returns once ``/readyz`` answers 200."""
+    """The injection webhook on 127.0.0.1 (admission on ``port``, 0: any); with ``ready``, returns once ``/readyz`` answers 200."""
     values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
     values.update(settings)
-    service = serve_in_thread(build_injection(InjectionSettings(**values)), tls.ca_file, "injection-webhook")
+    service = serve_in_thread(build_injection(InjectionSettings(**values)), tls.ca_file, "injection-webhook", port)
     if ready:
         wait_for(service.ready, ready_timeout, "injection-webhook /readyz")
     return service
@@ -109,13 +109,15 @@ def start_scaling(
     emulator: Emulator | None = None,
     wait_reconciled: bool = True,
     ready_timeout: float = 15.0,
+    port: int = 0,
     **settings: Any,
 ) -> Scaling:
-    """The scaling webhook on 127.0.0.1, ready, and (``wait_reconciled``) past its first reconcile pass."""
+    """The scaling webhook on 127.0.0.1 (admission on ``port``, 0: any), ready, and (``wait_reconciled``) past its
+    first reconcile pass."""
     values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
     values.update(settings)
     service = build_service(ScalingSettings(**values))
-    running = serve_in_thread(service.runner, tls.ca_file, "scaling-webhook")
+    running = serve_in_thread(service.runner, tls.ca_file, "scaling-webhook", port)
     wait_for(running.ready, ready_timeout, "scaling-webhook /readyz")
     if wait_reconciled:
         wait_for(lambda: service.reconciler.passes >= 1, ready_timeout, "the first reconcile pass")

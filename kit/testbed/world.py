@@ -25,7 +25,7 @@ from common.names import ACTIVE_CONTROLLER_LABEL, ADOPTED_ANNOTATION, CAPM3_MANA
 Obj = dict[str, Any]
 
 CAPI = "cluster.x-k8s.io"
-SLIME_NAMESPACE = "slime"  # where the tests, the demo and the chart examples install SliMe
+SLIME_NAMESPACE = "slime-system"  # where the tests, the demo and the docs install SliMe (docs/install.md says why)
 SCALING_CONFIG_MAP = "scaling-webhook-configmap"
 CONTROLLER_SELECTOR_LABELS = {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/component": "controller"}
 SLURMCTLD_IMAGE = "ghcr.io/slinkyproject/slurmctld:25.05"

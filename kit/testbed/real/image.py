@@ -41,6 +41,7 @@ IMAGE_INPUTS = (
     "injection_webhook",
     "scaling_webhook",
     "certs",
+    "preflight",
 )
 PODMAN_COMMANDS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 
