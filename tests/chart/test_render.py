@@ -211,7 +211,7 @@ def test_webhook_deployment(render, svc, command):
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"] == [command]
-    assert c["image"] == "ghcr.io/slime-project/slime:0.1.0"
+    assert c["image"] == "localhost/slime:0.1.0"  # what the documented build makes (docs/install.md, "The image")
     _check_hardened(pod, c)
     assert pod["serviceAccountName"] == svc
     assert c["resources"]["requests"] and c["resources"]["limits"]

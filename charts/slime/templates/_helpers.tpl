@@ -60,11 +60,21 @@ app.kubernetes.io/component: {{ .component }}-webhook
 {{- printf "%s-ca" (include "slime.fullname" .) }}
 {{- end }}
 
+{{/*
+The image both webhooks (and the test hook) run. A value left at a placeholder from the docs fails
+the install here, with what to do, instead of pods stuck in ErrImagePull.
+*/}}
 {{- define "slime.image" -}}
+{{- $repository := .Values.image.repository }}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- $placeholder := or (regexMatch "[<>{}$\\s]" (printf "%s:%s" $repository $tag)) (regexMatch "(^|[./@])example\\.(com|org|net)([/:]|$)" $repository) (regexMatch "(?i)(^|/)(your[-_]?registry|registry[-_]here|change[-_]?me)([/:]|$)" $repository) }}
+{{- if $placeholder }}
+{{- fail (printf "image.repository=%q with tag %q is a placeholder, not an image: build the image, push it to your registry and set image.repository (and image.tag) to where you pushed it (docs/install.md, \"The image\")" $repository $tag) }}
+{{- end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository $tag }}
 {{- end }}
 {{- end }}
 
