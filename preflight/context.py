@@ -71,10 +71,10 @@ class Context:
         self.workload_client = workload_client
         self._table: MappingTable | None = None
         self._templates: list[dict[str, Any]] | None = None
-        self._opened: list[KubeClient] = []
+        self.opened: list[KubeClient] = []
 
     def close(self) -> None:
-        for client in self._opened:
+        for client in self.opened:
             client.close()
 
     def read(self, path: str, kube: KubeClient | None = None) -> dict[str, Any] | None:

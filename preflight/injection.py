@@ -12,6 +12,7 @@ from typing import Any
 from common.kube import KubeClient, KubeError
 from common.meta import owner_name
 from common.names import (
+    ACTIVE_CONTROLLER_LABEL,
     CAPI_PROVIDER_LABEL,
     CAPM3_PROVIDER,
     CLUSTER_NAME_LABEL,
@@ -20,7 +21,6 @@ from common.names import (
     CONTROLLER_NAME_LABEL,
     EXTRA_JOIN_DATA_ANNOTATION,
     OPT_IN_LABEL,
-    ACTIVE_CONTROLLER_LABEL,
     SLINKY_GROUP,
 )
 from injection_webhook.confserver import (
@@ -31,7 +31,10 @@ from injection_webhook.confserver import (
     Endpoint,
     PolicyError,
     Unsatisfied,
+    active_pod,
+    controller_names,
     hostip_port,
+    hosts_file,
     parse_extras,
     parse_policy,
     service_endpoint,
@@ -67,6 +70,7 @@ class Target:
     namespace: str
     controller_name: str
     templates: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was assumed about where slurmctld runs
 
 
 @dataclass
@@ -74,7 +78,9 @@ class Slurmctld:
     """What the templates of a target resolve to now."""
 
     controller: dict[str, Any]
-    pod: dict[str, Any]
+    pod: dict[str, Any]  # the active slurmctld: the one a node is pointed at
+    pods: list[dict[str, Any]]  # every slurmctld of the Controller: the names a node is given
+    statefulset: str
     services: list[dict[str, Any]]
 
 
@@ -98,7 +104,7 @@ def slinky(ctx: Context) -> Iterator[Finding]:
         return
     targets: dict[tuple[str, str, str], Target] = {}
     for template in templates:
-        cluster, kube, problem = _cluster_of(ctx, template)
+        cluster, kube, problem, note = _cluster_of(ctx, template)
         if problem is not None:
             yield problem
             continue
@@ -107,6 +113,8 @@ def slinky(ctx: Context) -> Iterator[Finding]:
         key = (cluster, labels[OPT_IN_LABEL], labels.get(CONTROLLER_NAME_LABEL, ""))
         target = targets.setdefault(key, Target(cluster, kube, key[1], key[2]))
         target.templates.append(template)
+        if note and note not in target.notes:
+            target.notes.append(note)
     for target in targets.values():
         found = yield from _slurmctld(ctx, target, settings)
         if found is None:
@@ -116,15 +124,16 @@ def slinky(ctx: Context) -> Iterator[Finding]:
             yield _conf_server(template, target, found, settings)
 
 
-def _cluster_of(ctx: Context, template: dict[str, Any]) -> tuple[str, KubeClient | None, Finding | None]:
-    """Where a template's slurmctld runs: the local cluster, or a workload cluster through its kubeconfig Secret."""
+def _cluster_of(ctx: Context, template: dict[str, Any]) -> tuple[str, KubeClient | None, Finding | None, str]:
+    """Where a template's slurmctld runs, as the webhook decides: the local cluster, or a workload cluster
+    through its kubeconfig Secret. Returns (cluster, its client, a problem, a note on what was assumed)."""
     labels = labels_of(template)
     override = labels.get(CLUSTER_OVERRIDE_LABEL, "")
     if override == LOCAL:
-        return LOCAL, ctx.kube, None
+        return LOCAL, ctx.kube, None, ""
     wanted = override or labels.get(CLUSTER_NAME_LABEL) or (template.get("spec") or {}).get("clusterName") or ""
     if not wanted:
-        return LOCAL, ctx.kube, None
+        return LOCAL, ctx.kube, None, ""
     namespace = metadata_of(template).get("namespace", "")
     name = f"{wanted}-kubeconfig"
     try:
@@ -132,40 +141,36 @@ def _cluster_of(ctx: Context, template: dict[str, Any]) -> tuple[str, KubeClient
     except KubeError as exc:
         if not forbidden(exc):
             raise
-        return (
-            wanted,
-            None,
-            skip(
+        if override:
+            skipped = skip(
                 "slinky",
                 f"Metal3DataTemplate {ref_of(template)}: Secret {namespace}/{name} (cluster {wanted}'s kubeconfig) "
                 "not readable by this identity: that cluster's slurmctld not checked",
-            ),
-        )
+            )
+            return wanted, None, skipped, ""
+        # Without the Secret the webhook uses the management cluster: assume that, and say so.
+        return LOCAL, ctx.kube, None, f"assumed: Secret {namespace}/{name}, which would name another, not readable here"
     if secret is None:
         if override:
-            return (
-                wanted,
-                None,
-                fail(
-                    "slinky",
-                    f"Metal3DataTemplate {ref_of(template)} sets {CLUSTER_OVERRIDE_LABEL}={override}, but Secret "
-                    f"{namespace}/{name} does not exist",
-                    f"correct the label, or use {CLUSTER_OVERRIDE_LABEL}={LOCAL} for the management cluster",
-                ),
+            problem = fail(
+                "slinky",
+                f"Metal3DataTemplate {ref_of(template)} sets {CLUSTER_OVERRIDE_LABEL}={override}, but Secret "
+                f"{namespace}/{name} does not exist",
+                f"correct the label, or use {CLUSTER_OVERRIDE_LABEL}={LOCAL} for the management cluster",
             )
-        return LOCAL, ctx.kube, None  # as the webhook does: no kubeconfig Secret, the management cluster
+            return wanted, None, problem, ""
+        return LOCAL, ctx.kube, None, ""  # as the webhook does: no kubeconfig Secret, the management cluster
     try:
         client = ctx.workload_client(
             base64.b64decode((secret.get("data") or {}).get("value", "")), f"{namespace}/{wanted}"
         )
     except (KubeError, binascii.Error, ValueError) as exc:
-        return (
-            wanted,
-            None,
-            fail("slinky", f"Secret {namespace}/{name} holds no usable kubeconfig: {exc}", "let CAPI re-create it"),
+        problem = fail(
+            "slinky", f"Secret {namespace}/{name} holds no usable kubeconfig: {exc}", "let CAPI re-create it"
         )
-    ctx._opened.append(client)
-    return wanted, client, None
+        return wanted, None, problem, ""
+    ctx.opened.append(client)
+    return wanted, client, None, ""
 
 
 def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Generator[Finding, None, Slurmctld | None]:
@@ -200,11 +205,14 @@ def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Gen
         return None
     statefulsets = {metadata_of(s)["name"]: s for s in ctx.read_all(STATEFULSETS.collection(ns), target.kube, selector)}
     owned: dict[str, list[dict[str, Any]]] = {}
+    statefulset_of: dict[str, str] = {}
     for pod in pods:
-        sts = statefulsets.get(owner_name(metadata_of(pod), "StatefulSet", "apps") or "")
+        sts_name = owner_name(metadata_of(pod), "StatefulSet", "apps") or ""
+        sts = statefulsets.get(sts_name)
         owner = owner_name(metadata_of(sts), "Controller", SLINKY_GROUP) if sts else None
         if owner in controllers and (not target.controller_name or owner == target.controller_name):
             owned.setdefault(str(owner), []).append(pod)
+            statefulset_of[str(owner)] = sts_name
     if not owned:
         wanted = f"Controller {target.controller_name}" if target.controller_name else "a Slinky Controller"
         yield fail(
@@ -222,18 +230,21 @@ def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Gen
         return None
     name, candidates = next(iter(owned.items()))
     controller = controllers[name]
-    active = [p for p in candidates if labels_of(p).get(ACTIVE_CONTROLLER_LABEL) == "true"]
-    if len(active) == 1:
-        pod, how = active[0], f"active ({ACTIVE_CONTROLLER_LABEL}=true)"
-    elif len(candidates) == 1 and not active:
-        pod, how = candidates[0], "its only"
-    else:
+    try:
+        # The webhook's own choice (injection_webhook.confserver.active_pod), so the line names the pod nodes get.
+        pod = active_pod(candidates, f"{ns}/{name}")
+    except Unsatisfied as exc:
         yield fail(
             "slinky",
-            f"Controller {ns}/{name}: {len(candidates)} slurmctld pods and {len(active)} marked {ACTIVE_CONTROLLER_LABEL}=true",
-            "Slinky >= 1.3 marks exactly one active slurmctld; with an older Slinky run one",
+            f"{exc.reason}: nodes provisioned now would be denied",
+            f"wait for the failover to settle (kubectl -n {ns} get pods -l {selector} -L {ACTIVE_CONTROLLER_LABEL}); "
+            "Slinky >= 1.3 marks exactly one slurmctld active",
         )
         return None
+    if len(candidates) == 1:
+        how = "its only"
+    else:
+        how = f"of {len(candidates)} slurmctld pods, the active ({ACTIVE_CONTROLLER_LABEL}=true)"
     status = pod.get("status") or {}
     phase, host = status.get("phase") or "Pending", status.get("hostIP")
     version = path.version
@@ -241,12 +252,14 @@ def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Gen
         f"Controller {ns}/{name} ({SLINKY_GROUP}/{version}, cluster {target.cluster}, for {names}): {how} "
         f"slurmctld pod {ref_of(pod)} is {phase} on {host or 'no node yet'}"
     )
+    if target.notes:
+        line += f" ({'; '.join(target.notes)})"
     if phase != "Running":
         yield warn("slinky", line, f"kubectl -n {ns} describe pod {metadata_of(pod)['name']}")
     else:
         yield ok("slinky", line)
     services = ctx.read_all(SERVICES.collection(ns), target.kube)
-    return Slurmctld(controller, pod, services)
+    return Slurmctld(controller, pod, candidates, statefulset_of[name], services)
 
 
 def _keys(ctx: Context, target: Target, found: Slurmctld, settings: InjectionSettings) -> Iterator[Finding]:
@@ -357,9 +370,17 @@ def _conf_server(template: dict[str, Any], target: Target, found: Slurmctld, set
     note = ""
     if policy.kind == HOST_IP:
         note = " (the node running slurmctld: a node provisioned before a move keeps the old address)"
-    return ok(
+    line = f"Metal3DataTemplate {ref} (policy {policy}): a node provisioned now gets slurm_conf_server {endpoint.conf_server}{note}"
+    # As the webhook does: the names slurm.conf gives slurmctld go to the node's /etc/hosts (slurm_hosts_base64),
+    # which can only map them to an IP address.
+    names = controller_names(found.pods, found.statefulset, target.namespace)
+    if hosts_file(endpoint.host, names):
+        return ok("conf-server", f"{line}; /etc/hosts maps {', '.join(names)} to {endpoint.host}")
+    return warn(
         "conf-server",
-        f"Metal3DataTemplate {ref} (policy {policy}): a node provisioned now gets slurm_conf_server {endpoint.conf_server}{note}",
+        f"{line}; {endpoint.host} is not an IP address, so the node gets no /etc/hosts lines for slurmctld's names "
+        f"({', '.join(names)})",
+        "your site's DNS must resolve those names from the hosts, or give the policy an IP address",
     )
 
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.names import CAPI_PROVIDER_LABEL, CAPM3_MANAGER_USERNAME, CAPM3_PROVIDER
 from kubemu import Emulator
 from testbed import world
 
@@ -138,30 +137,11 @@ def apply_chart_objects(emu: Emulator, rendered: list[dict[str, Any]]) -> list[s
 
 
 def seed_capm3(emu: Emulator) -> None:
-    """CAPM3's controller Deployment as clusterctl installs it: labelled with its provider, running as the
-    ServiceAccount whose username the injection webhook allows (CAPM3_MANAGER_USERNAME)."""
-    _, namespace, account = CAPM3_MANAGER_USERNAME.rsplit(":", 2)
-    world.ensure_namespace(emu, namespace)
-    labels = {CAPI_PROVIDER_LABEL: CAPM3_PROVIDER, "control-plane": "controller-manager"}
-    emu.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "capm3-controller-manager", "namespace": namespace, "labels": labels},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "serviceAccountName": account,
-                        "containers": [{"name": "manager", "image": "quay.io/metal3-io/cluster-api-provider-metal3"}],
-                    },
-                },
-            },
-            "status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1},
-        }
-    )
+    """CAPM3's controller Deployment (its ServiceAccount is the identity the injection webhook allows), ready."""
+    deployment = world.capm3_deployment()
+    world.ensure_namespace(emu, deployment["metadata"]["namespace"])
+    deployment["status"] = {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1}
+    emu.create(deployment)
 
 
 def install_release(emu: Emulator, rendered: list[dict[str, Any]], tls: dict[str, Path], ca_pem: bytes) -> list[str]:

@@ -20,7 +20,13 @@ from typing import Any, Protocol
 
 import yaml
 
-from common.names import ACTIVE_CONTROLLER_LABEL, ADOPTED_ANNOTATION, CAPM3_MANAGER_USERNAME
+from common.names import (
+    ACTIVE_CONTROLLER_LABEL,
+    ADOPTED_ANNOTATION,
+    CAPI_PROVIDER_LABEL,
+    CAPM3_MANAGER_USERNAME,
+    CAPM3_PROVIDER,
+)
 
 Obj = dict[str, Any]
 
@@ -567,6 +573,29 @@ def impersonating(api_client: Any, username: str = CAPM3_MANAGER_USERNAME) -> An
     identity needs the ``impersonate`` verb, which cluster admins have."""
     api_client.set_default_header("Impersonate-User", username)
     return api_client
+
+
+def capm3_deployment(username: str = CAPM3_MANAGER_USERNAME) -> Obj:
+    """CAPM3's controller Deployment as clusterctl installs it: labelled with its provider
+    (``cluster.x-k8s.io/provider=infrastructure-metal3``), running as the ServiceAccount of ``username``."""
+    _, namespace, account = username.rsplit(":", 2)
+    labels = {CAPI_PROVIDER_LABEL: CAPM3_PROVIDER, "control-plane": "controller-manager"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "capm3-controller-manager", "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": account,
+                    "containers": [{"name": "manager", "image": "quay.io/metal3-io/cluster-api-provider-metal3"}],
+                },
+            },
+        },
+    }
 
 
 def seed_capm3_identity(api: ObjectApi, metal3_namespaces: tuple[str, ...] = ("metal3",)) -> str:

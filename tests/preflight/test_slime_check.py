@@ -316,7 +316,7 @@ def test_slurmrestd_answers_with_the_jwt_and_names_its_data_parser(env: DemoEnvi
     assert (
         f"http://slurm-restapi.slurm:6820 (reached at {fake.url}) for mappings[0] nodeDemand: lists 0 node(s)" in line
     )
-    assert "with a JWT signed by Secret slurm/slurm-auth-jwths256 as user slurm; data parser v0.0.44" in line
+    assert "with a JWT signed by Secret slurm/slurm-auth-jwths256 as user slurm; data parser v0.0.45" in line
     assert unreachable == 1
     (line,) = lines_of(unreachable_lines, "FAIL", "slurmrestd")
     assert (

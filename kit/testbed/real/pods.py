@@ -212,10 +212,16 @@ def _materialize(
     fs_group = security.get("fsGroup")
     mounts: dict[str, Path] = {}
     tmpfs: list[str] = []
+    service_account = False
     for mount in container.get("volumeMounts") or []:
         volume = volumes[mount["name"]]
         if "emptyDir" in volume:
             tmpfs.append(mount["mountPath"])
+            continue
+        if mount["mountPath"] == SA_DIR and "projected" in volume:
+            # The ServiceAccount admission plugin's kube-api-access-* volume on a Pod created through the
+            # API (a hook): the token, CA and namespace written below.
+            service_account = True
             continue
         found = _volume_files(cp, namespace, volume)
         if found is None:
@@ -230,7 +236,7 @@ def _materialize(
         target.mkdir(parents=True, exist_ok=True)
         _write_files(target, files, mode, None if fs_group is None else int(fs_group))
         mounts[mount["mountPath"]] = target
-    if pod_spec.get("automountServiceAccountToken", True):
+    if service_account or pod_spec.get("automountServiceAccountToken", True):
         sa = root / "kube-api-access"
         sa.mkdir(parents=True, exist_ok=True)
         for name, content in (("token", token.encode()), ("ca.crt", cp.ca_pem), ("namespace", namespace.encode())):
@@ -263,6 +269,26 @@ def _ports(container: dict[str, Any]) -> dict[str, int]:
     return {p["name"]: int(p["containerPort"]) for p in container.get("ports") or []}
 
 
+def _security_args(pod_spec: dict[str, Any], container: dict[str, Any], name: str) -> list[str]:
+    """podman's equivalents of the pod's and container's securityContext."""
+    security = {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+    if security.get("runAsNonRoot") and int(security.get("runAsUser", 0)) == 0:
+        raise PodFailed(f"{name}: runAsNonRoot with uid 0 would not start")
+    args: list[str] = []
+    if "runAsUser" in security:
+        args += ["--user", f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"]
+    if "fsGroup" in (pod_spec.get("securityContext") or {}):
+        args += ["--group-add", str(pod_spec["securityContext"]["fsGroup"])]
+    if security.get("readOnlyRootFilesystem"):
+        args += ["--read-only", "--read-only-tmpfs=false"]  # writable: only the pod's own volumes
+    drop = (security.get("capabilities") or {}).get("drop") or []
+    if "ALL" in drop:
+        args.append("--cap-drop=all")
+    if security.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    return args
+
+
 def run_pod(
     cp: ControlPlane,
     deployment: dict[str, Any],
@@ -284,21 +310,8 @@ def run_pod(
     synced: list[tuple[dict[str, Any], Path, int | None]] = []
     mounts, tmpfs = _materialize(cp, namespace, pod_spec, container, token, root, synced if kubelet_volumes else None)
     env = _env(container, namespace, name, cp)
-    security = {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
-    if security.get("runAsNonRoot") and int(security.get("runAsUser", 0)) == 0:
-        raise PodFailed(f"{name}: runAsNonRoot with uid 0 would not start")
     args = ["run", "-d", "--name", name, "--network=host", "--hostname", name]
-    if "runAsUser" in security:
-        args += ["--user", f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"]
-    if "fsGroup" in (pod_spec.get("securityContext") or {}):
-        args += ["--group-add", str(pod_spec["securityContext"]["fsGroup"])]
-    if security.get("readOnlyRootFilesystem"):
-        args += ["--read-only", "--read-only-tmpfs=false"]  # writable: only the pod's own volumes
-    drop = (security.get("capabilities") or {}).get("drop") or []
-    if "ALL" in drop:
-        args.append("--cap-drop=all")
-    if security.get("allowPrivilegeEscalation") is False:
-        args += ["--security-opt", "no-new-privileges"]
+    args += _security_args(pod_spec, container, name)
     read_only = {m["mountPath"]: bool(m.get("readOnly")) for m in container.get("volumeMounts") or []}
     for path, host in mounts.items():
         ro = read_only.get(path, path == SA_DIR)
@@ -378,6 +391,102 @@ def run_process(
         pod.stop()
         raise
     return pod
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A pod that ran to its end: its container's exit code and its log."""
+
+    exit_code: int
+    logs: str
+
+
+def run_to_completion(
+    cp: ControlPlane, pod: dict[str, Any], image: str, workdir: Path, timeout: float = 120.0
+) -> Completed:
+    """Run a Pod object's one container with podman, as the kubelet would, until it exits (a ``helm test`` hook).
+
+    The same materialization as :func:`run_pod` (its ServiceAccount's token and the in-cluster
+    environment, its securityContext, its volumes); then, like the kubelet, the Pod's status is
+    written back (``Succeeded`` or ``Failed`` with the container's exit code), which is what
+    ``helm test`` waits for.
+    """
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    pod_spec = pod["spec"]
+    (container,) = pod_spec["containers"]
+    token = cp.token(namespace, pod_spec.get("serviceAccountName") or "default")
+    root = workdir / f"{name}-{os.urandom(3).hex()}"
+    mounts, tmpfs = _materialize(cp, namespace, pod_spec, container, token, root)
+    env = _env(container, namespace, name, cp)
+    args = ["run", "-d", "--name", root.name, "--network=host", "--hostname", name]
+    args += _security_args(pod_spec, container, name)
+    for path, host in mounts.items():
+        args += ["-v", f"{host}:{path}:ro"]
+    for path in tmpfs:
+        args += ["--tmpfs", f"{path}:rw,size=64m,mode=1777"]
+    for key, value in env.items():
+        args += ["-e", f"{key}={value}"]
+    if container.get("command"):
+        args += ["--entrypoint", json.dumps(container["command"])]
+    args += [image, *(container.get("args") or [])]
+    container_id = podman(*args, timeout=120).stdout.decode().strip()
+    try:
+        waited = podman("wait", container_id, timeout=timeout)
+        code = int(waited.stdout.decode().strip().splitlines()[-1])
+        logs = podman("logs", container_id, check=False, timeout=30)
+        text = (logs.stdout + logs.stderr).decode(errors="replace")
+    finally:
+        podman("rm", "-f", container_id, check=False, timeout=60)
+    _report_exit(cp, pod, image, code)
+    return Completed(code, text)
+
+
+def _report_exit(cp: ControlPlane, pod: dict[str, Any], image: str, code: int) -> None:
+    """What the kubelet writes when a pod's only container ended: the phase and the exit code."""
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    phase = "Succeeded" if code == 0 else "Failed"
+    status = {
+        "phase": phase,
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": image,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}},
+            }
+        ],
+    }
+    cp.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+        {"status": status},
+        content_type="application/merge-patch+json",
+    )
+
+
+def run_process_to_completion(
+    cp: ControlPlane, pod: dict[str, Any], workdir: Path, timeout: float = 120.0
+) -> Completed:
+    """The inner-loop variant of :func:`run_to_completion`: the container's command as a local process,
+    with its ServiceAccount's token in a kubeconfig."""
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    token = cp.token(namespace, pod["spec"].get("serviceAccountName") or "default")
+    root = workdir / f"{name}-{os.urandom(3).hex()}"
+    root.mkdir(parents=True, exist_ok=True)
+    kubeconfig = cp.write_token_kubeconfig(
+        root / "token.kubeconfig", token, pod["spec"].get("serviceAccountName") or "default"
+    )
+    command = [*(container.get("command") or []), *(container.get("args") or [])]
+    script = Path(sys.executable).parent / command[0]
+    command[0] = str(script) if script.exists() else (shutil.which(command[0]) or command[0])
+    env = {**os.environ, **_env(container, namespace, name, cp), "KUBECONFIG": str(kubeconfig)}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    _report_exit(cp, pod, "process", proc.returncode)
+    return Completed(proc.returncode, proc.stdout + proc.stderr)
 
 
 class VolumeSync:

@@ -25,6 +25,8 @@ import base64
 import json
 import os
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +35,13 @@ import yaml
 
 from testbed.helm import REPO_ROOT, helm_binary
 from testbed.real.controlplane import ControlPlane, ControlPlaneError, free_port
+from testbed.real.pods import Completed
 
 # $SLIME_REAL_CHART: install another copy of the chart (e.g. a deliberately broken one, docs/testing.md).
 CHART = Path(os.environ.get("SLIME_REAL_CHART") or REPO_ROOT / "charts" / "slime")
 RELEASE = "slime"
 COMPONENTS = ("injection", "scaling")
+HOOK_SELECTOR = "app.kubernetes.io/component=check"  # the chart's helm test Pod (slime-check)
 
 
 class HelmFailed(RuntimeError):
@@ -105,6 +109,45 @@ class Release:
         out = self.helm("upgrade", self.name, str(self.chart), "-n", self.namespace, "--force-conflicts")
         self.route_to_localhost()
         return out
+
+    def test(
+        self, run_hook: Callable[[dict[str, Any]], Completed], timeout: float = 180.0
+    ) -> tuple[int, str, Completed]:
+        """``helm test``: Helm creates the test hook Pod and waits for its phase; ``run_hook`` plays the kubelet.
+
+        Returns helm's exit code, its output, and what the hook's container did (exit code, log).
+        """
+        cmd = [str(helm_binary()), "test", self.name, "-n", self.namespace, "--kubeconfig", str(self.cp.kubeconfig)]
+        cmd += ["--timeout", f"{int(timeout)}s"]
+        helm = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + timeout
+            pod = None
+            while pod is None and time.monotonic() < deadline and helm.poll() is None:
+                listed = self.cp.request(
+                    "GET", f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={HOOK_SELECTOR}"
+                )
+                pod = next(
+                    (
+                        p
+                        for p in listed.get("items") or []
+                        if (p["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
+                    ),
+                    None,
+                )
+                if pod is None:
+                    time.sleep(0.2)
+            if pod is None:
+                output = helm.communicate(timeout=30)[0] if helm.poll() is not None else ""
+                raise ControlPlaneError(f"helm test created no test Pod within {timeout:.0f} s: {output}")
+            completed = run_hook(pod)
+            output, _ = helm.communicate(timeout=timeout)
+        finally:
+            if helm.poll() is None:
+                helm.kill()
+                helm.wait(timeout=30)
+        self.history.append("test")
+        return helm.returncode, output, completed
 
     def uninstall(self) -> str:
         return self.helm("uninstall", self.name, "-n", self.namespace, "--wait")

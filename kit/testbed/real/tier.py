@@ -25,7 +25,7 @@ from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.debian import PackagesUnavailable
 from testbed.real.image import build_image
 from testbed.real.objects import RealApi
-from testbed.real.pods import Pod, run_pod, run_process
+from testbed.real.pods import Completed, Pod, run_pod, run_process, run_process_to_completion, run_to_completion
 from testbed.real.release import Release
 from testbed.world import SlurmCluster, seed_capm3_identity, seed_nodeport, seed_slinky
 
@@ -115,6 +115,12 @@ class Stack:
             pod = run_process(self.cp, deployment, self.workdir / "pods", **options)
         self.pods[component] = pod
         return pod
+
+    def run_hook(self, pod: dict[str, Any]) -> Completed:
+        """A Helm hook Pod (``helm test``) run to its end, its status reported as the kubelet would."""
+        if RUNNER == "pod":
+            return run_to_completion(self.cp, pod, PREPARED.image, self.workdir / "hooks")
+        return run_process_to_completion(self.cp, pod, self.workdir / "hooks")
 
     def stop_webhooks(self) -> None:
         for pod in self.pods.values():
