@@ -167,3 +167,72 @@ def test_the_tested_versions_table_names_the_pinned_versions() -> None:
         text = (REPO / pinned_in).read_text()
         missing = [v for v in versions if v not in text]
         assert versions and not missing, f"{upstream}: {missing or 'no version'} not in {pinned_in}"
+
+
+def test_slime_check_flags_are_documented_and_nothing_else() -> None:
+    from preflight.main import parser
+
+    documented = re.findall(r"^\| `(--[a-z-]+)` \|", section(CONFIGURATION.read_text(), "`slime-check`"), re.M)
+    flags = [o for action in parser()._actions for o in action.option_strings if o.startswith("--") and o != "--help"]
+    assert sorted(documented) == sorted(flags)
+
+
+DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+# A repository path in a code span: `tests/...`, `kit/...`, `docs/...`, `charts/...`, ... (globs and
+# placeholders such as `<name>` are not paths).
+REPO_PATH = re.compile(
+    r"`((?:tests|kit|docs|charts|common|injection_webhook|scaling_webhook|certs|preflight|\.ci)/[\w./-]+)(?:::[^`]*)?`"
+)
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = sorted(
+        f"{doc.relative_to(REPO)}: {path}"
+        for doc in DOCS
+        for path in REPO_PATH.findall(doc.read_text())
+        if not (REPO / path.rstrip("/.")).exists() and not (REPO / "kit" / path.rstrip("/.")).exists()
+    )
+    assert not missing, f"the docs name paths that do not exist: {missing}"
+
+
+def test_the_docs_install_into_one_namespace() -> None:
+    """install.md installs into slime-system; a command or example elsewhere in another namespace drifts."""
+    wrong = re.compile(r"(?:-n|--namespace) slime(?![\w-])|(?<![\w/-])slime/mirror-|namespace: slime$", re.M)
+    found = sorted(f"{doc.relative_to(REPO)}: {m.group(0)!r}" for doc in DOCS for m in wrong.finditer(doc.read_text()))
+    assert not found, f"use the namespace slime-system: {found}"
+
+
+def test_durations_the_docs_quote_for_a_chart_value_are_its_default() -> None:
+    """`value` (N s) in any page is the value's default in values.yaml."""
+    values = yaml.safe_load((REPO / "charts" / "slime" / "values.yaml").read_text())
+
+    def default(path: str) -> Any:
+        node: Any = values
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        return node
+
+    wrong = []
+    for doc in DOCS:
+        for name, quoted in re.findall(r"`([a-zA-Z][\w.]+)` \((\d+) s\)", doc.read_text()):
+            candidates = [default(p) for p in (name, f"injection.{name}", f"scaling.{name}")]
+            known = [c for c in candidates if c is not None]
+            if known and int(quoted) not in known:
+                wrong.append(f"{doc.relative_to(REPO)}: `{name}` ({quoted} s), default {known[0]}")
+    assert not wrong, wrong
+
+
+def test_the_version_is_the_same_in_the_four_places() -> None:
+    """docs/release.md, step 1: the product, the kit, the chart and the image tag the chart runs."""
+    import tomllib
+
+    chart = yaml.safe_load((REPO / "charts" / "slime" / "Chart.yaml").read_text())
+    versions = {
+        "pyproject.toml": tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"],
+        "kit/pyproject.toml": tomllib.loads((REPO / "kit" / "pyproject.toml").read_text())["project"]["version"],
+        "Chart.yaml version": chart["version"],
+        "Chart.yaml appVersion": str(chart["appVersion"]),
+    }
+    assert len(set(versions.values())) == 1, versions

@@ -430,7 +430,10 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
         results["injection_api_calls"] = len([c for c in emu.requests[before:] if c.verb != "watch"])
     finally:
         resolver.stop()
-    table = parse_mappings({"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"}, "slime")
+    table = parse_mappings(
+        {"mappings": f"- mirror: {world.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"},
+        world.SLIME_NAMESPACE,
+    )
     mapped = scale_request("mirror-a", 3)
     unmapped = scale_request("unmapped", 3)
 
@@ -729,7 +732,15 @@ def targets(
             "scaling (mapped: 1 PATCH)",
             "ours",
             "mirror /scale UPDATE: one MachineDeployment /scale PATCH to the emulator, then allow",
-            [*service, "scaling_webhook.main", *common, "--namespace", "slime", "--resync-seconds", "3600"],
+            [
+                *service,
+                "scaling_webhook.main",
+                *common,
+                "--namespace",
+                world.SLIME_NAMESPACE,
+                "--resync-seconds",
+                "3600",
+            ],
             "/validate",
             review(scale_request("mirror-a", 3)),
             metrics_ready,
@@ -739,7 +750,15 @@ def targets(
             "scaling (unmapped)",
             "ours",
             "/scale UPDATE of a Deployment with no mapping: allow with no call",
-            [*service, "scaling_webhook.main", *common, "--namespace", "slime", "--resync-seconds", "3600"],
+            [
+                *service,
+                "scaling_webhook.main",
+                *common,
+                "--namespace",
+                world.SLIME_NAMESPACE,
+                "--resync-seconds",
+                "3600",
+            ],
             "/validate",
             review(scale_request("unmapped", 3)),
             metrics_ready,
@@ -754,7 +773,15 @@ def targets(
                 "scaling (mapped) vs kubemu as shipped",
                 "extra",
                 "the mapped scaling target against an emulator without TCP_NODELAY (kubemu as it is today): ~40 ms per API call",
-                [*service, "scaling_webhook.main", *shipped_common, "--namespace", "slime", "--resync-seconds", "3600"],
+                [
+                    *service,
+                    "scaling_webhook.main",
+                    *shipped_common,
+                    "--namespace",
+                    world.SLIME_NAMESPACE,
+                    "--resync-seconds",
+                    "3600",
+                ],
                 "/validate",
                 review(scale_request("mirror-a", 3)),
                 metrics_ready,

@@ -25,8 +25,9 @@ from common.logs import JsonFormatter
 from kubemu import RecordedRequest
 from testbed.helm import REPO_ROOT, helm_binary
 from testbed.rbac import ApiRequest, assert_rbac_covers
+from testbed.world import SLIME_NAMESPACE
 
-RELEASE, NAMESPACE = "slime", "slime"
+RELEASE, NAMESPACE = "slime", SLIME_NAMESPACE
 # Every API call made to a *management-cluster* emulator during this session (the emulator
 # fixtures and the demo tests add them). The RBAC audit checks each one the services made.
 RECORDED_CALLS: list[RecordedRequest] = []
