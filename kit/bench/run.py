@@ -202,7 +202,7 @@ def seed_cluster(emu: Any) -> dict[str, Any]:
     for name in ("mirror-a", "unmapped"):
         emu.create(world.mirror(name))
     emu.create(world.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
-    emu.create(world.config_map({"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    emu.create(world.config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
     return world.metadata_secret(data)
 
 

@@ -51,9 +51,13 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     s = capi_site
     assert s.md_replicas() == 0 and s.machines() == []
     # KEDA's part, by hand: the mirror through kube-apiserver; the scaling webhook's leader moves the MachineDeployment.
-    s.wait_for(lambda: s.api.get("apps/v1", "Deployment", "slime", "mirror-a") is not None, 60, "the chart's mirror")
     s.wait_for(
-        lambda: (s.api.get("apps/v1", "Deployment", "slime", "mirror-a") or {}).get("spec", {}).get("replicas") == 0,
+        lambda: s.api.get("apps/v1", "Deployment", "slime-system", "mirror-a") is not None, 60, "the chart's mirror"
+    )
+    s.wait_for(
+        lambda: (
+            (s.api.get("apps/v1", "Deployment", "slime-system", "mirror-a") or {}).get("spec", {}).get("replicas") == 0
+        ),
         60,
         "the mirror adopted at the MachineDeployment's 0",
     )

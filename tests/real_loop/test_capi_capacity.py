@@ -28,7 +28,9 @@ def capi_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 def test_a_scale_to_3_with_2_hosts_stops_at_2_and_the_third_follows_a_new_host(capi_site: Site) -> None:
     s = capi_site
     s.wait_for(
-        lambda: (s.api.get("apps/v1", "Deployment", "slime", "mirror-a") or {}).get("spec", {}).get("replicas") == 0,
+        lambda: (
+            (s.api.get("apps/v1", "Deployment", "slime-system", "mirror-a") or {}).get("spec", {}).get("replicas") == 0
+        ),
         60,
         "the mirror adopted at the MachineDeployment's 0",
     )

@@ -14,7 +14,7 @@ from testbed.world import config_map, machine_deployment, make_jwt_key, mirror
 
 @pytest.fixture
 def seeded(emulator: Emulator) -> Emulator:
-    """Two mirrors in ``slime``, each mapped to a MachineDeployment in its own namespace (list form)."""
+    """Two mirrors in ``slime-system``, each mapped to a MachineDeployment in its own namespace (list form)."""
     emulator.create(mirror("mirror-a", replicas=2))
     emulator.create(mirror("mirror-b", replicas=1))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
@@ -22,8 +22,8 @@ def seeded(emulator: Emulator) -> Emulator:
     emulator.create(
         config_map(
             {
-                "mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n"
-                "- mirror: slime/mirror-b\n  machineDeployment: metal3-b/md-b\n"
+                "mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"
+                "- mirror: slime-system/mirror-b\n  machineDeployment: metal3-b/md-b\n"
             }
         )
     )

@@ -108,7 +108,7 @@ def test_drift_at_start_is_healed(emulator: Emulator, scaling_factory: Callable[
     assert md_replicas(emulator, "metal3", "md") == 4
     assert scaling.metric("slime_scaling_writes_total", 'reason="drift"') == 1
     (event,) = wait_for(lambda: md_events(emulator, "metal3", "md", "DriftCorrected"), what="the DriftCorrected event")
-    assert event["message"] == "Set replicas to 4 (was 1) to match mirror Deployment slime/mirror-deployment"
+    assert event["message"] == "Set replicas to 4 (was 1) to match mirror Deployment slime-system/mirror-deployment"
     assert event["type"] == "Normal" and event["source"]["component"] == "slime-scaling-webhook"
 
 
@@ -151,7 +151,8 @@ def test_missing_mirror_never_scales_to_zero(
         assert scaling.service.reconcile_once() == []
     assert md_replicas(emulator, "metal3", "md") == 5
     assert any(
-        r.getMessage() == "mirror Deployment slime/mirror-deployment not found; the MachineDeployment is left as it is"
+        r.getMessage()
+        == "mirror Deployment slime-system/mirror-deployment not found; the MachineDeployment is left as it is"
         for r in caplog.records
     )
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="missing"') == 1
@@ -186,7 +187,7 @@ def test_mapping_change_triggers_a_pass(thesis: Emulator, scaling_factory: Calla
     thesis.create(mirror("mirror-new", replicas=6, adopted_from="metal3/md-new"))
     thesis.create(machine_deployment("md-new", "metal3", replicas=1))
     cm = thesis.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"]["mappings"] = "- {mirror: slime/mirror-new, machineDeployment: metal3/md-new}"
+    cm["data"]["mappings"] = "- {mirror: slime-system/mirror-new, machineDeployment: metal3/md-new}"
     thesis.update(cm)
     wait_for(lambda: md_replicas(thesis, "metal3", "md-new") == 6, what="the new mapping reconciled")
 
@@ -204,7 +205,7 @@ def test_max_replicas_caps_the_machine_deployment(emulator: Emulator, scaling_fa
     emulator.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
     emulator.create(
-        config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 4}"})
+        config_map({"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 4}"})
     )
     scaling = scaling_factory(emulator)
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-a", 9)

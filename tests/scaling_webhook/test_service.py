@@ -181,7 +181,7 @@ def test_a_review_for_a_mirror_that_does_not_exist_is_refused(
     emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
     scaling = scaling_factory(emulator)
     response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 0))
-    assert_denied(response, "mirror Deployment slime/mirror-deployment does not exist")
+    assert_denied(response, "mirror Deployment slime-system/mirror-deployment does not exist")
     assert response["status"]["code"] == 404
     assert md_replicas(emulator, "metal3", "md") == 3
 
@@ -203,8 +203,8 @@ def test_event_recorded_for_each_change(scaling: Scaling, seeded: Emulator) -> N
     )
     messages = sorted(e["message"] for e in events)
     assert messages == [
-        "Set replicas to 3 from mirror Deployment slime/mirror-a",
-        "Set replicas to 4 from mirror Deployment slime/mirror-a",
+        "Set replicas to 3 from mirror Deployment slime-system/mirror-a",
+        "Set replicas to 4 from mirror Deployment slime-system/mirror-a",
     ]
     event = events[0]
     assert event["involvedObject"] == {
@@ -256,7 +256,7 @@ def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Cal
                 "machineDeploymentNamespace": "metal3",
                 "mirrorDeploymentName": "mirror-x",
                 "mirrorDeploymentNamespace": "keda",
-                "mappings": "- {mirror: slime/mirror-p, machineDeployment: metal3/md-p}\n",
+                "mappings": "- {mirror: slime-system/mirror-p, machineDeployment: metal3/md-p}\n",
             }
         )
     )
@@ -271,7 +271,9 @@ def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Cal
 def test_config_map_name_flag(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     emulator.create(mirror("m1"))
     emulator.create(machine_deployment("md1", "metal3"))
-    emulator.create(config_map({"mappings": "- {mirror: slime/m1, machineDeployment: metal3/md1}"}, name="custom"))
+    emulator.create(
+        config_map({"mappings": "- {mirror: slime-system/m1, machineDeployment: metal3/md1}"}, name="custom")
+    )
     scaling_factory(emulator, config_map="custom")
     scale_mirror(emulator, SLIME_NAMESPACE, "m1", 3)
     follows(emulator, "metal3", "md1", 3)
@@ -283,7 +285,7 @@ def test_live_config_reload(scaling: Scaling, seeded: Emulator) -> None:
     scale_mirror(seeded, SLIME_NAMESPACE, "mirror-c", 6)  # not mapped yet: admitted, nothing follows
     assert md_replicas(seeded, "metal3", "md-c") == 4
     cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"] = {"mappings": "- {mirror: slime/mirror-c, machineDeployment: metal3/md-c}"}
+    cm["data"] = {"mappings": "- {mirror: slime-system/mirror-c, machineDeployment: metal3/md-c}"}
     seeded.update(cm)
     wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-c") is not None, what="the new mapping")
     # Mapping adopts: the mirror takes the MachineDeployment's replicas, the pool does not move.
@@ -300,7 +302,7 @@ def test_invalid_config_keeps_last_good_mappings(
 ) -> None:
     assert scaling.metric("slime_scaling_config_valid") == 1
     cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"] = {"mappings": "- mirror: slime/mirror-a\n  machineDeployment: metal3/md-a\n  extra: 1\n"}
+    cm["data"] = {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  extra: 1\n"}
     with caplog.at_level(logging.ERROR, logger="slime.scaling.mappings"):
         seeded.update(cm)
         wait_for(lambda: scaling.metric("slime_scaling_config_valid") == 0, what="config_valid 0")
@@ -312,7 +314,7 @@ def test_invalid_config_keeps_last_good_mappings(
     follows(seeded, "metal3-b", "md-b", 5)
     # A fixed ConfigMap is valid again.
     cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"] = {"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}"}
+    cm["data"] = {"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}"}
     seeded.update(cm)
     wait_for(lambda: scaling.metric("slime_scaling_config_valid") == 1, what="config_valid 1")
     wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-b") is None, what="mirror-b unmapped")
@@ -351,7 +353,7 @@ def test_machine_deployment_missing_is_denied(scaling: Scaling, seeded: Emulator
         scale_mirror(seeded, SLIME_NAMESPACE, "mirror-a", 3)
     assert denied.value.status == 404
     assert (
-        "cannot scale MachineDeployment metal3/md-a to 3 replicas from mirror slime/mirror-a: "
+        "cannot scale MachineDeployment metal3/md-a to 3 replicas from mirror slime-system/mirror-a: "
         "MachineDeployment metal3/md-a not found" in str(denied.value.body)
     )
     assert mirror_replicas(seeded, "mirror-a") == 2
@@ -459,7 +461,7 @@ def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_p
     try:
         answer = httpx.get(f"{running.metrics_url}/readyz")
         assert answer.status_code == 503
-        assert "ConfigMap slime/scaling-webhook-configmap not listed yet" in answer.json()["failed"]["configmap"]
+        assert "ConfigMap slime-system/scaling-webhook-configmap not listed yet" in answer.json()["failed"]["configmap"]
         fault.remove()
         wait_for(lambda: httpx.get(f"{running.metrics_url}/readyz").status_code == 200, what="readiness")
     finally:

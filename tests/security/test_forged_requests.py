@@ -136,7 +136,7 @@ def pool(emulator: Emulator) -> Emulator:
     emulator.create(mirror("mirror-a", replicas=5, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=5))
     emulator.create(
-        config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 20}"})
+        config_map({"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 20}"})
     )
     return emulator
 

@@ -206,7 +206,7 @@ def carries_the_key(obj: Any, slurm: SlurmCluster) -> bool:
 def pool(emulator: Emulator) -> Emulator:
     emulator.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
-    emulator.create(config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}"}))
+    emulator.create(config_map({"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}"}))
     return emulator
 
 
@@ -215,12 +215,12 @@ def test_only_the_configured_requesters_may_scale_a_mapped_mirror(
 ) -> None:
     keda = "system:serviceaccount:keda:keda-operator"
     scaling = scaling_factory(pool, scale_requesters=keda)
-    request = scale_request("slime", "mirror-a", 3, old_replicas=2)
+    request = scale_request("slime-system", "mirror-a", 3, old_replicas=2)
     assert scaling.review({**request, "userInfo": {"username": keda}})["allowed"] is True
     refused = scaling.review({**request, "userInfo": {"username": TENANT}})
     assert refused["allowed"] is False and refused["status"]["code"] == 403
     assert refused["status"]["message"] == (
-        f"requester {TENANT} may not scale mirror Deployment slime/mirror-a: only {keda} may (--scale-requesters)"
+        f"requester {TENANT} may not scale mirror Deployment slime-system/mirror-a: only {keda} may (--scale-requesters)"
     )
     text = httpx.get(f"{scaling.running.metrics_url}/metrics", timeout=5).text
     assert f'slime_scaling_requests_by_requester_total{{requester="{keda}"}} 1.0' in text
@@ -231,5 +231,5 @@ def test_without_a_restriction_anyone_the_api_server_authorized_may_scale(
     pool: Emulator, scaling_factory: Callable[..., Scaling]
 ) -> None:
     scaling = scaling_factory(pool)
-    request = scale_request("slime", "mirror-a", 3, old_replicas=2)
+    request = scale_request("slime-system", "mirror-a", 3, old_replicas=2)
     assert scaling.review({**request, "userInfo": {"username": TENANT}})["allowed"] is True

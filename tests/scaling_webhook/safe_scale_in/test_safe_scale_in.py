@@ -359,7 +359,7 @@ def test_randomized_simulation_never_removes_a_busy_node(env: Callable[..., Env]
     for _ in range(4):
         scaling.service.reconcile_once()
         e.capi.step()
-    mirror = e.emulator.get("apps/v1", "Deployment", "slime", "mirror-deployment")["spec"]["replicas"]
+    mirror = e.emulator.get("apps/v1", "Deployment", "slime-system", "mirror-deployment")["spec"]["replicas"]
     assert md_replicas(e.emulator, MD_NS, MD) == mirror
     live = [m for m in e.capi.machines() if not m["metadata"].get("deletionTimestamp")]
     assert len(live) == mirror
