@@ -54,7 +54,7 @@ def calls_by(calls: Iterable[RecordedRequest], user_agent: str) -> list[ApiReque
 def render(values: dict[str, Any], workdir: Path, namespace: str) -> list[dict[str, Any]]:
     values_file = workdir / f"values-{namespace}.json"
     values_file.write_text(json.dumps(values))
-    out = subprocess.run(
+    proc = subprocess.run(
         [
             str(helm_binary()),
             "template",
@@ -68,9 +68,9 @@ def render(values: dict[str, Any], workdir: Path, namespace: str) -> list[dict[s
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
-    ).stdout
-    return [d for d in yaml.load_all(out, Loader=yaml.CSafeLoader) if d]
+    )
+    assert proc.returncode == 0, f"helm template with {values_file.name} failed: {proc.stderr.strip()}"
+    return [d for d in yaml.load_all(proc.stdout, Loader=yaml.CSafeLoader) if d]
 
 
 def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
