@@ -81,7 +81,8 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
     mappings = []
     for i in range(count):
         mirror = mirrors[i] if i < len(mirrors) else (NAMESPACE, f"unobserved-mirror-{i}")
-        md = mds[i] if i < len(mds) else (mds or [("default", "unobserved-md")])[0]
+        # The chart allows one writer per MachineDeployment: pad with distinct ones, never a repeat.
+        md = mds[i] if i < len(mds) else ("default", f"unobserved-md-{i}")
         mappings.append(
             {
                 "mirror": {"namespace": mirror[0], "name": mirror[1]},
