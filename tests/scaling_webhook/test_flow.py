@@ -61,7 +61,7 @@ def make_flow(emulator: Emulator, tmp_path: Path) -> Iterator[MakeFlow]:
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
 
     def make(
-        mappings: str = "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}",
+        mappings: str = "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}",
         allowed: frozenset[str] = frozenset(),
     ) -> Flow:
         flow = Flow(emulator, emulator.write_kubeconfig(tmp_path / f"kc-{len(made)}"), mappings, allowed)
@@ -136,7 +136,7 @@ def test_a_fresh_read_that_fails_is_a_retry(make_flow: MakeFlow, emulator: Emula
 
 
 def test_a_capped_scale_is_counted(make_flow: MakeFlow) -> None:
-    flow = make_flow("- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 3}")
+    flow = make_flow("- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 3}")
     flow.follow()
     response = flow.review(10, 2)
     assert response.allowed and "capped at maxReplicas 3" in response.message

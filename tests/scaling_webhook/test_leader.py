@@ -55,7 +55,7 @@ def test_intervals_must_be_retry_below_renew_deadline_below_lease(
 def test_the_first_candidate_creates_the_lease_and_leads(elector: MakeElector, emulator: Emulator) -> None:
     changes: list[bool] = []
     a = elector("a", on_change=changes.append)
-    with pytest.raises(NotLeader, match="a does not hold Lease slime/slime-scaling-leader \\(holder: none\\)"):
+    with pytest.raises(NotLeader, match="a does not hold Lease slime-system/slime-scaling-leader \\(holder: none\\)"):
         a.ensure()
     assert a.try_acquire_or_renew() is True
     a.ensure()

@@ -23,7 +23,9 @@ CLUSTER = {"apiVersion": f"{CAPI}/v1beta1", "kind": "Cluster", "metadata": {"nam
 
 
 def table(extra: str = "") -> MappingTable:
-    return parse_mappings({"mappings": f"- {{mirror: slime/mirror-a, machineDeployment: metal3/md-a{extra}}}"}, "slime")
+    return parse_mappings(
+        {"mappings": f"- {{mirror: slime-system/mirror-a, machineDeployment: metal3/md-a{extra}}}"}, "slime-system"
+    )
 
 
 @pytest.fixture
