@@ -41,7 +41,13 @@ def resolve(resolver: InjectionResolver, data: dict[str, Any]) -> Any:
     assert resolver.wait_for_metal3_caches() is None
     review = review_of(data)
     check = wait_for(lambda: resolver.check_owner(review).verified, what="the Metal3Data in the cache")
-    return resolver.resolve(review, check, wait=True)
+
+    def template_cached() -> Any:  # the templates' cache may list the just-created template a moment later
+        resolution = resolver.resolve(review, check, wait=True)
+        missing = isinstance(resolution, Unresolved) and "(template of Metal3Data " in resolution.reason
+        return None if missing and resolution.reason.endswith("does not exist") else resolution
+
+    return wait_for(template_cached, what="the Metal3DataTemplate in the cache")
 
 
 def opted_in(emulator: Emulator, **options: Any) -> tuple[dict[str, Any], SlurmCluster]:
