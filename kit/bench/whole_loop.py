@@ -3,7 +3,8 @@
     python3 -m bench.whole_loop [--stories 3] [--no-write]
 
 Starts the whole loop of :mod:`testbed.real.loop` once (real Kubernetes, cert-manager, KEDA,
-Prometheus, Cluster API, Slurm 24.11, the chart's pods; the metal simulated) and runs its story
+Prometheus, Cluster API, CAPM3, BMO in test mode, Slurm 24.11, the chart's pods; hosts booted by real
+cloud-init in network namespaces) and runs its story
 ``--stories`` times: each story is three scale-ups (a 1-node job on the pool at 0, a 4-node job,
 a 4-node job after scale-in to 0) and two scale-ins. For each kind of scale-up it reports the
 median of every phase and of the whole, and each phase's share of the whole (a ratio measured in
@@ -31,7 +32,8 @@ from testbed.real.timeline import PHASES, ScaleUp, plot, render
 
 IMAGE = REPO_ROOT / "docs" / "images" / "whole-loop-timeline.png"
 KEDA_POLLING = loop.KEDA_POLLING_SECONDS
-SLOW_PROVISIONING_SECONDS = 20.0  # the simulated metal provisions in a few seconds; far above that is worth a look
+# BMO's test mode provisions in about 20 s (its fixture's 10 s steps); far above that is worth a look.
+SLOW_PROVISIONING_SECONDS = 60.0
 
 
 def run(stories: int, workdir: Path) -> list[loop.Story]:
@@ -57,18 +59,18 @@ def run(stories: int, workdir: Path) -> list[loop.Story]:
 
 
 def _explain_slow_provisioning(running: loop.Loop, story: loop.Story) -> None:
-    """For a provisioning phase far above the others, print what the machine simulator did meanwhile."""
-    offset = time.time() - time.monotonic()  # the simulator's events are monotonic, the timeline wall-clock
+    """For a provisioning phase far above the others, print what the host booter saw meanwhile."""
+    offset = time.time() - time.monotonic()  # the booter's events are monotonic, the timeline wall-clock
     for scale_up in story.scale_ups:
-        seconds = dict(scale_up.phases()).get("provisioning (simulated metal)")
+        seconds = dict(scale_up.phases()).get("provisioning (Metal3, cloud-init)")
         if seconds is None or seconds < SLOW_PROVISIONING_SECONDS:
             continue
         start, end = scale_up.at["machine"], scale_up.at["registered"]
-        _say(f"slow provisioning in '{scale_up.label}': {seconds:.1f} s; the machine simulator meanwhile:")
-        for when, what in running.sim.events:
+        _say(f"slow provisioning in '{scale_up.label}': {seconds:.1f} s; the host booter meanwhile:")
+        for when, what in running.booter.events:
             if start - 1 <= when + offset <= end + 1:
                 _say(f"  {when + offset - scale_up.at['submitted']:7.2f} s  {what}")
-        _say(f"  its last errors: {running.sim.errors[-5:]}")
+        _say(f"  its last errors: {running.booter.errors[-5:]}")
 
 
 def _say(line: str) -> None:
@@ -125,9 +127,11 @@ def report(stories: list[loop.Story]) -> str:
         "webhook call itself is a few ms (the apiserver-latency section above).",
         "- **Cluster API**: the MachineDeployment's `/scale` → the n-th new Machine created by the MachineSet "
         "controller.",
-        '- **provisioning (simulated metal)**: the Machine → its slurmd registered. Here a host "boots" in about a '
-        "second (testbed/real/machines.py), so this phase includes the injection webhook, CAPI's and the simulator's "
-        "steps and cloud-init running `slurmd -Z`, but none of a real server's POST, PXE and image write.",
+        "- **provisioning (Metal3, cloud-init)**: the Machine → its slurmd registered: CAPM3 claims a host and "
+        "creates the metaData Secret (the injection webhook completes it), BMO takes the host through provisioning "
+        "(its test mode's fixture answers for Ironic in fixed 10 s steps), the host boots its config drive with real "
+        "cloud-init (testbed/real/machines.py, host.py), which runs `slurmd -Z`. None of a real server's POST, PXE "
+        "and image write.",
         "- **Slurm scheduling**: the last slurmd registered → the job `RUNNING`.",
         "",
         "The Kubernetes steps are kube-apiserver's audit timestamps (µs); the steps read from Slurm and `/demand` "
@@ -137,7 +141,8 @@ def report(stories: list[loop.Story]) -> str:
         "node): KEDA's reaction in seconds, the scaling webhook in tens of milliseconds, provisioning in minutes. "
         "Here the first two keep their order of magnitude (KEDA seconds with a 2 s poll; the webhook plus the "
         "leader's follow-up about a tenth of a second), Cluster API adds one to two seconds the thesis folded into "
-        "provisioning, and provisioning is seconds only because the metal is simulated: on real servers it is the "
+        "provisioning, and provisioning is BMO's test-mode steps and cloud-init, not a server's boot: on real "
+        "servers it is the "
         "minutes of the thesis, and it dominates everything SliMe controls by two to three orders of magnitude.",
     ]
     return "\n".join(lines)

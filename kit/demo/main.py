@@ -397,7 +397,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--real",
         action="store_true",
         help="the whole loop on real components (real Kubernetes, cert-manager, KEDA, Prometheus, "
-        "Cluster API, Slurm 24.11; simulated metal): needs root, builds them on first use",
+        "Cluster API, CAPM3, BMO in test mode, Slurm 24.11; hosts booted by cloud-init): needs root, "
+        "builds them on first use",
     )
     parser.add_argument(
         "--figures",

@@ -1,10 +1,10 @@
-"""``slime-demo --real``: the whole loop on real components, with the metal simulated.
+"""``slime-demo --real``: the whole loop on real components, the bare-metal hosts in network namespaces.
 
 Real kube-apiserver, etcd and kube-controller-manager; real cert-manager, KEDA, Prometheus, Cluster
-API and Slurm 24.11; the chart installed with ``helm``, both webhooks run from the image as the
-chart's pods. Only CAPM3/Ironic and the machines are played: each host "boots" a real ``slurmd`` in
-a network namespace from the metaData the injection webhook filled in (:mod:`testbed.real.loop`
-says what each part is). The story is the whole-loop test's (:func:`testbed.real.loop.run_story`):
+API, CAPM3, the baremetal-operator (test mode: no Ironic) and Slurm 24.11; the chart installed with
+``helm``, both webhooks run from the image as the chart's pods. Each provisioned host boots its
+config drive with real cloud-init in a network namespace and starts a real ``slurmd`` with the
+join data the injection webhook filled in (:mod:`testbed.real.loop` says what each part is). The story is the whole-loop test's (:func:`testbed.real.loop.run_story`):
 a 1-node job on an empty pool, then a 4-node job, then scale-in back to 0.
 
 It needs root (network namespaces, chroot, podman) and builds or fetches every component on first
@@ -31,8 +31,9 @@ HOSTS = 4
 def run(figures: Path | None, out: Callable[[str], None]) -> int:
     """Build what is missing, run the story, print its timeline; write the figures to ``figures`` when given."""
     began = time.monotonic()
-    out("SliMe real demo: the whole loop on real Kubernetes, cert-manager, KEDA, Prometheus, Cluster API and")
-    out("Slurm 24.11; only the metal is simulated. First run builds everything (cached by version).")
+    out("SliMe real demo: the whole loop on real Kubernetes, cert-manager, KEDA, Prometheus, Cluster API, CAPM3,")
+    out("BMO (test mode) and Slurm 24.11; hosts boot with cloud-init in network namespaces. First run builds")
+    out("everything (cached by version).")
     prepared = tier.prepare(out)
     if prepared.missing:
         print(f"slime-demo --real: cannot run here: {prepared.missing}", file=sys.stderr, flush=True)

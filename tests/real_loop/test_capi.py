@@ -1,12 +1,15 @@
-"""Real Cluster API under the scaling webhook: scale-up from zero, bare-metal nodes join real Slurm, safe scale-in.
+"""Real Cluster API and Metal3 under the scaling webhook: scale-up from zero, bare-metal nodes join real Slurm, safe scale-in.
 
 The MachineDeployment → MachineSet → Machine chain, the ``delete-machine`` priority and the
-pre-terminate hook are the CAPI core controller manager v1.14.2's own behaviour; only CAPM3, the
-baremetal-operator, cloud-init and the kubelet are simulated (:mod:`testbed.real.machines`,
-every shortcut listed there). The mirror is scaled through kube-apiserver, so the chart's
-scaling webhook admits it and its leader moves the MachineDeployment; each host boots the
-documented user-data with the ``metaData`` Secret the chart's injection webhook completed, and
-its slurmd joins the real slurmctld 24.11. See docs/testing.md ("Real Cluster API").
+pre-terminate hook are the CAPI core controller manager v1.14.2's own behaviour; the Metal3Machines,
+Metal3Data and ``metaData`` Secrets are CAPM3 v1.13.2's, the BareMetalHosts' states the
+baremetal-operator v0.13.2's (test mode: no Ironic). The mirror is scaled through kube-apiserver, so
+the chart's scaling webhook admits it and its leader moves the MachineDeployment; CAPM3 creates
+each ``metaData`` Secret as its own ServiceAccount and the chart's injection webhook completes it;
+each provisioned host boots its config drive with real cloud-init, which runs the documented
+user-data, and its slurmd joins the real slurmctld 24.11. The hosts run no kubelet (no Node, no
+nodeRef): CAPI ignores pre-drain hooks on such Machines, SliMe's pre-terminate hook holds them.
+See docs/testing.md ("Real Cluster API").
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from common.names import CAPM3_MANAGER_USERNAME
 from testbed.real.capi_site import SPEC, Prepared, Site, site
 from testbed.real.components import component
+from testbed.real.metal3 import BMO_USERNAME
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(900)]
 
@@ -38,6 +43,19 @@ def capi_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 def slurm_node(s: Site, machine: dict[str, Any]) -> str:
     """The Slurm node of a Machine: its host booted with ``local-hostname`` = the Machine's name (metal3-dev-env's template)."""
     return str(machine["metadata"]["name"])
+
+
+def audited(s: Site, verb: str, secret: str) -> list[dict[str, Any]]:
+    """kube-apiserver's audit events of ``verb`` on the Secret ``secret`` of the pool's namespace."""
+    return [
+        e
+        for e in s.cp.audit_events()
+        if e.get("stage") == "ResponseComplete"
+        and e.get("verb") == verb
+        and (e.get("objectRef") or {}).get("resource") == "secrets"
+        and (e.get("objectRef") or {}).get("namespace") == SPEC.namespace
+        and (e.get("objectRef") or {}).get("name") == secret
+    ]
 
 
 def no_key_in_logs(s: Site) -> None:
@@ -65,25 +83,43 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     s.scale_mirror(2)
     s.wait_for(lambda: s.md_replicas() == 2, 60, "the MachineDeployment to follow the mirror to 2")
     followed = time.monotonic()
-    # CAPI: a MachineSet, two Machines, two Metal3Machines; the simulated hosts boot; nodeRef -> Running.
-    running = s.wait_for(lambda: s.running_exactly(2), 240, "2 Machines Running")
+    # CAPI: a MachineSet, two Machines, two Metal3Machines; CAPM3 claims two hosts and creates their metaData
+    # Secrets; BMO provisions the hosts; each boots with cloud-init. No kubelet: Provisioned, no nodeRef.
+    running = s.wait_for(lambda: s.provisioned_exactly(2), 300, "2 Machines Provisioned")
     names = [slurm_node(s, m) for m in running]
-    assert {m["metadata"]["labels"]["cluster.x-k8s.io/deployment-name"] for m in running} == {SPEC.pool}
-    for machine in running:
-        assert machine["spec"]["providerID"].startswith(f"metal3://{SPEC.namespace}/host-")
-        metadata = s.metadata(machine["metadata"]["name"])
-        assert set(metadata) >= JOIN_KEYS, sorted(metadata)
-        assert metadata["slurm_conf_server"] == s.slurm.conf_server  # injected by the chart's webhook, as stored
-        assert base64.b64decode(metadata["slurm_key_base64"]) == s.slinky.key, (
-            "the injected key is not Slinky's slurm.key"
-        )
+    # What the injection is for: both hosts' slurmd join slurmctld with the join data cloud-init found on the drive.
     states = s.wait_for(lambda: s.idle_nodes(names), 120, "both nodes to join slurmctld")
     assert set(states) == set(names)
     joined = time.monotonic()
     print(
         f"\n[capi] mirror scaled 0 -> 2: MachineDeployment followed after {followed - started:.1f} s, "
-        f"both Machines Running and both slurmd joined after {joined - started:.1f} s"
+        f"both Machines Provisioned and both slurmd joined after {joined - started:.1f} s"
     )
+    assert {m["metadata"]["labels"]["cluster.x-k8s.io/deployment-name"] for m in running} == {SPEC.pool}
+    assert s.kube.list("v1", "nodes") == [], "no host runs a kubelet"
+    for machine in running:
+        name = machine["metadata"]["name"]
+        assert machine["spec"]["providerID"].startswith(f"metal3://{SPEC.namespace}/host-")
+        assert not (machine.get("status") or {}).get("nodeRef"), "a host without a kubelet has no Node"
+        metadata = s.metadata(name)
+        assert set(metadata) >= JOIN_KEYS, sorted(metadata)
+        assert metadata["slurm_conf_server"] == s.slurm.conf_server  # injected by the chart's webhook, as stored
+        assert base64.b64decode(metadata["slurm_key_base64"]) == s.slinky.key, (
+            "the injected key is not Slinky's slurm.key"
+        )
+        # CAPM3 created the Secret under its own identity (the one the webhook gives join data to).
+        created = [
+            (e["user"]["username"], e["responseStatus"]["code"]) for e in audited(s, "create", f"{name}-metadata")
+        ]
+        assert [c for c in created if c[1] == 201] == [(CAPM3_MANAGER_USERNAME, 201)], created
+        assert {user for user, _ in created} == {CAPM3_MANAGER_USERNAME}, created
+        # BMO read the host's metaData Secret (its secret manager labels it, with an UPDATE): admitted, nothing changed.
+        claimed = [(before, after) for secret, before, after in s.booter.claims if secret == f"{name}-metadata"]
+        assert len(claimed) == 1 and claimed[0][0] == claimed[0][1], f"BMO's UPDATE of {name}-metadata changed its data"
+        updated = [
+            (e["user"]["username"], e["responseStatus"]["code"]) for e in audited(s, "update", f"{name}-metadata")
+        ]
+        assert updated == [(BMO_USERNAME, 200)], updated
     for machine in running:  # SliMe's pre-terminate hook is on every Machine of the opted-in pool before any deletion
         s.wait_for(
             lambda m=machine: (
@@ -100,6 +136,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     # CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-terminate hook holds it
     # until SliMe returned the node to FUTURE in Slurm (its record kept for the host); then the host is deprovisioned.
     idle_host = next(m for m in running if m["metadata"]["name"] == idle)["spec"]["providerID"].split("/")[-2]
+    busy_host = next(m for m in running if m["metadata"]["name"] == busy)["spec"]["providerID"].split("/")[-2]
     s.scale_mirror(1)
     s.wait_for(lambda: s.md_replicas() == 1, 60, "the MachineDeployment to follow the mirror to 1")
     s.wait_for(lambda: s.machine(idle) is None, 180, f"Machine {idle} (the idle node's) to be deleted and gone")
@@ -123,7 +160,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     )
     assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"]
     assert len(s.events("SlurmNodeReturnedToFuture")) >= 1
-    assert s.sim.violations == []
+    assert s.booter.violations == []
 
     # An operator deletes the busy Machine: CAPI waits for SliMe's pre-terminate hook, SliMe drains the node in
     # Slurm and holds it while the job runs. CAPI's MachineSet counts a deleting Machine (cluster-api#3434):
@@ -157,15 +194,17 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
             "the hook holds the busy Machine"
         )
         assert [m["metadata"]["name"] for m in s.machines()] == [busy]
-        assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"] and s.sim.violations == []
+        assert s.host(busy_host)["status"]["provisioning"]["state"] == "provisioned", "the busy host stays provisioned"
+        assert s.booter.node(busy) is not None, "the busy host stays powered on"
+        assert s.slurm.jobs()[job]["job_state"] == ["RUNNING"] and s.booter.violations == []
     # The job ends by itself: SliMe returns the node to FUTURE in Slurm, takes the hook off; CAPI drains, the host goes.
     s.end_job("release-busy")
     s.wait_for(lambda: s.machine(busy) is None, 180, f"Machine {busy} to go once its job ended")
     assert s.slurm.jobs()[job]["job_state"] == ["COMPLETED"], "no job was killed"
     assert busy not in s.slurm.nodes()
-    assert s.sim.violations == [], s.sim.violations
+    assert s.booter.violations == [], s.booter.violations
     # Now the MachineSet replaces it, on a freed host, and the new node joins with injected data.
-    replacement = s.wait_for(lambda: s.running_exactly(1), 240, "the MachineSet's replacement Machine to run")
+    replacement = s.wait_for(lambda: s.provisioned_exactly(1), 300, "the MachineSet's replacement Machine")
     new_node = slurm_node(s, replacement[0])
     assert new_node not in (busy, idle)
     s.wait_for(lambda: "IDLE" in s.slurm.node_states().get(new_node, set()), 120, f"{new_node} to join slurmctld")

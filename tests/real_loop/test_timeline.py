@@ -28,7 +28,7 @@ def test_phases_in_the_thesis_grouping() -> None:
         ("KEDA reaction", 9.02),
         ("scaling webhook", 0.03),
         ("Cluster API", 0.15),
-        ("provisioning (simulated metal)", 4.8),
+        ("provisioning (Metal3, cloud-init)", 4.8),
         ("Slurm scheduling", 1.5),
     ]
     text = render([timeline])

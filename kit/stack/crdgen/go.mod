@@ -3,7 +3,6 @@ module slime.local/stack/crdgen
 go 1.26.0
 
 require (
-	github.com/metal3-io/baremetal-operator/apis v0.12.4
 	github.com/metal3-io/cluster-api-provider-metal3/api v1.12.3
 	sigs.k8s.io/controller-tools v0.19.0
 )

@@ -1,10 +1,13 @@
-"""One bare-metal Slurm site under real Cluster API, for the whole-loop tier's CAPI tests.
+"""One bare-metal Slurm site under real Cluster API and Metal3, for the whole-loop tier's CAPI tests.
 
 Real, each in its own process: etcd, kube-apiserver and kube-controller-manager v1.36.4; the chart
 installed with ``helm``, its two webhooks as the chart's pods; the CAPI core controller manager
-v1.14.2 (:mod:`testbed.real.capi`, in a network namespace of its own); slurmctld and slurmrestd
-24.11 on the host side of a test bridge. Played: CAPM3, the baremetal-operator, cloud-init and the
-kubelet (:mod:`testbed.real.machines`), each host a real slurmd in a network namespace.
+v1.14.2 (:mod:`testbed.real.capi`), CAPM3 v1.13.2 and the baremetal-operator v0.13.2 in test mode
+(:mod:`testbed.real.metal3`), each in a network namespace of its own and CAPM3 and BMO as their
+ServiceAccounts; slurmctld and slurmrestd 24.11 on the host side of a test bridge. Each provisioned
+host boots from its config drive with real cloud-init in a network namespace and runs a real
+``slurmd`` (:mod:`testbed.real.machines`, :mod:`testbed.real.host`). The hosts run no kubelet: no
+Node, no nodeRef (the plain cloud-init bootstrap style; docs/scaling.md).
 
 The mapping opts in to safe scale-in (slurmrestd = the real one, the JWT key from Slinky's Secret)
 and capacity-aware scale-up, as an operator would turn both on for a Metal3 pool.
@@ -28,10 +31,21 @@ import httpx
 import yaml
 
 from testbed.audit import EVIDENCE
-from testbed.real import capi
+from testbed.real import capi, metal3
 from testbed.real import story as k8s
+from testbed.real.cloudinit import USER_DATA
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.machines import Api, ApiError, ClusterSpec, MachineSimulator, add_host, seed_cluster
+from testbed.real.host import PACKAGES
+from testbed.real.isolated import IsolatedManager
+from testbed.real.machines import (
+    Api,
+    ApiError,
+    ClusterSpec,
+    HostBooter,
+    provisioning_state,
+    register_host,
+    seed_cluster,
+)
 from testbed.real.netns import Network
 from testbed.real.objects import RealApi
 from testbed.real.release import Release, tier_values
@@ -40,13 +54,14 @@ from testbed.world import (
     SLIME_NAMESPACE,
     SlurmCluster,
     ensure_namespace,
-    seed_capm3_identity,
     seed_nodeport,
     seed_slinky,
 )
 
 Progress = Callable[[str], None]
 MIRROR = "mirror-a"
+# The write_files variant of the documented user-data (docs/install.md); the whole loop boots the runcmd one.
+FILES_USER_DATA = USER_DATA.with_name("slurm-worker-files.yaml")
 SPEC = ClusterSpec()
 CAPI_V = "cluster.x-k8s.io/v1beta2"
 JWT_SECRET = "slurm-auth-jwths256"
@@ -54,32 +69,36 @@ JWT_SECRET = "slurm-auth-jwths256"
 
 @dataclass(frozen=True)
 class Prepared:
-    """``COMPONENTS['capi']``: the manager binary, the CRDs, the Slurm root."""
+    """``COMPONENTS['capi']``: the CAPI manager and its CRDs, CAPM3 and BMO, the hosts' root (Slurm and cloud-init)."""
 
     capi: capi.Prepared
+    metal3: metal3.Metal3Build
     root: SlurmRoot
 
 
 def prepare(progress: Progress) -> Prepared:
-    """Build the CAPI manager, gather its CRDs (CAPI, CAPM3, BMH, the control plane stand-in), make the Slurm root."""
-    workdir = Path(tempfile.mkdtemp(prefix="slime-capi-crds-"))  # the labelled CAPM3 copies, for this session
+    """Build the CAPI manager, CAPM3 and BMO, gather the CRDs, make the hosts' root."""
+    workdir = Path(tempfile.mkdtemp(prefix="slime-capi-crds-"))  # the control plane stand-in's CRD, for this session
     atexit.register(shutil.rmtree, workdir, True)
-    return Prepared(capi.prepare(workdir, progress), prepare_root(progress))
+    return Prepared(
+        capi.prepare(workdir, progress), metal3.build(progress), prepare_root(progress, extra_packages=PACKAGES)
+    )
 
 
 @dataclass
 class Site:
     cp: ControlPlane
     api: RealApi  # testbed.world's ObjectApi over the real API server
-    sim_api: Api
+    kube: Api
     stack: k8s.Stack
     slurm: Slurm
     slinky: SlurmCluster
     network: Network
-    manager: capi.Manager
-    sim: MachineSimulator
+    manager: IsolatedManager  # CAPI's
+    metal3: metal3.Metal3
+    booter: HostBooter
     workdir: Path
-    hosts: list[str] = field(default_factory=list)
+    hosts: dict[str, str] = field(default_factory=dict)  # BareMetalHost name -> its NIC's address
 
     # -- the Kubernetes side
 
@@ -88,7 +107,7 @@ class Site:
         self.cp.kubectl("-n", SLIME_NAMESPACE, "scale", "deployment", MIRROR, f"--replicas={replicas}")
 
     def md(self) -> dict[str, Any]:
-        md = self.sim_api.get(CAPI_V, "machinedeployments", SPEC.namespace, SPEC.pool)
+        md = self.kube.get(CAPI_V, "machinedeployments", SPEC.namespace, SPEC.pool)
         assert md is not None
         return md
 
@@ -96,40 +115,40 @@ class Site:
         return int(self.md()["spec"].get("replicas") or 0)
 
     def machines(self) -> list[dict[str, Any]]:
-        return sorted(self.sim_api.list(CAPI_V, "machines", SPEC.namespace), key=lambda m: str(m["metadata"]["name"]))
+        return sorted(self.kube.list(CAPI_V, "machines", SPEC.namespace), key=lambda m: str(m["metadata"]["name"]))
 
     def machine(self, name: str) -> dict[str, Any] | None:
-        return self.sim_api.get(CAPI_V, "machines", SPEC.namespace, name)
+        return self.kube.get(CAPI_V, "machines", SPEC.namespace, name)
 
-    def running(self) -> list[dict[str, Any]]:
-        """Machines CAPI reports Running with a nodeRef, not deleting."""
+    def provisioned(self) -> list[dict[str, Any]]:
+        """Machines whose infrastructure CAPM3 reports provisioned (phase Provisioned: no Node, so no nodeRef), not deleting."""
         return [
             m
             for m in self.machines()
-            if (m.get("status") or {}).get("phase") == "Running"
-            and ((m.get("status") or {}).get("nodeRef") or {}).get("name")
+            if (m.get("status") or {}).get("phase") in ("Provisioned", "Running")
+            and ((m.get("status") or {}).get("initialization") or {}).get("infrastructureProvisioned")
             and not m["metadata"].get("deletionTimestamp")
         ]
 
-    def running_exactly(self, count: int) -> list[dict[str, Any]] | None:
-        running = self.running()
-        return running if len(running) == count else None
+    def provisioned_exactly(self, count: int) -> list[dict[str, Any]] | None:
+        provisioned = self.provisioned()
+        return provisioned if len(provisioned) == count else None
 
     def add_host(self, name: str) -> None:
-        taken = {a for a in self.host_addresses().values()}
-        address = next(a for a in self.network.hosts() if a not in taken)
-        add_host(self.sim_api, SPEC.namespace, name, address, dict(SPEC.host_labels))
-        self.hosts.append(name)
+        address = next(a for a in self.network.hosts() if a not in self.hosts.values())
+        register_host(self.kube, SPEC.namespace, name, address, dict(SPEC.host_labels))
+        self.hosts[name] = address
 
     def host(self, name: str) -> dict[str, Any]:
-        host = self.sim_api.get("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace, name)
+        host = self.kube.get("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace, name)
         assert host is not None, f"no BareMetalHost {name}"
         return host
 
-    def host_addresses(self) -> dict[str, str]:
+    def host_states(self) -> dict[str, str]:
+        """Each BareMetalHost's provisioning state, as BMO reports it."""
         return {
-            h["metadata"]["name"]: h["status"]["hardware"]["nics"][0]["ip"]
-            for h in self.sim_api.list("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace)
+            h["metadata"]["name"]: provisioning_state(h)
+            for h in self.kube.list("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace)
         }
 
     def events(self, reason: str, kind: str = "MachineDeployment", name: str = SPEC.pool) -> list[dict[str, Any]]:
@@ -170,9 +189,12 @@ class Site:
         ]
         parts = [
             f"MachineDeployment replicas {self.md_replicas()}, Machines {machines}",
+            f"BareMetalHosts {self.host_states()}",
             f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
-            f"simulator errors {self.sim.errors[-5:]}",
+            f"hosts booted {[b.node.describe() for b in self.booter.booted.values()]}",
+            f"host booter errors {self.booter.errors[-5:]}",
             "--- CAPI manager ---\n" + self.manager.tail(15),
+            self.metal3.tail(15),
         ]
         for name, pod in self.stack.pods.items():
             parts.append(f"--- {name} ---\n" + "\n".join(pod.logs().splitlines()[-10:]))
@@ -197,8 +219,9 @@ class Site:
     def logs(self) -> dict[str, str]:
         """Every log of the site (none may hold a key: the caller scans them)."""
         found = {f"slurm {k}": v for k, v in self.slurm.logs().items()}
-        found.update({f"node {k}": v for k, v in self.sim.node_logs().items()})
+        found.update({f"host {k}": v for k, v in self.booter.node_logs().items()})
         found["capi-manager"] = self.manager.log.read_text(errors="replace") if self.manager.log.exists() else ""
+        found.update(self.metal3.logs())
         for name, pod in self.stack.pods.items():
             found[f"pod {name}"] = pod.logs()
         return found
@@ -209,7 +232,6 @@ def _slinky(api: RealApi, network: Network) -> tuple[SlurmCluster, int]:
     slinky = seed_slinky(api, host_ip=network.host_address)
     port = free_port(30000, 32767)  # slurmctld listens on the NodePort's port, as in the thesis setup
     seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
-    seed_capm3_identity(api, (SPEC.namespace,))  # metaData Secrets are created as CAPM3
     return slinky, port
 
 
@@ -223,8 +245,10 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
         cp = k8s.start_control_plane(workdir / "control-plane")
         stack.callback(cp.stop)
         cp.install_crds(list(prepared.capi.crds))
-        api, sim_api = RealApi(cp), Api(cp)
-        stack.callback(sim_api.close)
+        metal = metal3.Metal3(cp, prepared.metal3, workdir / "metal3")
+        metal.install()  # CAPM3's and BMO's CRDs, namespaces, ServiceAccounts and RBAC
+        api, kube = RealApi(cp), Api(cp)
+        stack.callback(kube.close)
         for namespace in (SPEC.namespace, SPEC.slurm_namespace):
             ensure_namespace(api, namespace)
         slinky, port = _slinky(api, network)
@@ -237,7 +261,7 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
         )  # the keys of Slinky's Secrets
         slurm.start()
         stack.callback(slurm.close)
-        seed_cluster(sim_api, cp, SPEC, replicas=0)
+        seed_cluster(kube, cp, SPEC, replicas=0, user_data=FILES_USER_DATA)
         mapping = {
             "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
             "machineDeployment": {"name": SPEC.pool, "namespace": SPEC.namespace},
@@ -261,15 +285,33 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
         stack.callback(pods.stop_webhooks)
         for component in ("injection", "scaling"):
             pods.start_webhook(component)
-        manager = capi.Manager(prepared.capi.manager, cp, workdir / "capi").start()
+        manager = capi.manager(prepared.capi.manager, cp, workdir / "capi")
         stack.callback(manager.stop)
-        sim = MachineSimulator(cp, prepared.root, network, workdir / "machines", SPEC.namespace, slurm=slurm).start()
-        stack.callback(sim.stop)
-        result = Site(cp, api, sim_api, pods, slurm, slinky, network, manager, sim, workdir)
+        manager.start()
+        stack.callback(metal.stop)
+        metal.start()
+        booter = HostBooter(
+            cp,
+            prepared.root,
+            network,
+            workdir / "machines",
+            SPEC.namespace,
+            bmo_token=metal.token(metal3.BMO_NAMESPACE, metal3.BMO_SERVICE_ACCOUNT),
+            slurm=slurm,
+        ).start()
+        stack.callback(booter.stop)
+        result = Site(cp, api, kube, pods, slurm, slinky, network, manager, metal, booter, workdir)
         for index in range(hosts):
             result.add_host(f"host-{index + 1}")
+        result.wait_for(
+            lambda: set(result.host_states().values()) == {"available"},
+            180,
+            f"BMO to take the {hosts} BareMetalHosts to available",
+        )
         say(
-            f"CAPI site up in {time.monotonic() - started:.0f} s (CAPI manager ready in {manager.started_seconds:.1f} s)"
+            f"CAPI site up in {time.monotonic() - started:.0f} s (CAPI manager ready in {manager.started_seconds:.1f} s, "
+            f"BMO in {metal.bmo.started_seconds if metal.bmo else 0:.1f} s, "
+            f"CAPM3 in {metal.capm3.started_seconds if metal.capm3 else 0:.1f} s)"
         )
         try:
             yield result

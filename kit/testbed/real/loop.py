@@ -14,9 +14,13 @@ Everything is the real program except the metal:
   nodes it has records of);
 - the chart installed with ``helm`` (certManager, KEDA with ``keda.demand=nodes``, safe scale-in,
   capacity-aware scale-up, authenticated admission), both webhooks as the chart's pods;
-- Cluster API v1.14.2's core manager (:mod:`testbed.real.capi`);
-- played: CAPM3 + Ironic + cloud-init + kubelet (:mod:`testbed.real.machines`): each host "boots"
-  a real ``slurmd`` in a network namespace from the metaData the injection webhook filled in.
+- Cluster API v1.14.2's core manager (:mod:`testbed.real.capi`), CAPM3 v1.13.2 and the
+  baremetal-operator v0.13.2 in test mode (:mod:`testbed.real.metal3`), CAPM3 creating every
+  ``metaData`` Secret as its own ServiceAccount;
+- the hosts (:mod:`testbed.real.machines`, :mod:`testbed.real.host`): when BMO reports one
+  provisioned, its config drive is built as Ironic builds it and it boots with real cloud-init in a
+  network namespace, which runs the documented user-data: its ``slurmd -Z`` joins with the join
+  data the injection webhook filled in. No Ironic, no BMC, no kubelet (no Node, no nodeRef).
 
 :func:`whole_loop` starts it all and stops it in reverse, even on failure. :class:`Recorder`
 watches a scale-up and fills a :class:`testbed.real.timeline.ScaleUp`: kube-apiserver's audit log
@@ -42,9 +46,19 @@ from typing import Any
 import httpx
 
 from common.names import ADOPTED_ANNOTATION
-from testbed.real import capi, certmanager, keda, prometheus, tier
+from testbed.real import capi, certmanager, keda, metal3, prometheus, tier
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.machines import Api, ApiError, ClusterSpec, MachineSimulator, add_host, seed_cluster
+from testbed.real.host import PACKAGES
+from testbed.real.isolated import IsolatedManager
+from testbed.real.machines import (
+    Api,
+    ApiError,
+    ClusterSpec,
+    HostBooter,
+    provisioning_state,
+    register_host,
+    seed_cluster,
+)
 from testbed.real.netns import Network
 from testbed.real.objects import RealApi
 from testbed.real.pods import VolumeSync
@@ -57,7 +71,6 @@ from testbed.world import (
     SLIME_NAMESPACE,
     SlurmCluster,
     ensure_namespace,
-    seed_capm3_identity,
     seed_nodeport,
     seed_slinky,
 )
@@ -87,7 +100,8 @@ class Parts:
     keda: keda.KedaBinaries
     prometheus: prometheus.PrometheusBinaries
     capi: capi.Prepared
-    root: SlurmRoot
+    metal3: metal3.Metal3Build
+    root: SlurmRoot  # Slurm and cloud-init: the hosts' image, and slurmctld's root
 
 
 def prepare(workdir: Path, progress: Progress) -> Parts:
@@ -97,7 +111,8 @@ def prepare(workdir: Path, progress: Progress) -> Parts:
         keda.build(progress),
         prometheus.binaries(progress),
         capi.prepare(workdir, progress),
-        prepare_root(progress),
+        metal3.build(progress),
+        prepare_root(progress, extra_packages=PACKAGES),
     )
 
 
@@ -105,7 +120,7 @@ def prepare(workdir: Path, progress: Progress) -> Parts:
 class Loop:
     cp: ControlPlane
     api: RealApi
-    sim_api: Api
+    kube: Api
     stack: tier.Stack
     slurm: Slurm
     slinky: SlurmCluster
@@ -114,8 +129,9 @@ class Loop:
     prometheus: prometheus.Prometheus
     keda: keda.Keda
     certmanager: certmanager.CertManager
-    manager: capi.Manager
-    sim: MachineSimulator
+    manager: IsolatedManager  # CAPI's
+    metal3: metal3.Metal3
+    booter: HostBooter
     workdir: Path
     hosts: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
@@ -131,11 +147,18 @@ class Loop:
         return int(((mirror or {}).get("spec") or {}).get("replicas") or 0)
 
     def md_replicas(self) -> int:
-        md = self.sim_api.get(capi_version(), "machinedeployments", SPEC.namespace, SPEC.pool)
+        md = self.kube.get(capi_version(), "machinedeployments", SPEC.namespace, SPEC.pool)
         return int(((md or {}).get("spec") or {}).get("replicas") or 0)
 
     def machines(self) -> list[dict[str, Any]]:
-        return self.sim_api.list(capi_version(), "machines", SPEC.namespace)
+        return self.kube.list(capi_version(), "machines", SPEC.namespace)
+
+    def host_states(self) -> dict[str, str]:
+        """Each BareMetalHost's provisioning state, as BMO reports it."""
+        return {
+            h["metadata"]["name"]: provisioning_state(h)
+            for h in self.kube.list("metal3.io/v1alpha1", "baremetalhosts", SPEC.namespace)
+        }
 
     def demand(self) -> dict[str, Any] | None:
         """``/demand/<partition>`` of the scaling webhook's pod (KEDA reads the same through the Service)."""
@@ -206,8 +229,11 @@ class Loop:
             f"/demand/{PARTITION} {self._demand_or_error()}; ScaledObject conditions {conditions}",
             f"jobs not completed (state, reason, nodes) {waiting}",
             f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
-            f"simulator errors {self.sim.errors[-5:]}",
+            f"BareMetalHosts {self.host_states()}",
+            f"hosts booted {[b.node.describe() for b in self.booter.booted.values()]}",
+            f"host booter errors {self.booter.errors[-5:]}",
             "--- CAPI manager ---\n" + self.manager.tail(10),
+            self.metal3.tail(10),
         ]
         parts += [
             f"--- KEDA {name} ---\n" + "\n".join(text.splitlines()[-8:]) for name, text in self.keda.logs().items()
@@ -226,7 +252,8 @@ class Loop:
     def logs(self) -> dict[str, str]:
         """Every log of the loop (none may hold a key: the callers scan them)."""
         found = {f"slurm {k}": v for k, v in self.slurm.logs().items()}
-        found.update({f"node {k}": v for k, v in self.sim.node_logs().items()})
+        found.update({f"host {k}": v for k, v in self.booter.node_logs().items()})
+        found.update(self.metal3.logs())
         found.update({f"keda {k}": v for k, v in self.keda.logs().items()})
         found["capi-manager"] = self.manager.log.read_text(errors="replace") if self.manager.log.exists() else ""
         found.update({f"pod {name}": pod.logs() for name, pod in self.stack.pods.items()})
@@ -285,8 +312,10 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         cp = tier.start_control_plane(workdir / "control-plane", audit_scale_steps=True)
         stack.callback(cp.stop)
         cp.install_crds([*parts.capi.crds, *parts.certmanager.crds])
-        api, sim_api = RealApi(cp), Api(cp)
-        stack.callback(sim_api.close)
+        metal = metal3.Metal3(cp, parts.metal3, workdir / "metal3")
+        metal.install()  # CAPM3's and BMO's CRDs, namespaces, ServiceAccounts and RBAC
+        api, kube = RealApi(cp), Api(cp)
+        stack.callback(kube.close)
         for namespace in (SPEC.namespace, SPEC.slurm_namespace, MONITORING):
             ensure_namespace(api, namespace)
         step("control plane up")
@@ -294,7 +323,6 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         slinky = seed_slinky(api, host_ip=network.host_address)
         port = free_port(30000, 32767)
         seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
-        seed_capm3_identity(api, (SPEC.namespace,))  # metaData Secrets are created as CAPM3
         slurm = Slurm(
             parts.root,
             workdir / "slurm",
@@ -332,7 +360,7 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
         autoscaler.install()
         autoscaler.start()
         step("Prometheus, cert-manager and KEDA up")
-        seed_cluster(sim_api, cp, SPEC, replicas=0)
+        seed_cluster(kube, cp, SPEC, replicas=0)
         release = Release(
             cp,
             SLIME_NAMESPACE,
@@ -363,14 +391,25 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
             webhooks.start_webhook(component, kubelet_volumes=True)
         stack.enter_context(VolumeSync(cp, list(webhooks.pods.values()), VOLUME_SYNC_SECONDS))
         step("the chart installed with helm: certificates issued by cert-manager, both webhooks serving them")
-        capi_manager = capi.Manager(parts.capi.manager, cp, workdir / "capi").start()
+        capi_manager = capi.manager(parts.capi.manager, cp, workdir / "capi")
         stack.callback(capi_manager.stop)
-        sim = MachineSimulator(cp, parts.root, network, workdir / "machines", SPEC.namespace, slurm=slurm).start()
-        stack.callback(sim.stop)
+        capi_manager.start()
+        stack.callback(metal.stop)
+        metal.start()
+        booter = HostBooter(
+            cp,
+            parts.root,
+            network,
+            workdir / "machines",
+            SPEC.namespace,
+            bmo_token=metal.token(metal3.BMO_NAMESPACE, metal3.BMO_SERVICE_ACCOUNT),
+            slurm=slurm,
+        ).start()
+        stack.callback(booter.stop)
         loop = Loop(
             cp,
             api,
-            sim_api,
+            kube,
             webhooks,
             slurm,
             slinky,
@@ -380,13 +419,19 @@ def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress =
             autoscaler,
             manager,
             capi_manager,
-            sim,
+            metal,
+            booter,
             workdir,
         )
         for name, address in zip(names, network.hosts(), strict=False):
-            add_host(sim_api, SPEC.namespace, name, address, dict(SPEC.host_labels))
+            register_host(kube, SPEC.namespace, name, address, dict(SPEC.host_labels))
             loop.hosts.append(name)
-        step(f"Cluster API and the machine simulator up, {hosts} BareMetalHosts available")
+        loop.wait_for(
+            lambda: set(loop.host_states().values()) == {"available"},
+            180,
+            f"BMO to take the {hosts} BareMetalHosts to available",
+        )
+        step(f"Cluster API, CAPM3 and BMO up, {hosts} BareMetalHosts registered and available")
         # Steady state before the story, as on a cluster that has run a while: the mirror adopted the
         # pool's 0, and KEDA has polled the node demand once without error (Ready, not Active).
         loop.wait_for(lambda: _adopted(api), 60, f"the scaling leader to adopt {SPEC.pool}'s replicas into {MIRROR}")
@@ -528,7 +573,7 @@ class Story:
     scale_ups: list[ScaleUp] = field(default_factory=list)
     jobs: dict[int, list[str]] = field(default_factory=dict)  # job id -> its final job_state
     scale_in_seconds: float = 0.0  # from the jobs' end to the pool at 0 with no Machine left (the first scale-in)
-    busy_hosts_released: list[str] = field(default_factory=list)  # the simulator's record: must stay empty
+    busy_hosts_released: list[str] = field(default_factory=list)  # the host booter's record: must stay empty
     queued_after_scale_in: bool = False  # a job as big as the pool accepted (and run) once the pool was back at 0
     key_leaks: list[str] = field(default_factory=list)  # the logs slurm.key or the JWT key appeared in: must stay empty
 
@@ -595,7 +640,7 @@ def run_story(loop: Loop, say: Progress = _no_progress) -> Story:
         _scale_in(loop, say)
     jobs = loop.slurm_jobs()
     story.jobs = {job: list((jobs.get(job) or {}).get("job_state") or ["GONE"]) for job in loop.jobs}
-    story.busy_hosts_released = list(loop.sim.violations)
+    story.busy_hosts_released = list(loop.booter.violations)
     story.key_leaks = loop.key_leaks()
     say(f"jobs {story.jobs}")
     return story

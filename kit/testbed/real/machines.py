@@ -1,87 +1,44 @@
-"""A machine simulator: CAPM3 + baremetal-operator/Ironic + cloud-init + the node's kubelet, for the real Cluster API.
+"""The metal under real Cluster API, CAPM3 and the baremetal-operator: the tier's hosts, their config drives, their boots.
 
-Real Cluster API (:mod:`testbed.real.capi`) turns a MachineDeployment into MachineSets, Machines
-and, from the Metal3MachineTemplate, Metal3Machines. Everything below the infrastructure contract
-needs metal, so :class:`MachineSimulator` plays it, as CAPM3 v1.12 and BMO do it
-(``baremetal/metal3machine_manager.go``, ``metal3datatemplate_manager.go``,
-``metal3data_manager.go`` of CAPM3; ``../shared/reference/contracts.md``), every object through the
-tier's kube-apiserver with the Metal3/BMO CRDs installed, so their schemas check what it writes:
+CAPI v1.14.2 (:mod:`testbed.real.capi`), CAPM3 v1.13.2 and BMO v0.13.2 in ``--test-mode``
+(:mod:`testbed.real.metal3`) run for real: CAPM3 claims a BareMetalHost for each Metal3Machine,
+renders the Metal3Data and creates the ``<Metal3Machine>-metadata`` Secret (admitted by the
+chart's injection webhook), gives the host its image, user-data and metaData; BMO takes the host
+through registering, available, provisioning, provisioned and, on deletion, deprovisioning back to
+available. What no controller does on this machine is here:
 
-**Metal3Cluster** (the Cluster's ``infrastructureRef``; CAPM3 v1.12 speaks the v1beta1 contract,
-so CAPI reads ``status.ready``): once CAPI made the Cluster its owner, ``status.ready: true``.
+- :func:`seed_cluster`: the workload cluster as an operator writes it (Cluster, the control plane
+  stand-in, Metal3Cluster, Metal3MachineTemplate, an opted-in Metal3DataTemplate, the bootstrap
+  user-data Secret, the MachineDeployment), complete objects since no admission webhook of CAPI or
+  CAPM3 runs to default them;
+- :func:`register_host`: a host enrolled as an operator enrolls one: its BMC credentials Secret
+  and a BareMetalHost whose BMC address (``redfish://<host>.bmc.invalid/...``) nothing serves
+  (BMO's test mode never dials it), inspection disabled and the hardware details an inspection
+  would find (its NIC's address on the test bridge, its name) in BMO's
+  ``inspect.metal3.io/hardwaredetails`` annotation;
+- :class:`HostBooter`: what Ironic and the machine do. When BMO reports a host ``provisioned``
+  with an image, it builds the **config drive** (:func:`config_drive`) from what the
+  BareMetalHost references, as BMO's Ironic provisioner (``getConfigDrive``) and Ironic
+  (``build_configdrive``) do, and **boots the host** (:func:`testbed.real.host.boot`: real
+  cloud-init in a network namespace). When the host is deprovisioned (its image or ``online``
+  taken away, its state no longer ``provisioned``, or it is gone) the host is **powered off**: every
+  process in its namespace stopped by PID, the namespace removed. Before a power-off it records
+  a **violation** if the host still runs a job (a job process in it, or a job Slurm lists there as
+  RUNNING or COMPLETING): safe scale-in released a busy node.
 
-**Metal3Machine** (CAPM3's machine controller), each pass:
-
-1. finalizer ``metal3machine.infrastructure.cluster.x-k8s.io``; wait for the owner Machine, the
-   Cluster's ``infrastructureProvisioned`` and the Machine's bootstrap data
-   (``spec.bootstrap.dataSecretName``);
-2. a ``Metal3DataClaim`` named after it (owner: it, finalizer) for its ``dataTemplate``;
-3. choose a BareMetalHost as ``chooseHost`` does: same namespace, matching ``hostSelector``, no
-   ``consumerRef``, not deleting, no ``errorMessage``, not paused or unhealthy, state
-   ``available``/``ready`` (first by name, where CAPM3 picks at random). None: it waits, and so
-   does its Machine (Provisioning), as with CAPM3. Chosen: ``consumerRef``, the Metal3Machine as
-   controller owner, the ``cluster.x-k8s.io/cluster-name`` label on the host; the
-   ``metal3.io/BareMetalHost`` annotation and ``status.userData`` on the Metal3Machine;
-4. once its Metal3Data is ready: the host's ``image``, ``userData`` (the Machine's bootstrap Secret),
-   ``metaData`` (the injected Secret) and ``online: true``;
-5. once the host is ``provisioned``: ``spec.providerID`` ``metal3://<ns>/<bmh>/<m3m>`` (CAPM3's
-   new format), ``status.ready: true``, ``status.addresses`` from the host's hardware details
-   (its NIC's InternalIP, its hostname as Hostname and InternalDNS).
-
-**Metal3DataTemplate / Metal3Data** (CAPM3's data controllers): a claim gets the lowest free index
-``i`` and a Metal3Data ``<template>-<i>`` owned by the template (controller), the claim and the
-Metal3Machine (CAPM3 v1.9–v1.13), the claim's labels, ``status.renderedData`` on the claim and the
-index in the template's ``status.indexes``. Once the host is chosen the Metal3Data renders the
-template's ``metaData`` (``strings``, ``objectNames``, ``namespaces``, ``indexes``, plus
-``providerid: <ns>/<bmh>/<m3m>``) and **creates the ``<m3m>-metadata`` Secret through the API
-server** (type ``infrastructure.cluster.x-k8s.io/secret``, the cluster label, the Metal3Data as
-controller owner, one key ``metaData``), so the chart's injection webhook admits it as it would
-CAPM3's. A refused create is retried, as CAPM3 requeues. Then ``spec.metaData`` and ``status.ready``.
-
-**BareMetalHost** (BMO + Ironic): ``available`` with an image and ``online`` → ``provisioning`` →
-after ``provision_seconds`` the host "boots": cloud-init (:func:`testbed.real.cloudinit.boot`)
-renders the **user-data of the Machine's bootstrap Secret** (key ``value``) with the **metaData
-Secret as stored** (after injection) and runs it in a network namespace with the address of the
-host's NIC; the host is ``provisioned``, ``poweredOn``. Image removed or ``online: false`` → every
-process of the host is stopped by PID and its namespace removed (a power-off) → ``deprovisioning``
-→ after ``deprovision_seconds`` ``available`` again.
-
-**Kubelet** (the node registers; with CABPV a virtual kubelet does): once provisioned, a Node
-named after the metaData's ``local-hostname`` with ``spec.providerID`` ``metal3://`` + the
-metaData's ``providerid``, Ready, its addresses; created in the workload cluster, which here is
-the tier's API server (the ``<cluster>-kubeconfig`` Secret says so). CAPI finds it by providerID
-and sets the Machine's ``nodeRef``: the Machine reaches Running.
-
-**Deletion** (after CAPI ran the pre-drain hooks and drained the Node, it deletes the
-Metal3Machine): the host's image, user-data, metaData are cleared and ``online: false`` (the
-power-off above; before it, any job process still on the host or any job Slurm lists there as
-RUNNING/COMPLETING is recorded in :attr:`MachineSimulator.violations`: a busy node was released);
-once ``available``: ``consumerRef``, owner and label removed; the claim's finalizer removed and
-the claim deleted, whose Metal3Data the data controller deletes (the Secret goes with it, by the
-garbage collector); the Metal3Machine's finalizer removed. CAPI then deletes the Node.
-
-**Shortcuts** (what is not simulated, or simpler than the real thing):
-
-- No Ironic, no BMC, no image: "provisioning" is a fixed short wait, the "image" is the Slurm
-  root every node shares, "booting" is cloud-init's part only (write_files, runcmd), the
-  power-off is a SIGKILL of the host's processes. No inspection or registration: hosts start
-  ``available`` with their hardware details (one NIC, its address on the test bridge, hostname =
-  the host's name), as after BMO's inspection. No ``networkData``, no IP pools, no automated cleaning
-  (deprovisioning is a fixed short wait), no node reuse, no ``failureDomain``, no remediation, no
-  pausing, no status conditions (CAPI falls back to ``status.ready``), no Metal3Cluster finalizer
-  or deletion.
-- A host is chosen by name, not at random (deterministic tests; CAPM3's choice is random).
-- One polling loop (every ``interval`` s, plus :meth:`MachineSimulator.step` on demand) instead of
-  watches and work queues; each pass is idempotent and retries what failed, as a requeue would.
-- The Node is the kubelet's registration only: no heartbeats (no node-lifecycle controller runs,
-  so it stays Ready), no pods, no volumes. It is created as the tier's admin.
-- The whole workload cluster is the tier's API server (the ``<cluster>-kubeconfig`` Secret points
-  at it) and its control plane is :func:`testbed.real.capi.control_plane_crd`'s stand-in.
+**BMO's read of the data Secrets.** BMO's Ironic provisioner reads the user-data, metaData and
+network-data Secrets through its secret manager (``hostConfigData`` → ``ObtainSecret``), which
+labels each ``environment.metal3.io=baremetal`` with an UPDATE. In ``--test-mode`` its fixture
+provisioner never reads them, so :class:`HostBooter` does that read when it builds the drive, with
+the same UPDATE, **as BMO's ServiceAccount** (a token of it): the chart's injection webhook sees
+BMO's UPDATE of the metaData Secret as it would on a real site, and must admit it unchanged.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import logging
 import os
 import ssl
@@ -95,11 +52,11 @@ from typing import Any
 import httpx
 import yaml
 
-from common.names import CAPM3_MANAGER_USERNAME
 from testbed.real.build import KUBE_VERSION  # the tier's control plane: what the stand-in and the Machines report
 from testbed.real.capi import CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL
-from testbed.real.cloudinit import USER_DATA, Node, boot
+from testbed.real.cloudinit import USER_DATA
 from testbed.real.controlplane import ControlPlane
+from testbed.real.host import Host, boot
 from testbed.real.netns import Network
 from testbed.real.slurm import Slurm, SlurmRoot
 
@@ -108,17 +65,16 @@ log = logging.getLogger("slime.testbed.machines")
 Obj = dict[str, Any]
 
 INFRA = "infrastructure.cluster.x-k8s.io"
-INFRA_V = f"{INFRA}/v1beta1"
+INFRA_V = f"{INFRA}/v1beta2"  # CAPM3 v1.13's storage version; its CRDs carry the v1beta2 contract label
 CAPI_V = "cluster.x-k8s.io/v1beta2"
 BMO_V = "metal3.io/v1alpha1"
 CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
-HOST_ANNOTATION = "metal3.io/BareMetalHost"
-M3M_FINALIZER = "metal3machine.infrastructure.cluster.x-k8s.io"
-DATA_FINALIZER = "metal3data.infrastructure.cluster.x-k8s.io"
-CLAIM_FINALIZER = "metal3dataclaim.infrastructure.cluster.x-k8s.io"
-PAUSED_ANNOTATION = "baremetalhost.metal3.io/paused"
-UNHEALTHY_ANNOTATIONS = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
-PROVIDER_ID_PREFIX = "metal3://"
+HARDWARE_DETAILS_ANNOTATION = "inspect.metal3.io/hardwaredetails"
+# BMO's secret manager (pkg/secretutils): the label it puts on every Secret it reads.
+SECRET_ENVIRONMENT_LABEL = ("environment.metal3.io", "baremetal")
+DRIVE_VERSIONS = ("2012-08-10", "latest")  # openstacksdk's configdrive.populate_directory
+BUSY_STATES = {"RUNNING", "COMPLETING"}
+BMO_USER_AGENT = "baremetal-operator/v0.13.2 (SliMe whole-loop tier: BMO's read of the host's data Secrets)"
 
 
 def b64(data: bytes | str) -> str:
@@ -126,14 +82,21 @@ def b64(data: bytes | str) -> str:
 
 
 class Api:
-    """The few calls the simulator makes, as the tier's admin (or impersonating ``as_user``), over one kept-alive
-    HTTPS connection."""
+    """A few calls to the tier's API server over one kept-alive HTTPS connection: as the admin, as ``as_user``
+    (impersonated), or with a bearer ``token`` (a ServiceAccount's own identity)."""
 
-    def __init__(self, cp: ControlPlane, as_user: str | None = None) -> None:
-        pki = cp.workdir / "pki"
+    def __init__(
+        self, cp: ControlPlane, as_user: str | None = None, token: str | None = None, user_agent: str = ""
+    ) -> None:
         context = ssl.create_default_context(cafile=str(cp.ca_file))
-        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        headers = {"Impersonate-User": as_user} if as_user else {}
+        headers = {"User-Agent": user_agent} if user_agent else {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        else:
+            pki = cp.workdir / "pki"
+            context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+            if as_user:
+                headers["Impersonate-User"] = as_user
         self.client = httpx.Client(base_url=cp.url, verify=context, timeout=15, headers=headers)
         self.lock = threading.Lock()
 
@@ -169,6 +132,12 @@ class Api:
         created: Obj = self.call("POST", self.path(api_version, plural, namespace), obj)
         return created
 
+    def replace(self, api_version: str, plural: str, namespace: str, obj: Obj) -> Obj:
+        """An UPDATE (PUT) of the whole object, as controller-runtime's ``client.Update`` sends it."""
+        name = obj["metadata"]["name"]
+        replaced: Obj = self.call("PUT", self.path(api_version, plural, namespace, name), obj)
+        return replaced
+
     def patch(self, api_version: str, plural: str, namespace: str, name: str, patch: Obj, sub: str = "") -> Obj:
         patched: Obj = self.call("PATCH", self.path(api_version, plural, namespace, name, sub), patch, merge=True)
         return patched
@@ -188,68 +157,11 @@ def _meta(obj: Obj) -> Obj:
     return meta
 
 
-def _deleting(obj: Obj) -> bool:
-    return bool(_meta(obj).get("deletionTimestamp"))
-
-
-def _owner(obj: Obj, kind: str, group: str) -> Obj | None:
-    for ref in _meta(obj).get("ownerReferences") or []:
-        if ref.get("kind") == kind and str(ref.get("apiVersion", "")).split("/")[0] == group:
-            owner: Obj = ref
-            return owner
-    return None
-
-
-def _owner_ref(obj: Obj, controller: bool) -> Obj:
-    meta = _meta(obj)
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": controller,
-    }
-
-
-def _state(host: Obj) -> str:
+def provisioning_state(host: Obj) -> str:
     return str(((host.get("status") or {}).get("provisioning") or {}).get("state") or "")
 
 
-# --- seeding: what an operator and the inspection of hosts put in place ----------------------------
-
-
-def bare_metal_host(name: str, namespace: str, address: str, labels: dict[str, str] | None = None) -> tuple[Obj, Obj]:
-    """A BareMetalHost (spec) and the status BMO reports after registration and inspection (``available``)."""
-    mac = "52:54:00:" + ":".join(f"{b:02x}" for b in os.urandom(3))
-    spec = {
-        "apiVersion": BMO_V,
-        "kind": "BareMetalHost",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
-        "spec": {
-            "online": False,
-            "bootMACAddress": mac,
-            "bmc": {
-                "address": f"redfish-virtualmedia://bmc.invalid/redfish/v1/Systems/{name}",
-                "credentialsName": f"{name}-bmc-secret",
-            },
-        },
-    }
-    status = {
-        "operationalStatus": "OK",
-        "errorMessage": "",
-        "errorCount": 0,
-        "poweredOn": False,
-        "provisioning": {"state": "available", "ID": f"ironic-{name}"},
-        "hardware": {"hostname": name, "nics": [{"name": "eth0", "mac": mac, "ip": address}]},
-    }
-    return spec, status
-
-
-def add_host(api: Api, namespace: str, name: str, address: str, labels: dict[str, str] | None = None) -> Obj:
-    """Enroll a host: the BareMetalHost, then its inspected status (as BMO writes it, through ``/status``)."""
-    spec, status = bare_metal_host(name, namespace, address, labels)
-    api.create(BMO_V, "baremetalhosts", namespace, spec)
-    return api.patch(BMO_V, "baremetalhosts", namespace, name, {"status": status}, sub="status")
+# --- what an operator writes ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -273,6 +185,67 @@ class ClusterSpec:
     @property
     def user_data_secret(self) -> str:
         return f"{self.pool}-user-data"
+
+
+def hardware_details(name: str, mac: str, address: str) -> Obj:
+    """What BMO's inspection would report for a host (``status.hardware``): one NIC on the test bridge, its name."""
+    return {
+        "hostname": name,
+        "nics": [{"name": "eth0", "mac": mac, "ip": address, "pxe": True, "speedGbps": 10}],
+        "cpu": {"arch": "x86_64", "model": "test bridge host", "count": 2, "clockMegahertz": 2000.0},
+        "ramMebibytes": 2048,
+        "storage": [{"name": "/dev/vda", "sizeBytes": 64 * 2**30, "rotational": False, "type": "SSD"}],
+    }
+
+
+def register_host(api: Api, namespace: str, name: str, address: str, labels: dict[str, str] | None = None) -> Obj:
+    """Enroll a host as an operator does: its BMC credentials Secret and its BareMetalHost (BMO takes it from there)."""
+    mac = "52:54:00:" + ":".join(f"{b:02x}" for b in os.urandom(3))
+    credentials = f"{name}-bmc-secret"
+    api.create(
+        "v1",
+        "secrets",
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": credentials, "namespace": namespace},
+            "data": {"username": b64("admin"), "password": b64(os.urandom(12).hex())},
+        },
+    )
+    return api.create(
+        BMO_V,
+        "baremetalhosts",
+        namespace,
+        {
+            "apiVersion": BMO_V,
+            "kind": "BareMetalHost",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels or {},
+                "annotations": {HARDWARE_DETAILS_ANNOTATION: json.dumps(hardware_details(name, mac, address))},
+            },
+            "spec": {
+                "online": False,
+                "bootMACAddress": mac,
+                "bootMode": "UEFI",
+                "bmc": {
+                    "address": f"redfish://{name}.bmc.invalid/redfish/v1/Systems/1",
+                    "credentialsName": credentials,
+                    "disableCertificateVerification": True,
+                },
+                "inspectionMode": "disabled",
+                "automatedCleaningMode": "disabled",
+            },
+        },
+    )
+
+
+def host_address(host: Obj) -> str:
+    """The address of a BareMetalHost's first NIC, from its status (BMO copies it from the annotation)."""
+    nics = ((host.get("status") or {}).get("hardware") or {}).get("nics") or []
+    return str(nics[0].get("ip") or "") if nics else ""
 
 
 def seed_cluster(api: Api, cp: ControlPlane, spec: ClusterSpec, replicas: int = 0, user_data: Path = USER_DATA) -> None:
@@ -392,8 +365,10 @@ def seed_cluster(api: Api, cp: ControlPlane, spec: ClusterSpec, replicas: int = 
                             "url": "http://images.invalid/slurm-worker.qcow2",
                             "checksum": "http://images.invalid/slurm-worker.qcow2.sha256sum",
                             "checksumType": "sha256",
-                            "format": "qcow2",
+                            "diskFormat": "qcow2",
                         },
+                        # No cleaning between uses (BMO's test mode would only wait for it).
+                        "automatedCleaningMode": "disabled",
                         "dataTemplate": {"name": spec.data_template},
                         "hostSelector": {"matchLabels": dict(spec.host_labels)},
                     }
@@ -445,52 +420,93 @@ def seed_cluster(api: Api, cp: ControlPlane, spec: ClusterSpec, replicas: int = 
     )
 
 
-# --- the simulator ---------------------------------------------------------------------------------
+# --- the config drive ---------------------------------------------------------------------------
+
+
+def config_drive(
+    target: Path, host: Obj, user_data: bytes | None, meta_data: bytes | None, network_data: bytes | None
+) -> Obj:
+    """Write the config drive of ``host`` into ``target``, as BMO and Ironic make it; the meta_data written.
+
+    BMO v0.13.2 (``pkg/provisioner/ironic/ironic.go``, ``getConfigDrive``): meta_data starts as
+    ``uuid`` (the BareMetalHost's uid), ``metal3-namespace``, ``metal3-name``, ``local-hostname``,
+    ``local_hostname`` and ``name`` (its name), and the metaData Secret's YAML is unmarshalled over
+    it (its keys win); network_data is the network-data Secret's YAML; user_data is passed as it
+    is. Ironic (``conductor/utils.py``, ``build_configdrive``) defaults ``uuid`` and ``name``
+    (already set) and has openstacksdk write ``openstack/<version>/meta_data.json``,
+    ``user_data`` and ``network_data.json`` for the versions ``2012-08-10`` and ``latest``.
+    """
+    name, namespace = _meta(host)["name"], _meta(host)["namespace"]
+    meta: Obj = {
+        "uuid": _meta(host)["uid"],
+        "metal3-namespace": namespace,
+        "metal3-name": name,
+        "local-hostname": name,
+        "local_hostname": name,
+        "name": name,
+    }
+    if meta_data:
+        loaded = yaml.safe_load(meta_data)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"the metaData of BareMetalHost {namespace}/{name} is not a YAML map")
+        meta.update(loaded)
+    network = yaml.safe_load(network_data) if network_data else None
+    for version in DRIVE_VERSIONS:
+        directory = target / "openstack" / version
+        directory.mkdir(parents=True)
+        (directory / "meta_data.json").write_text(json.dumps(meta))
+        if user_data:
+            (directory / "user_data").write_bytes(user_data)
+        if network:
+            (directory / "network_data.json").write_text(json.dumps(network))
+    return meta
+
+
+# --- Ironic and the machine -----------------------------------------------------------------------
 
 
 @dataclass
 class Booted:
-    """A provisioned host: its BareMetalHost, its Metal3Machine, the booted node."""
+    """A provisioned host that booted: its BareMetalHost, what it was provisioned for, the host."""
 
     host: str
-    metal3machine: str
-    node: Node
+    consumer: str  # the Metal3Machine in the host's consumerRef
+    meta_data_secret: str
+    node: Host
 
 
 @dataclass
-class MachineSimulator:
-    """CAPM3, BMO/Ironic, cloud-init and the kubelet for the Metal3Machines of one namespace (see the module doc)."""
+class HostBooter:
+    """Boots each BareMetalHost of ``namespace`` that BMO reports provisioned, and powers it off when deprovisioned."""
 
     cp: ControlPlane
     root: SlurmRoot
     network: Network
     workdir: Path
     namespace: str
+    bmo_token: str = field(repr=False)  # a token of BMO's ServiceAccount: its reads of the data Secrets
     slurm: Slurm | None = None  # for the busy-host check at power-off
-    provision_seconds: float = 0.5
-    deprovision_seconds: float = 1.0
     interval: float = 0.5
     booted: dict[str, Booted] = field(default_factory=dict)  # BareMetalHost name -> booted host
     violations: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # the last failures of passes (retried, as a requeue)
-    events: list[tuple[float, str]] = field(
-        default_factory=list
-    )  # (monotonic time, what happened), for the tests' timelines
-    _since: dict[str, float] = field(default_factory=dict)  # BareMetalHost name -> when it entered its current state
+    # BMO's claims of a data Secret: (Secret name, a digest of its data before the UPDATE, of the data it stored).
+    # Digests, never the data: the metaData holds slurm.key.
+    claims: list[tuple[str, str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the last failures of passes (retried next pass)
+    events: list[tuple[float, str]] = field(default_factory=list)  # (monotonic time, what happened)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _pass_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.api = Api(self.cp)
-        self.capm3 = Api(self.cp, as_user=CAPM3_MANAGER_USERNAME)
-        self.nodes_dir = self.workdir / "nodes"
-        self.nodes_dir.mkdir(parents=True, exist_ok=True)
+        # The field manager of its UPDATEs is "baremetal-operator", as BMO's own client would be named.
+        self.bmo = Api(self.cp, token=self.bmo_token, user_agent=BMO_USER_AGENT)
+        self.hosts_dir = self.workdir / "hosts"
+        self.hosts_dir.mkdir(parents=True, exist_ok=True)
 
-    # -- running
-
-    def start(self) -> MachineSimulator:
-        self._thread = threading.Thread(target=self._loop, name="machine-simulator", daemon=True)
+    def start(self) -> HostBooter:
+        self._thread = threading.Thread(target=self._loop, name="host-booter", daemon=True)
         self._thread.start()
         return self
 
@@ -499,601 +515,88 @@ class MachineSimulator:
             self.step()
 
     def stop(self) -> None:
-        """Stop the loop and power off every host still on (its processes by PID, its namespace)."""
+        """Stop watching and power off every host still on (its processes by PID, its namespace)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         for booted in list(self.booted.values()):
             self._power_off(booted, check=False)
         self.api.close()
-        self.capm3.close()
+        self.bmo.close()
 
     def step(self) -> None:
-        """One pass over every simulated controller; failures are recorded and retried next pass."""
+        """One pass over the BareMetalHosts; a failure is recorded and retried next pass."""
         with self._pass_lock:
-            for name, reconcile in (
-                ("metal3clusters", self._clusters),
-                ("metal3machines", self._machines),
-                ("metal3dataclaims", self._claims),
-                ("metal3datas", self._datas),
-                ("baremetalhosts", self._hosts),
-            ):
-                try:
-                    reconcile()
-                except Exception as exc:  # noqa: BLE001 - a controller logs and requeues
-                    message = f"{name}: {type(exc).__name__}: {exc}"
-                    self.errors = (self.errors + [message])[-20:]
-                    log.info("machine simulator: %s", message)
+            try:
+                self._pass()
+            except Exception as exc:  # noqa: BLE001 - retried on the next pass, as a requeue would
+                message = f"{type(exc).__name__}: {exc}"
+                self.errors = (self.errors + [message])[-20:]
+                log.info("host booter: %s", message)
 
     def note(self, what: str) -> None:
         self.events.append((time.monotonic(), what))
-        log.info("machine simulator: %s", what)
+        log.info("host booter: %s", what)
 
-    # -- Metal3Cluster
-
-    def _clusters(self) -> None:
-        for m3c in self.api.list(INFRA_V, "metal3clusters", self.namespace):
-            if _owner(m3c, "Cluster", "cluster.x-k8s.io") and not (m3c.get("status") or {}).get("ready"):
-                self.api.patch(
-                    INFRA_V,
-                    "metal3clusters",
-                    self.namespace,
-                    _meta(m3c)["name"],
-                    {"status": {"ready": True}},
-                    sub="status",
-                )
-                self.note(f"Metal3Cluster {_meta(m3c)['name']} ready")
-
-    # -- Metal3Machine
-
-    def _machines(self) -> None:
-        hosts = self.api.list(BMO_V, "baremetalhosts", self.namespace)
-        for m3m in self.api.list(INFRA_V, "metal3machines", self.namespace):
-            if _deleting(m3m):
-                self._delete_machine(m3m, hosts)
-            else:
-                self._machine(m3m, hosts)
-
-    def _patch_m3m(self, name: str, patch: Obj, sub: str = "") -> Obj:
-        return self.api.patch(INFRA_V, "metal3machines", self.namespace, name, patch, sub=sub)
-
-    def _machine(self, m3m: Obj, hosts: list[Obj]) -> None:
-        meta = _meta(m3m)
-        name = meta["name"]
-        if M3M_FINALIZER not in (meta.get("finalizers") or []):
-            m3m = self._patch_m3m(name, {"metadata": {"finalizers": [*(meta.get("finalizers") or []), M3M_FINALIZER]}})
-            meta = _meta(m3m)
-        owner = _owner(m3m, "Machine", "cluster.x-k8s.io")
-        if owner is None:
-            return  # CAPI sets it right after creating the Metal3Machine
-        machine = self.api.get(CAPI_V, "machines", self.namespace, owner["name"])
-        if machine is None:
-            return
-        cluster = self.api.get(CAPI_V, "clusters", self.namespace, machine["spec"]["clusterName"])
-        if not (((cluster or {}).get("status") or {}).get("initialization") or {}).get("infrastructureProvisioned"):
-            return
-        data_secret = ((machine.get("spec") or {}).get("bootstrap") or {}).get("dataSecretName")
-        if not data_secret:
-            return
-        spec, status = m3m.get("spec") or {}, m3m.get("status") or {}
-        template = spec.get("dataTemplate")
-        if template and self.api.get(INFRA_V, "metal3dataclaims", self.namespace, name) is None:
-            self.api.create(
-                INFRA_V,
-                "metal3dataclaims",
-                self.namespace,
-                {
-                    "apiVersion": INFRA_V,
-                    "kind": "Metal3DataClaim",
-                    "metadata": {
-                        "name": name,
-                        "namespace": self.namespace,
-                        "finalizers": [M3M_FINALIZER],
-                        "labels": meta.get("labels") or {},
-                        "ownerReferences": [_owner_ref(m3m, True)],
-                    },
-                    "spec": {
-                        "template": {"name": template["name"], "namespace": template.get("namespace") or self.namespace}
-                    },
-                },
-            )
-        host = self._host_of(m3m, hosts)
-        if host is None:
-            host = self._choose_host(m3m, hosts)
-            if host is None:
-                return  # "No available host found. Requeuing." (the Machine stays Provisioning)
-            self._associate(m3m, machine, host)
-            return
-        # The rendered data (metaData Secret) first, then the host gets its image and data.
-        metadata_ref = status.get("metaData")
-        if template and not metadata_ref:
-            claim = self.api.get(INFRA_V, "metal3dataclaims", self.namespace, name) or {}
-            rendered = (claim.get("status") or {}).get("renderedData")
-            data = self.api.get(INFRA_V, "metal3datas", self.namespace, rendered["name"]) if rendered else None
-            if not data or not (data.get("status") or {}).get("ready"):
-                return
-            metadata_ref = data["spec"]["metaData"]
-            self._patch_m3m(
-                name,
-                {
-                    "status": {
-                        "renderedData": {"name": _meta(data)["name"], "namespace": self.namespace},
-                        "metaData": metadata_ref,
-                    }
-                },
-                sub="status",
-            )
-        host_spec = host.get("spec") or {}
-        if not host_spec.get("image"):
-            self.api.patch(
-                BMO_V,
-                "baremetalhosts",
-                self.namespace,
-                _meta(host)["name"],
-                {
-                    "spec": {
-                        "image": {
-                            "url": spec["image"]["url"],
-                            "checksum": spec["image"]["checksum"],
-                            "checksumType": spec["image"].get("checksumType") or "",
-                            "format": spec["image"].get("format") or "",
-                        },
-                        "userData": {"name": data_secret, "namespace": self.namespace},
-                        **(
-                            {"metaData": {"name": metadata_ref["name"], "namespace": self.namespace}}
-                            if metadata_ref
-                            else {}
-                        ),
-                        "online": True,
-                    }
-                },
-            )
-            self.note(f"BareMetalHost {_meta(host)['name']} gets the image, user-data and metaData of {name}")
-            return
-        if _state(host) != "provisioned" or (status.get("ready") and spec.get("providerID")):
-            return
-        provider_id = f"{PROVIDER_ID_PREFIX}{self.namespace}/{_meta(host)['name']}/{name}"
-        self._patch_m3m(name, {"spec": {"providerID": provider_id}})
-        self._patch_m3m(name, {"status": {"ready": True, "addresses": self._addresses(host)}}, sub="status")
-        self.note(f"Metal3Machine {name} provisioned: {provider_id}")
+    def _pass(self) -> None:
+        hosts = {_meta(h)["name"]: h for h in self.api.list(BMO_V, "baremetalhosts", self.namespace)}
+        for name, booted in list(self.booted.items()):
+            if self._provisioned_for(hosts.get(name)) != (booted.consumer, booted.meta_data_secret):
+                self._power_off(booted)
+        for name, host in hosts.items():
+            wanted = self._provisioned_for(host)
+            if wanted is not None and name not in self.booted:
+                self._boot(host, *wanted)
 
     @staticmethod
-    def _addresses(host: Obj) -> list[Obj]:
-        """CAPM3's ``nodeAddresses``: each NIC's IP as InternalIP, the hostname as Hostname and InternalDNS."""
-        hardware = (host.get("status") or {}).get("hardware") or {}
-        addresses = [
-            {"type": "InternalIP", "address": nic["ip"]} for nic in hardware.get("nics") or [] if nic.get("ip")
-        ]
-        if hardware.get("hostname"):
-            addresses += [
-                {"type": "Hostname", "address": hardware["hostname"]},
-                {"type": "InternalDNS", "address": hardware["hostname"]},
-            ]
-        return addresses
-
-    def _host_of(self, m3m: Obj, hosts: list[Obj]) -> Obj | None:
-        key = (_meta(m3m).get("annotations") or {}).get(HOST_ANNOTATION)
-        if key:
-            return next((h for h in hosts if f"{_meta(h)['namespace']}/{_meta(h)['name']}" == key), None)
-        return next((h for h in hosts if self._consumer_is(h, m3m)), None)
-
-    def _consumer_is(self, host: Obj, m3m: Obj) -> bool:
-        ref = (host.get("spec") or {}).get("consumerRef") or {}
-        return (
-            ref.get("kind") == "Metal3Machine"
-            and ref.get("name") == _meta(m3m)["name"]
-            and (ref.get("namespace") or self.namespace) == self.namespace
-            and str(ref.get("apiVersion", "")).startswith(INFRA + "/")
+    def _provisioned_for(host: Obj | None) -> tuple[str, str] | None:
+        """(consumer, metaData Secret) when BMO reports the host provisioned with an image and online; else None."""
+        if host is None or _meta(host).get("deletionTimestamp") or provisioning_state(host) != "provisioned":
+            return None
+        spec = host.get("spec") or {}
+        if not spec.get("image") or not spec.get("online"):
+            return None
+        return str((spec.get("consumerRef") or {}).get("name") or ""), str(
+            (spec.get("metaData") or {}).get("name") or ""
         )
 
-    def _choose_host(self, m3m: Obj, hosts: list[Obj]) -> Obj | None:
-        """CAPM3's ``chooseHost`` (matchLabels only; by name instead of at random)."""
-        wanted = ((m3m.get("spec") or {}).get("hostSelector") or {}).get("matchLabels") or {}
-        for host in sorted(hosts, key=lambda h: str(_meta(h)["name"])):
-            meta, spec, status = _meta(host), host.get("spec") or {}, host.get("status") or {}
-            annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
-            if (
-                spec.get("consumerRef")
-                or meta.get("deletionTimestamp")
-                or status.get("errorMessage")
-                or PAUSED_ANNOTATION in annotations
-                or any(a in annotations for a in UNHEALTHY_ANNOTATIONS)
-                or _state(host) not in ("available", "ready")
-                or any(labels.get(k) != v for k, v in wanted.items())
-            ):
-                continue
-            return host
-        return None
+    def _secret_data(self, ref: Obj | None, key: str) -> bytes | None:
+        """BMO's ``hostConfigData.getSecretData``: ``key``, else ``value``; the Secret claimed first as its manager does."""
+        if not ref:
+            return None
+        secret = self.bmo.get("v1", "secrets", ref.get("namespace") or self.namespace, ref["name"])
+        if secret is None:
+            raise ApiError(f"Secret {ref['name']} not found", 404)
+        labels = _meta(secret).setdefault("labels", {})
+        if SECRET_ENVIRONMENT_LABEL[0] not in labels:  # secretutils.claimSecret: a label, with an Update
+            labels[SECRET_ENVIRONMENT_LABEL[0]] = SECRET_ENVIRONMENT_LABEL[1]
+            before = data_digest(secret)
+            secret = self.bmo.replace("v1", "secrets", _meta(secret)["namespace"], secret)
+            self.claims.append((_meta(secret)["name"], before, data_digest(secret)))
+        data = secret.get("data") or {}
+        encoded = data.get(key, data.get("value"))
+        return base64.b64decode(encoded) if encoded is not None else None
 
-    def _associate(self, m3m: Obj, machine: Obj, host: Obj) -> None:
-        meta, host_meta = _meta(m3m), _meta(host)
-        owners = [o for o in host_meta.get("ownerReferences") or [] if o.get("kind") != "Metal3Machine"]
-        self.api.patch(
-            BMO_V,
-            "baremetalhosts",
-            self.namespace,
-            host_meta["name"],
-            {
-                "metadata": {
-                    "labels": {CLUSTER_LABEL: machine["spec"]["clusterName"]},
-                    "ownerReferences": [*owners, _owner_ref(m3m, True)],
-                },
-                "spec": {
-                    "consumerRef": {
-                        "apiVersion": INFRA_V,
-                        "kind": "Metal3Machine",
-                        "name": meta["name"],
-                        "namespace": self.namespace,
-                    }
-                },
-            },
-        )
-        self._patch_m3m(
-            meta["name"], {"metadata": {"annotations": {HOST_ANNOTATION: f"{self.namespace}/{host_meta['name']}"}}}
-        )
-        self._patch_m3m(
-            meta["name"],
-            {
-                "status": {
-                    "userData": {"name": machine["spec"]["bootstrap"]["dataSecretName"], "namespace": self.namespace}
-                }
-            },
-            sub="status",
-        )
-        # The pass's list of hosts is now stale: mark this one taken, so the next Metal3Machine of the pass
-        # does not choose it too (CAPM3 serializes Associate with a mutex and reads the hosts again).
-        host.setdefault("spec", {})["consumerRef"] = {
-            "apiVersion": INFRA_V,
-            "kind": "Metal3Machine",
-            "name": meta["name"],
-            "namespace": self.namespace,
-        }
-        self.note(f"Metal3Machine {meta['name']} claimed BareMetalHost {host_meta['name']}")
-
-    def _delete_machine(self, m3m: Obj, hosts: list[Obj]) -> None:
-        meta = _meta(m3m)
-        name = meta["name"]
-        host = self._host_of(m3m, hosts)
-        if host is not None and self._consumer_is(host, m3m):
-            host_name, spec = _meta(host)["name"], host.get("spec") or {}
-            if spec.get("image") or spec.get("userData") or spec.get("metaData") or spec.get("online"):
-                self.api.patch(
-                    BMO_V,
-                    "baremetalhosts",
-                    self.namespace,
-                    host_name,
-                    {"spec": {"image": None, "userData": None, "metaData": None, "online": False}},
-                )
-                self.note(f"Metal3Machine {name} deleting: BareMetalHost {host_name} deprovisioned")
-                return
-            if _state(host) not in ("available", "ready"):
-                return  # "Deprovisioning BareMetalHost, requeuing"
-            owners = [o for o in _meta(host).get("ownerReferences") or [] if o.get("kind") != "Metal3Machine"]
-            self.api.patch(
-                BMO_V,
-                "baremetalhosts",
-                self.namespace,
-                host_name,
-                {
-                    "metadata": {"ownerReferences": owners, "labels": {CLUSTER_LABEL: None}},
-                    "spec": {"consumerRef": None},
-                },
-            )
-            self.note(f"BareMetalHost {host_name} released by {name}")
-        claim = self.api.get(INFRA_V, "metal3dataclaims", self.namespace, name)
-        if claim is not None:
-            finalizers = [f for f in _meta(claim).get("finalizers") or [] if f != M3M_FINALIZER]
-            if finalizers != (_meta(claim).get("finalizers") or []):
-                self.api.patch(
-                    INFRA_V, "metal3dataclaims", self.namespace, name, {"metadata": {"finalizers": finalizers}}
-                )
-            if not _deleting(claim):
-                self.api.delete(INFRA_V, "metal3dataclaims", self.namespace, name)
-        finalizers = [f for f in meta.get("finalizers") or [] if f != M3M_FINALIZER]
-        self._patch_m3m(name, {"metadata": {"finalizers": finalizers}})
-        self.note(f"Metal3Machine {name} gone")
-
-    # -- Metal3DataTemplate (claims) and Metal3Data
-
-    def _claims(self) -> None:
-        for claim in self.api.list(INFRA_V, "metal3dataclaims", self.namespace):
-            meta = _meta(claim)
-            template_name = claim["spec"]["template"]["name"]
-            template = self.api.get(INFRA_V, "metal3datatemplates", self.namespace, template_name)
-            if template is None:
-                continue
-            indexes: dict[str, int] = dict((template.get("status") or {}).get("indexes") or {})
-            if _deleting(claim):
-                index = indexes.pop(meta["name"], None)
-                if index is not None:
-                    data_name = f"{template_name}-{index}"
-                    data = self.api.get(INFRA_V, "metal3datas", self.namespace, data_name)
-                    if data is not None:
-                        self.api.patch(
-                            INFRA_V,
-                            "metal3datas",
-                            self.namespace,
-                            data_name,
-                            {
-                                "metadata": {
-                                    "finalizers": [
-                                        f for f in _meta(data).get("finalizers") or [] if f != CLAIM_FINALIZER
-                                    ]
-                                }
-                            },
-                        )
-                        self.api.delete(INFRA_V, "metal3datas", self.namespace, data_name)
-                    self.api.call(
-                        "PATCH",
-                        self.api.path(INFRA_V, "metal3datatemplates", self.namespace, template_name, "status"),
-                        {"status": {"indexes": {meta["name"]: None}}},
-                        merge=True,
-                    )
-                finalizers = [f for f in meta.get("finalizers") or [] if f != CLAIM_FINALIZER]
-                self.api.patch(
-                    INFRA_V, "metal3dataclaims", self.namespace, meta["name"], {"metadata": {"finalizers": finalizers}}
-                )
-                continue
-            if (claim.get("status") or {}).get("renderedData"):
-                continue
-            m3m_ref = _owner(claim, "Metal3Machine", INFRA)
-            if m3m_ref is None:
-                continue
-            index = indexes.get(meta["name"])
-            if index is None:
-                taken = set(indexes.values())
-                index = next(i for i in range(len(taken) + 1) if i not in taken)
-            data_name = f"{template_name}-{index}"
-            if self.api.get(INFRA_V, "metal3datas", self.namespace, data_name) is None:
-                self.api.create(
-                    INFRA_V,
-                    "metal3datas",
-                    self.namespace,
-                    {
-                        "apiVersion": INFRA_V,
-                        "kind": "Metal3Data",
-                        "metadata": {
-                            "name": data_name,
-                            "namespace": self.namespace,
-                            "finalizers": [CLAIM_FINALIZER],
-                            "labels": meta.get("labels") or {},
-                            "ownerReferences": [
-                                _owner_ref(template, True),
-                                _owner_ref(claim, False),
-                                {
-                                    "apiVersion": INFRA_V,
-                                    "kind": "Metal3Machine",
-                                    "name": m3m_ref["name"],
-                                    "uid": m3m_ref["uid"],
-                                },
-                            ],
-                        },
-                        "spec": {
-                            "index": index,
-                            "template": {"name": template_name, "namespace": self.namespace},
-                            "claim": {"name": meta["name"], "namespace": self.namespace},
-                        },
-                    },
-                )
-            self.api.patch(
-                INFRA_V,
-                "metal3datatemplates",
-                self.namespace,
-                template_name,
-                {"status": {"indexes": {meta["name"]: index}}},
-                sub="status",
-            )
-            if CLAIM_FINALIZER not in (meta.get("finalizers") or []):
-                self.api.patch(
-                    INFRA_V,
-                    "metal3dataclaims",
-                    self.namespace,
-                    meta["name"],
-                    {"metadata": {"finalizers": [*(meta.get("finalizers") or []), CLAIM_FINALIZER]}},
-                )
-            self.api.patch(
-                INFRA_V,
-                "metal3dataclaims",
-                self.namespace,
-                meta["name"],
-                {"status": {"renderedData": {"name": data_name, "namespace": self.namespace}}},
-                sub="status",
-            )
-            self.note(f"Metal3DataClaim {meta['name']} rendered as Metal3Data {data_name}")
-
-    def _datas(self) -> None:
-        for data in self.api.list(INFRA_V, "metal3datas", self.namespace):
-            meta = _meta(data)
-            if _deleting(data):
-                if DATA_FINALIZER in (meta.get("finalizers") or []):
-                    self.api.patch(
-                        INFRA_V,
-                        "metal3datas",
-                        self.namespace,
-                        meta["name"],
-                        {"metadata": {"finalizers": [f for f in meta.get("finalizers") or [] if f != DATA_FINALIZER]}},
-                    )
-                continue
-            if (data.get("status") or {}).get("ready"):
-                continue
-            if DATA_FINALIZER not in (meta.get("finalizers") or []):
-                data = self.api.patch(
-                    INFRA_V,
-                    "metal3datas",
-                    self.namespace,
-                    meta["name"],
-                    {"metadata": {"finalizers": [*(meta.get("finalizers") or []), DATA_FINALIZER]}},
-                )
-                meta = _meta(data)
-            self._render(data)
-
-    def _render(self, data: Obj) -> None:
-        meta = _meta(data)
-        template = self.api.get(INFRA_V, "metal3datatemplates", self.namespace, data["spec"]["template"]["name"])
-        m3m_ref = _owner(data, "Metal3Machine", INFRA)
-        m3m = self.api.get(INFRA_V, "metal3machines", self.namespace, m3m_ref["name"]) if m3m_ref else None
-        if template is None or m3m is None:
-            return
-        host_key = (_meta(m3m).get("annotations") or {}).get(HOST_ANNOTATION)
-        machine_ref = _owner(m3m, "Machine", "cluster.x-k8s.io")
-        if not host_key or machine_ref is None:
-            return  # "Waiting for BareMetalHost to become available"
-        host = self.api.get(BMO_V, "baremetalhosts", self.namespace, host_key.split("/", 1)[1])
-        machine = self.api.get(CAPI_V, "machines", self.namespace, machine_ref["name"])
-        if host is None or machine is None:
-            return
-        secret_name = f"{_meta(m3m)['name']}-metadata"
-        if self.api.get("v1", "secrets", self.namespace, secret_name) is None:
-            content = render_meta_data(template, data, m3m, machine, host)
-            self.capm3.create(  # as CAPM3's ServiceAccount: only that identity gets the join data
-                "v1",
-                "secrets",
-                self.namespace,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "type": "infrastructure.cluster.x-k8s.io/secret",
-                    "metadata": {
-                        "name": secret_name,
-                        "namespace": self.namespace,
-                        "labels": {CLUSTER_LABEL: (_meta(template).get("labels") or {}).get(CLUSTER_LABEL, "")},
-                        "ownerReferences": [_owner_ref(data, True)],
-                    },
-                    "data": {"metaData": b64(yaml.safe_dump(content))},
-                },
-            )
-            self.note(f"Secret {secret_name} created through the API server (admitted by the injection webhook)")
-        self.api.patch(
-            INFRA_V,
-            "metal3datas",
-            self.namespace,
-            meta["name"],
-            {"spec": {"metaData": {"name": secret_name, "namespace": self.namespace}}},
-        )
-        self.api.patch(INFRA_V, "metal3datas", self.namespace, meta["name"], {"status": {"ready": True}}, sub="status")
-
-    # -- BareMetalHost (BMO + Ironic), cloud-init and the kubelet
-
-    def _hosts(self) -> None:
-        now = time.monotonic()
-        for host in self.api.list(BMO_V, "baremetalhosts", self.namespace):
-            meta, spec = _meta(host), host.get("spec") or {}
-            name, state = meta["name"], _state(host)
-            since = self._since.setdefault(f"{name}/{state}", now)
-            if state in ("available", "ready") and spec.get("consumerRef") and spec.get("image") and spec.get("online"):
-                self._set_state(host, "provisioning")
-            elif state == "provisioning" and now - since >= self.provision_seconds:
-                if not spec.get("image") or not spec.get("online"):
-                    self._set_state(host, "deprovisioning")
-                    continue
-                self._boot(host)
-                self._set_state(host, "provisioned", powered_on=True)
-            elif state == "provisioned" and (not spec.get("image") or not spec.get("online")):
-                booted = self.booted.get(name)
-                if booted is not None:
-                    self._power_off(booted)
-                self._set_state(host, "deprovisioning", powered_on=False)
-            elif state == "deprovisioning" and now - since >= self.deprovision_seconds:
-                self._set_state(host, "available")
-
-    def _set_state(self, host: Obj, state: str, powered_on: bool | None = None) -> None:
-        name = _meta(host)["name"]
-        status: Obj = {"provisioning": {"state": state}}
-        if powered_on is not None:
-            status["poweredOn"] = powered_on
-        self.api.patch(BMO_V, "baremetalhosts", self.namespace, name, {"status": status}, sub="status")
-        for key in [k for k in self._since if k.startswith(f"{name}/")]:
-            del self._since[key]
-        self._since[f"{name}/{state}"] = time.monotonic()
-        self.note(f"BareMetalHost {name} {state}")
-
-    def _secret_data(self, ref: Obj, key: str) -> bytes:
-        secret = self.api.get("v1", "secrets", ref.get("namespace") or self.namespace, ref["name"])
-        if secret is None or key not in (secret.get("data") or {}):
-            raise ApiError(f"Secret {ref['name']} has no {key}", 404)
-        return base64.b64decode(secret["data"][key])
-
-    def _boot(self, host: Obj) -> None:
-        """Ironic writes the image and the config drive, the host boots, cloud-init runs, the kubelet registers."""
-        meta, spec = _meta(host), host["spec"]
-        name = meta["name"]
-        user_data = self._secret_data(spec["userData"], "value")
-        meta_data: Obj = yaml.safe_load(self._secret_data(spec["metaData"], "metaData"))
-        user_data_file = self.nodes_dir / f"{name}-user-data.yaml"
-        user_data_file.write_bytes(user_data)
-        address = ((host.get("status") or {}).get("hardware") or {}).get("nics", [{}])[0].get("ip")
+    def _boot(self, host: Obj, consumer: str, meta_data_secret: str) -> None:
+        """Ironic writes the image and the config drive; the host boots; cloud-init runs."""
+        name, spec = _meta(host)["name"], host["spec"]
+        user_data = self._secret_data(spec.get("userData"), "userData")
+        meta_data = self._secret_data(spec.get("metaData"), "metaData")
+        network_data = self._secret_data(spec.get("networkData"), "networkData")
+        directory = self.hosts_dir / f"{name}.{len(list(self.hosts_dir.glob(f'{name}.*'))) + 1}"  # one per boot
+        drive = directory / "config-drive"
+        meta = config_drive(drive, host, user_data, meta_data, network_data)
         node = boot(
             self.root,
             self.network,
-            meta_data,
-            self.nodes_dir,
-            shared=self.slurm.shared if self.slurm else None,
-            user_data=user_data_file,
-            address=address,
+            drive,
+            str(meta["local-hostname"]),
+            directory,
+            host_address(host),
+            self.slurm.shared if self.slurm else directory / "shared",
         )
-        consumer = spec["consumerRef"]["name"]
-        self.booted[name] = Booted(name, consumer, node)
-        self.note(f"BareMetalHost {name} booted {node.hostname} at {node.net.address} (netns {node.net.netns})")
-        self._register_node(meta_data, node)
-
-    def _register_node(self, meta_data: Obj, node: Node) -> None:
-        provider_id = PROVIDER_ID_PREFIX + str(meta_data["providerid"])
-        existing = self.api.get("v1", "nodes", "", node.hostname)
-        if existing is not None:  # a node of the same name from an earlier life (CAPI deletes it after the Machine)
-            self.api.delete("v1", "nodes", "", node.hostname)
-        self.api.create(
-            "v1",
-            "nodes",
-            "",
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": node.hostname,
-                    "labels": {"kubernetes.io/hostname": node.hostname, "node.slime.local/simulated": "true"},
-                },
-                "spec": {"providerID": provider_id},
-            },
-        )
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.api.patch(
-            "v1",
-            "nodes",
-            "",
-            node.hostname,
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "True",
-                            "reason": "KubeletReady",
-                            "message": "simulated kubelet",
-                            "lastHeartbeatTime": now,
-                            "lastTransitionTime": now,
-                        }
-                    ],
-                    "addresses": [
-                        {"type": "InternalIP", "address": node.net.address},
-                        {"type": "Hostname", "address": node.hostname},
-                    ],
-                    "nodeInfo": {
-                        "kubeletVersion": KUBE_VERSION,
-                        "machineID": "",
-                        "systemUUID": "",
-                        "bootID": "",
-                        "kernelVersion": "",
-                        "osImage": "Debian GNU/Linux 13 (trixie)",
-                        "containerRuntimeVersion": "",
-                        "kubeProxyVersion": "",
-                        "operatingSystem": "linux",
-                        "architecture": "amd64",
-                    },
-                }
-            },
-            sub="status",
-        )
-        self.note(f"Node {node.hostname} registered ({provider_id})")
+        self.booted[name] = Booted(name, consumer, meta_data_secret, node)
+        self.note(f"BareMetalHost {name} booted as {node.hostname} at {node.net.address} (netns {node.net.netns})")
 
     def _power_off(self, booted: Booted, check: bool = True) -> None:
         node = booted.node
@@ -1113,39 +616,32 @@ class MachineSimulator:
         with suppress(Exception):
             for job_id, job in self.slurm.jobs().items():
                 states = set(job.get("job_state") or [])
-                if states & {"RUNNING", "COMPLETING"} and hostname in self.slurm.hostnames(job.get("nodes") or ""):
+                if states & BUSY_STATES and hostname in self.slurm.hostnames(job.get("nodes") or ""):
                     found.append(f"job {job_id} {'+'.join(sorted(states))}")
         return found
 
+    def node(self, hostname: str) -> Host | None:
+        """The booted host whose host name (Slurm node name) is ``hostname``."""
+        return next((b.node for b in self.booted.values() if b.node.hostname == hostname), None)
+
     def node_logs(self) -> dict[str, str]:
-        """Every booted node's cloud-init output and slurmd log (for the session's secret scan)."""
-        logs = {}
-        for directory in sorted(p for p in self.nodes_dir.iterdir() if p.is_dir()):
-            for path in (directory / "cloud-init-output.log", directory / "log" / "slurmd.log"):
+        """Every boot's cloud-init, boot and slurmd logs, powered off or not (for diagnostics and the secret scan)."""
+        found = {}
+        for directory in sorted(p for p in self.hosts_dir.iterdir() if p.is_dir()):
+            for name, path in (
+                ("boot.log", directory / "boot.log"),
+                ("cloud-init.log", directory / "disk/var/log/cloud-init.log"),
+                ("cloud-init-output.log", directory / "disk/var/log/cloud-init-output.log"),
+                ("slurmd.log", directory / "log/slurmd.log"),
+            ):
                 if path.is_file():
-                    logs[f"{directory.name}/{path.name}"] = path.read_text(errors="replace")
-        return logs
+                    found[f"{directory.name}/{name}"] = path.read_text(errors="replace")
+        return found
 
 
-def render_meta_data(template: Obj, data: Obj, m3m: Obj, machine: Obj, host: Obj) -> dict[str, str]:
-    """CAPM3's ``renderMetaData`` for what this tier's templates use: strings, objectNames, namespaces, indexes."""
-    spec = (template.get("spec") or {}).get("metaData") or {}
-    objects = {"metal3machine": m3m, "machine": machine, "baremetalhost": host}
-    content: dict[str, str] = {}
-    for entry in spec.get("indexes") or []:
-        index = int(data["spec"].get("index") or 0) * int(entry.get("step") or 1) + int(entry.get("offset") or 0)
-        content[entry["key"]] = f"{entry.get('prefix', '')}{index}{entry.get('suffix', '')}"
-    for entry in spec.get("namespaces") or []:
-        content[entry["key"]] = _meta(data)["namespace"]
-    for entry in spec.get("objectNames") or []:
-        content[entry["key"]] = _meta(objects[entry["object"].lower()])["name"]
-    for entry in spec.get("strings") or []:
-        content[entry["key"]] = entry["value"]
-    unsupported = sorted(k for k in spec if k not in ("indexes", "namespaces", "objectNames", "strings"))
-    if unsupported:
-        raise ValueError(f"metaData {unsupported} is not simulated here")
-    content["providerid"] = f"{_meta(data)['namespace']}/{_meta(host)['name']}/{_meta(m3m)['name']}"
-    return content
+def data_digest(secret: Obj) -> str:
+    """A SHA-256 of a Secret's ``data`` (to compare two versions without holding or showing their content)."""
+    return hashlib.sha256(json.dumps(secret.get("data") or {}, sort_keys=True).encode()).hexdigest()
 
 
 def command_line(pid: int) -> str:
@@ -1155,7 +651,3 @@ def command_line(pid: int) -> str:
             return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
     except OSError:
         return str(pid)
-
-
-def machine_phase(machine: Obj) -> str:
-    return str((machine.get("status") or {}).get("phase") or "")

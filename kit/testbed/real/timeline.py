@@ -32,7 +32,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("KEDA reaction", "submitted", "admitted"),
     ("scaling webhook", "admitted", "md"),
     ("Cluster API", "md", "machine"),
-    ("provisioning (simulated metal)", "machine", "registered"),
+    ("provisioning (Metal3, cloud-init)", "machine", "registered"),
     ("Slurm scheduling", "registered", "started"),
 )
 
