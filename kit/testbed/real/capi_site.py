@@ -35,7 +35,7 @@ from testbed.real import capi, metal3
 from testbed.real import story as k8s
 from testbed.real.cloudinit import USER_DATA
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.host import PACKAGES
+from testbed.real.host import PACKAGES, slurmctld_refusals
 from testbed.real.isolated import IsolatedManager
 from testbed.real.machines import (
     Api,
@@ -192,6 +192,7 @@ class Site:
             f"BareMetalHosts {self.host_states()}",
             f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
             f"hosts booted {[b.node.describe() for b in self.booter.booted.values()]}",
+            f"slurmctld's refusals {slurmctld_refusals(self.slurm)}",
             f"host booter errors {self.booter.errors[-5:]}",
             "--- CAPI manager ---\n" + self.manager.tail(15),
             self.metal3.tail(15),

@@ -43,7 +43,7 @@ from typing import Any
 
 from testbed.real.cloudinit import Node
 from testbed.real.netns import Network
-from testbed.real.slurm import CHROOT_PATH, SlurmRoot, _tail
+from testbed.real.slurm import CHROOT_PATH, Slurm, SlurmRoot, _tail
 
 PACKAGES = ("cloud-init",)  # added to the Slurm root the hosts boot (Debian's package, trixie: 25.1)
 SEED = "/var/lib/cloud/seed/config_drive"
@@ -94,9 +94,15 @@ class Host(Node):
         return (
             f"{self.hostname} ({self.net.address}): cloud-init "
             f"{'finished' if self.cloud_init_result() is not None else 'not finished'}, "
-            f"errors {self.cloud_init_errors()}; boot: {_tail(self.dir / 'boot.log', 3)!r}; "
-            f"slurmd: {self.slurmd_log()!r}"
+            f"errors {self.cloud_init_errors()}; its output's end: "
+            f"{_tail(self.upper / 'var/log/cloud-init-output.log', 3)!r}; slurmd's log: {self.slurmd_log()!r}"
         )
+
+
+def slurmctld_refusals(slurm: Slurm, lines: int = 3) -> list[str]:
+    """slurmctld's last authentication refusals (a node with a wrong key), for a timeout's message."""
+    log = slurm.logs().get("slurmctld.log", "")
+    return [line for line in log.splitlines() if "authentication error" in line.lower()][-lines:]
 
 
 def boot(

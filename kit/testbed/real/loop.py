@@ -48,7 +48,7 @@ import httpx
 from common.names import ADOPTED_ANNOTATION
 from testbed.real import capi, certmanager, keda, metal3, prometheus, tier
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.host import PACKAGES
+from testbed.real.host import PACKAGES, slurmctld_refusals
 from testbed.real.isolated import IsolatedManager
 from testbed.real.machines import (
     Api,
@@ -231,6 +231,7 @@ class Loop:
             f"Slurm nodes {json.dumps({n: sorted(s) for n, s in self.slurm.node_states().items()})}",
             f"BareMetalHosts {self.host_states()}",
             f"hosts booted {[b.node.describe() for b in self.booter.booted.values()]}",
+            f"slurmctld's refusals {slurmctld_refusals(self.slurm)}",
             f"host booter errors {self.booter.errors[-5:]}",
             "--- CAPI manager ---\n" + self.manager.tail(10),
             self.metal3.tail(10),

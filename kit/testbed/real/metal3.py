@@ -145,7 +145,8 @@ class Metal3:
             # BMO's config/default leaves its namespace to config/namespace (its kustomize overlays add it).
             named = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
             used = sorted({o["metadata"]["namespace"] for o in objects if o["metadata"].get("namespace")} - named)
-            objects = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in used] + objects
+            missing: list[Obj] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in used]
+            objects = missing + objects
             path = self.workdir / f"{name}-manifest.yaml"
             path.write_text(yaml.safe_dump_all(objects))
             # --force-conflicts: the real-Kubernetes tier's own Metal3 CRDs (CAPM3 v1.12's, slime-real-k8s) are replaced.
