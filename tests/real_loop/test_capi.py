@@ -7,7 +7,7 @@ baremetal-operator v0.13.2's (test mode: no Ironic). The mirror is scaled throug
 the chart's scaling webhook admits it and its leader moves the MachineDeployment; CAPM3 creates
 each ``metaData`` Secret as its own ServiceAccount and the chart's injection webhook completes it;
 each provisioned host boots its config drive with real cloud-init, which runs the documented
-user-data, and its slurmd joins the real slurmctld 24.11. The hosts run no kubelet (no Node, no
+user-data, and its slurmd joins the real slurmctld 26.05. The hosts run no kubelet (no Node, no
 nodeRef): CAPI ignores pre-drain hooks on such Machines, SliMe's pre-terminate hook holds them.
 See docs/testing.md ("Real Cluster API").
 """
@@ -30,7 +30,13 @@ pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(900)]
 
 DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
 PRE_TERMINATE = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/slime"
-JOIN_KEYS = {"slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64"}
+JOIN_KEYS = {
+    "slurm_controller_host",
+    "slurm_controller_port",
+    "slurm_conf_server",
+    "slurm_key_base64",
+    "slurm_hosts_base64",
+}
 
 
 @pytest.fixture(scope="module")

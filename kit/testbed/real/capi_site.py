@@ -4,10 +4,10 @@ Real, each in its own process: etcd, kube-apiserver and kube-controller-manager 
 installed with ``helm``, its two webhooks as the chart's pods; the CAPI core controller manager
 v1.14.2 (:mod:`testbed.real.capi`), CAPM3 v1.13.2 and the baremetal-operator v0.13.2 in test mode
 (:mod:`testbed.real.metal3`), each in a network namespace of its own and CAPM3 and BMO as their
-ServiceAccounts; slurmctld and slurmrestd 24.11 on the host side of a test bridge. Each provisioned
-host boots from its config drive with real cloud-init in a network namespace and runs a real
-``slurmd`` (:mod:`testbed.real.machines`, :mod:`testbed.real.host`). The hosts run no kubelet: no
-Node, no nodeRef (the plain cloud-init bootstrap style; docs/scaling.md).
+ServiceAccounts; slurmctld and slurmrestd 26.05 (as Slinky v1.3 configures them) on the host side
+of a test bridge. Each provisioned host boots from its config drive with real cloud-init in a
+network namespace and runs a real ``slurmd`` (:mod:`testbed.real.machines`, :mod:`testbed.real.host`).
+The hosts run no kubelet: no Node, no nodeRef (the plain cloud-init bootstrap style; docs/scaling.md).
 
 The mapping opts in to safe scale-in (slurmrestd = the real one, the JWT key from Slinky's Secret)
 and capacity-aware scale-up, as an operator would turn both on for a Metal3 pool.

@@ -45,7 +45,7 @@ from testbed.real.cloudinit import Node
 from testbed.real.netns import Network
 from testbed.real.slurm import CHROOT_PATH, Slurm, SlurmRoot, _tail
 
-PACKAGES = ("cloud-init",)  # added to the Slurm root the hosts boot (Debian's package, trixie: 25.1)
+PACKAGES = ("cloud-init",)  # added to the Slurm root the hosts boot (Debian's package: 26.2 in forky, 25.1 in trixie)
 SEED = "/var/lib/cloud/seed/config_drive"
 STAGES = (
     "cloud-init init --local",
