@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,7 @@ MIRROR = "mirror-batch"
 SPEC = ClusterSpec(pool="md-batch", hostname_object="baremetalhost")  # node names = host names = FUTURE records
 JWT_SECRET = "slurm-auth-jwths256"
 MONITORING = "monitoring"
+log = logging.getLogger("slime.testbed.loop")
 POLL_SECONDS = 0.2
 STARTED_STATES = {"RUNNING", "COMPLETING", "COMPLETED"}  # a job that already ended has started too
 VOLUME_SYNC_SECONDS = 5.0  # kubelet's secret-volume refresh (1 min by default on a node)
@@ -495,6 +497,16 @@ class Recorder:
                 job = self.loop.slurm_jobs().get(self.job)
                 if job is not None and set(job.get("job_state") or []) & STARTED_STATES:
                     self.scale_up.mark("started", now)
+                    if "registered" not in self.scale_up.at:  # what the timeline will miss, for the failure's reader
+                        log.warning(
+                            "%s: job %s %s with %d of %d hosts up; node states %s",
+                            self.scale_up.label,
+                            self.job,
+                            job.get("job_state"),
+                            len(up),
+                            self.target,
+                            {n: sorted(s) for n, s in states.items()},
+                        )
                     return
             except (httpx.HTTPError, ValueError, KeyError):
                 continue  # a component busy for a moment: the next poll sees it
