@@ -15,6 +15,7 @@ See docs/testing.md ("Real Cluster API").
 from __future__ import annotations
 
 import base64
+import stat
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -71,6 +72,20 @@ def no_key_in_logs(s: Site) -> None:
         assert not any(k in raw for k in keys if k), f"a key appears in the {name} log"
 
 
+def files_users_can_read_with_the_key(s: Site) -> list[str]:
+    """Files a booted host's local users could read that hold slurm.key (raw or base64): what cloud-init wrote to the
+    host's disk and to /run (docs/install.md: the user-data makes cloud-init's instance-data.json root-only)."""
+    keys = [s.slinky.key, base64.b64encode(s.slinky.key)]
+    found = []
+    for booted in s.booter.booted.values():
+        for top in (booted.node.upper, booted.node.dir / "run"):
+            for path in top.rglob("*"):
+                mode = path.lstat().st_mode
+                if stat.S_ISREG(mode) and mode & stat.S_IROTH and any(k in path.read_bytes() for k in keys):
+                    found.append(f"{booted.host}: {path.relative_to(top)} ({stat.filemode(mode)})")
+    return found
+
+
 def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_one(capi_site: Site) -> None:
     s = capi_site
     assert s.md_replicas() == 0 and s.machines() == []
@@ -96,6 +111,9 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     # What the injection is for: both hosts' slurmd join slurmctld with the join data cloud-init found on the drive.
     states = s.wait_for(lambda: s.idle_nodes(names), 120, "both nodes to join slurmctld")
     assert set(states) == set(names)
+    instance_data = [b.node.dir / "run/cloud-init/instance-data.json" for b in s.booter.booted.values()]
+    assert instance_data and all(p.is_file() for p in instance_data), "cloud-init wrote no instance-data.json"
+    assert files_users_can_read_with_the_key(s) == [], "a file a local user can read holds slurm.key"
     joined = time.monotonic()
     print(
         f"\n[capi] mirror scaled 0 -> 2: MachineDeployment followed after {followed - started:.1f} s, "
