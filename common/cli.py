@@ -119,7 +119,8 @@ def parse_settings(settings_type: type[S], argv: Sequence[str] | None, prog: str
 
 
 def check_certificates(settings: ServiceSettings) -> None:
-    """The serving certificate, its key and the client CA can be read and go together, or a ConfigError names the flag."""
+    """The serving certificate, its key and the client CA can be read and go together, or a ConfigError names the
+    flag."""
     try:
         check_certificate_files(settings.cert_file, settings.key_file, settings.client_ca_file)
     except CertificateFileError as exc:

@@ -200,7 +200,8 @@ def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Gen
         yield fail(
             "slinky",
             f"no slurmctld pod matches {selector} in {where}",
-            f"set injection.controllerSelector to your Slinky release's labels (kubectl -n {ns} get pods --show-labels)",
+            "set injection.controllerSelector to your Slinky release's labels "
+            f"(kubectl -n {ns} get pods --show-labels)",
         )
         return None
     statefulsets = {metadata_of(s)["name"]: s for s in ctx.read_all(STATEFULSETS.collection(ns), target.kube, selector)}
@@ -293,7 +294,10 @@ def _key(
     ctx: Context, target: Target, controller: str, what: str, field_name: str, secret_name: str, key: str
 ) -> Finding:
     ns = target.namespace
-    subject = f"Secret {ns}/{secret_name} key {key} ({what}, {field_name} of Controller {ns}/{controller}, cluster {target.cluster})"
+    subject = (
+        f"Secret {ns}/{secret_name} key {key} ({what}, {field_name} of Controller {ns}/{controller}, cluster "
+        f"{target.cluster})"
+    )
     seen = ""
     try:
         secret = ctx.read(SECRETS.item(ns, secret_name), target.kube)
@@ -370,7 +374,10 @@ def _conf_server(template: dict[str, Any], target: Target, found: Slurmctld, set
     note = ""
     if policy.kind == HOST_IP:
         note = " (the node running slurmctld: a node provisioned before a move keeps the old address)"
-    line = f"Metal3DataTemplate {ref} (policy {policy}): a node provisioned now gets slurm_conf_server {endpoint.conf_server}{note}"
+    line = (
+        f"Metal3DataTemplate {ref} (policy {policy}): a node provisioned now gets slurm_conf_server "
+        f"{endpoint.conf_server}{note}"
+    )
     # As the webhook does: the names slurm.conf gives slurmctld go to the node's /etc/hosts (slurm_hosts_base64),
     # which can only map them to an IP address.
     names = controller_names(found.pods, found.statefulset, target.namespace)
@@ -395,14 +402,18 @@ def capm3_identity(ctx: Context) -> Iterator[Finding]:
     if not deployments:
         yield warn(
             "capm3",
-            f"no Deployment labelled {selector}: CAPM3's identity not compared with injection.allowedRequesters ({listed})",
+            f"no Deployment labelled {selector}: CAPM3's identity not compared with injection.allowedRequesters "
+            f"({listed})",
             f"if CAPM3 runs under other labels, compare its ServiceAccount with injection.allowedRequesters "
             f"({INSTALL}, 'Who gets the key')",
         )
         return
     for deployment in deployments:
         spec = deployment["spec"]["template"]["spec"]
-        user = f"system:serviceaccount:{metadata_of(deployment)['namespace']}:{spec.get('serviceAccountName') or 'default'}"
+        user = (
+            f"system:serviceaccount:{metadata_of(deployment)['namespace']}:"
+            f"{spec.get('serviceAccountName') or 'default'}"
+        )
         if user in allowed:
             yield ok(
                 "capm3",

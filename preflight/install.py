@@ -91,7 +91,8 @@ def settings_of(settings_type: type[S], deployment: dict[str, Any]) -> S:
 
 
 def find_installation(kube: KubeClient, namespace: str, release: str) -> Installation:
-    """The release's webhook Deployments in ``namespace`` (by the chart's labels); KubeError when they cannot be listed."""
+    """The release's webhook Deployments in ``namespace`` (by the chart's labels); KubeError when they cannot be
+    listed."""
     found: dict[str, Component] = {}
     for name, settings_type in (("injection", InjectionSettings), ("scaling", ScalingSettings)):
         selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component={name}-webhook"

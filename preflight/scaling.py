@@ -72,7 +72,8 @@ def _mapping(ctx: Context, mapping: Mapping, md_path: ResourcePath, keda: str) -
     if managed:
         yield fail(
             "mapping",
-            f"{title}: the MachineDeployment is a cluster-autoscaler node group ({', '.join(managed)}): SliMe never writes it",
+            f"{title}: the MachineDeployment is a cluster-autoscaler node group ({', '.join(managed)}): SliMe never "
+            "writes it",
             "remove the mapping or the autoscaler's annotations: one writer per MachineDeployment",
         )
         return
@@ -179,14 +180,16 @@ def _slurmrestd(ctx: Context, endpoint: SlurmEndpoint, users: list[str]) -> Find
             return fail(
                 "slurmrestd",
                 f"{title}: {cause}",
-                f"run slime-check where that name resolves (helm test {ctx.install.release} -n {ctx.install.namespace} runs it in the cluster), "
+                f"run slime-check where that name resolves (helm test {ctx.install.release} -n {ctx.install.namespace} "
+                "runs it in the cluster), "
                 f"or through kubectl port-forward: --slurmrestd {endpoint.slurmrestd}=http://127.0.0.1:<port>",
             )
         if "refused the JWT" in cause:
             return fail(
                 "slurmrestd",
                 f"{title}: {cause}",
-                f"the key in Secret {secret} ({endpoint.jwt_key}) is not the one slurmrestd verifies with, or Slurm does not know user {endpoint.token_user}",
+                f"the key in Secret {secret} ({endpoint.jwt_key}) is not the one slurmrestd verifies with, or Slurm "
+                f"does not know user {endpoint.token_user}",
             )
         return fail("slurmrestd", f"{title}: {cause}", "correct jwtSecret/jwtKey/tokenUser/apiVersion in the mapping")
     finally:
@@ -225,5 +228,6 @@ def _slurmrestd_unsigned(ctx: Context, endpoint: SlurmEndpoint, url: str, title:
         )
     return skip(
         "slurmrestd",
-        f"{title}: reachable (HTTP {answer.status_code} without a token); the JWT not tried: Secret {secret} not readable by this identity ({rbac})",
+        f"{title}: reachable (HTTP {answer.status_code} without a token); the JWT not tried: Secret {secret} not "
+        f"readable by this identity ({rbac})",
     )

@@ -66,7 +66,8 @@ def verify(chain_pem: bytes, bundle_pem: bytes, server_name: str, now: dt.dateti
         )
     if not leaf.not_valid_before_utc <= now <= leaf.not_valid_after_utc:
         raise ValueError(
-            f"the serving certificate is not valid now (valid {leaf.not_valid_before_utc} to {leaf.not_valid_after_utc})"
+            f"the serving certificate is not valid now (valid {leaf.not_valid_before_utc} to "
+            f"{leaf.not_valid_after_utc})"
         )
     current, pool = leaf, chain[1:]
     for _ in range(len(chain) + 1):

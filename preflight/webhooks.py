@@ -30,7 +30,8 @@ def webhooks(ctx: Context) -> Iterator[Finding]:
             yield fail(
                 "webhook",
                 f"{kind} {name} is not registered: the API server never calls {component.name}-webhook",
-                f"helm upgrade {ctx.install.release} <chart> -n {ctx.install.namespace} --reuse-values (the chart renders it)",
+                f"helm upgrade {ctx.install.release} <chart> -n {ctx.install.namespace} --reuse-values (the chart "
+                "renders it)",
             )
             continue
         yield _webhook(ctx, component, kind, config)
@@ -42,9 +43,13 @@ def _webhook(ctx: Context, component: Component, kind: str, config: dict[str, An
     client_config = hook.get("clientConfig") or {}
     injected_by = annotations_of(config).get("cert-manager.io/inject-ca-from")
     tls_fix = (
-        f"cert-manager's cainjector fills it from Certificate {injected_by}: kubectl -n {ctx.install.namespace} get certificates, and the cainjector's log"
+        f"cert-manager's cainjector fills it from Certificate {injected_by}: kubectl -n {ctx.install.namespace} get "
+        "certificates, and the cainjector's log"
         if injected_by
-        else f"delete the *-webhook-tls Secrets in {ctx.install.namespace} and helm upgrade ({INSTALL}, 'Install without cert-manager')"
+        else (
+            f"delete the *-webhook-tls Secrets in {ctx.install.namespace} and helm upgrade "
+            f"({INSTALL}, 'Install without cert-manager')"
+        )
     )
     bundle = base64.b64decode(client_config.get("caBundle") or "")
     if not bundle.strip():
@@ -82,7 +87,8 @@ def _webhook(ctx: Context, component: Component, kind: str, config: dict[str, An
                 raise
             return skip(
                 "webhook",
-                f"{kind} {name}: {unreachable} and Secret {component.namespace}/{secret_name} not readable by this identity: caBundle not checked",
+                f"{kind} {name}: {unreachable} and Secret {component.namespace}/{secret_name} not readable by this "
+                "identity: caBundle not checked",
             )
         if secret is None:
             return fail(
@@ -157,22 +163,26 @@ def _injection_dry_run(ctx: Context) -> Finding:
         if exc.status == 403 and "admission webhook" not in exc.message:
             return skip(
                 "admission",
-                f"injection-webhook: this identity may not create Secrets in {namespace}, which {what} needs (helm test's ServiceAccount may not, on purpose)",
+                f"injection-webhook: this identity may not create Secrets in {namespace}, which {what} needs (helm "
+                "test's ServiceAccount may not, on purpose)",
             )
         return fail(
             "admission",
             f"injection-webhook: {what} failed: {exc.message}",
-            f"the API server could not call the webhook: its Service and endpoints (kubectl -n {ctx.install.namespace} get endpoints), the network policy ({INSTALL}) and the webhook line above",
+            f"the API server could not call the webhook: its Service and endpoints (kubectl -n {ctx.install.namespace} "
+            f"get endpoints), the network policy ({INSTALL}) and the webhook line above",
         )
     if DRY_RUN_WARNING in warnings:
         return ok(
             "admission",
-            f"injection-webhook: the API server called it for {what}; it answered (no join data on a dry run, as it must)",
+            f"injection-webhook: the API server called it for {what}; it answered (no join data on a dry run, as it "
+            "must)",
         )
     return fail(
         "admission",
         f"injection-webhook: the API server admitted {what} without calling the webhook",
-        "the MutatingWebhookConfiguration does not match it: check injection.extraExemptNamespaces and injection.objectSelector",
+        "the MutatingWebhookConfiguration does not match it: check injection.extraExemptNamespaces and "
+        "injection.objectSelector",
     )
 
 
@@ -198,7 +208,8 @@ def _scaling_dry_run(ctx: Context) -> Finding:
             if exc.status == 403 and "admission webhook" not in exc.message:
                 return skip(
                     "admission",
-                    f"scaling-webhook: this identity may not scale {mapping.mirror_ref}, which {what} needs (helm test's ServiceAccount may not, on purpose)",
+                    f"scaling-webhook: this identity may not scale {mapping.mirror_ref}, which {what} needs (helm "
+                    "test's ServiceAccount may not, on purpose)",
                 )
             return fail(
                 "admission",
@@ -209,7 +220,9 @@ def _scaling_dry_run(ctx: Context) -> Finding:
             return ok("admission", f"scaling-webhook: the API server called it for {what}; it answered")
         return fail(
             "admission",
-            f"scaling-webhook: the API server admitted {what} without an answer from the webhook (failurePolicy Ignore hides a failed call from every client)",
-            f"the ValidatingWebhookConfiguration's match (scaling.narrowToMirrors, scaling.extraExemptNamespaces), its Service and endpoints, the network policy ({INSTALL}), and the webhook line above",
+            f"scaling-webhook: the API server admitted {what} without an answer from the webhook (failurePolicy Ignore "
+            "hides a failed call from every client)",
+            "the ValidatingWebhookConfiguration's match (scaling.narrowToMirrors, scaling.extraExemptNamespaces), its "
+            f"Service and endpoints, the network policy ({INSTALL}), and the webhook line above",
         )
     return skip("admission", "scaling-webhook: no mapped mirror exists to send a dry run to")

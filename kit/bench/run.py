@@ -71,7 +71,8 @@ def ensure_wrk() -> str:
     found = shutil.which("wrk")
     if not found:
         raise SystemExit(
-            "bench: wrk is required and could not be installed; install it (apt-get install -y wrk, brew install wrk) and retry"
+            "bench: wrk is required and could not be installed; install it (apt-get install -y wrk, brew install wrk) "
+            "and retry"
         )
     return found
 
@@ -351,7 +352,8 @@ def run_target(
             run = measure(wrk, server, body_file, emu, args.connections, args.duration)
             result.throughput.append(run)
             say(
-                f"{target.name}: run {i + 1}/{args.repeats}: {run.rps:,.0f} req/s, p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, "
+                f"{target.name}: run {i + 1}/{args.repeats}: {run.rps:,.0f} req/s, p50 {run.p50_ms:.2f} ms, "
+                f"p99 {run.p99_ms:.2f} ms, "
                 f"{run.cpu_us_per_request:.0f} µs CPU/req, errors {run.errors}"
             )
             latency = measure(wrk, server, body_file, emu, 1, args.latency_duration)
@@ -779,7 +781,8 @@ def targets(
             Target(
                 "scaling (mapped) vs kubemu as shipped",
                 "extra",
-                "the mapped scaling target against an emulator without TCP_NODELAY (kubemu as it is today): ~40 ms per API call",
+                "the mapped scaling target against an emulator without TCP_NODELAY (kubemu as it is today): ~40 ms per "
+                "API call",
                 [
                     *service,
                     "scaling_webhook.main",
@@ -827,7 +830,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--rss-counts",
         default="10,1000,10000,10000/100",
-        help="Metal3Data counts for the RSS figures; N means N Metal3Data and N templates, N/T spreads N over T templates",
+        help=(
+            "Metal3Data counts for the RSS figures; N means N Metal3Data and N templates, N/T spreads N over T "
+            "templates"
+        ),
     )
     parser.add_argument(
         "--no-extras", action="store_true", help="skip the informative rows (uvloop, kubemu as shipped)"

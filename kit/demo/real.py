@@ -4,7 +4,8 @@ Real kube-apiserver, etcd and kube-controller-manager; real cert-manager, KEDA, 
 API, CAPM3, the baremetal-operator (test mode: no Ironic) and Slurm 24.11; the chart installed with
 ``helm``, both webhooks run from the image as the chart's pods. Each provisioned host boots its
 config drive with real cloud-init in a network namespace and starts a real ``slurmd`` with the
-join data the injection webhook filled in (:mod:`testbed.real.loop` says what each part is). The story is the whole-loop test's (:func:`testbed.real.loop.run_story`):
+join data the injection webhook filled in (:mod:`testbed.real.loop` says what each part is). The story is the
+whole-loop test's (:func:`testbed.real.loop.run_story`):
 a 1-node job on an empty pool, then a 4-node job, then scale-in back to 0.
 
 It needs root (network namespaces, chroot, podman) and builds or fetches every component on first

@@ -261,7 +261,8 @@ for _kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"
 
 
 def crd_columns(*columns: tuple[str, str, str, int]) -> tuple[Column, ...]:
-    """A CRD's ``additionalPrinterColumns`` (name, jsonPath, type, priority), after the Name column kube-apiserver adds."""
+    """A CRD's ``additionalPrinterColumns`` (name, jsonPath, type, priority), after the Name column kube-apiserver
+    adds."""
     return (NAME, *(Column(name, path, type=kind, priority=priority) for name, path, kind, priority in columns))
 
 

@@ -44,7 +44,8 @@ class ServingFiles(Protocol):
 def start_injection(
     kubeconfig: str, tls: ServingFiles, ready: bool = True, ready_timeout: float = 15.0, port: int = 0, **settings: Any
 ) -> RunningService:
-    """The injection webhook on 127.0.0.1 (admission on ``port``, 0: any); with ``ready``, returns once ``/readyz`` answers 200."""
+    """The injection webhook on 127.0.0.1 (admission on ``port``, 0: any); with ``ready``, returns once ``/readyz``
+    answers 200."""
     values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
     values.update(settings)
     service = serve_in_thread(build_injection(InjectionSettings(**values)), tls.ca_file, "injection-webhook", port)

@@ -47,7 +47,8 @@ def test_an_image_left_at_a_placeholder_fails_with_what_to_do(render: Render, re
     with pytest.raises(HelmError) as failed:
         render({"image": {"repository": repository}})
     assert (
-        f'image.repository="{repository}" with tag "{CHART_YAML["appVersion"]}" is a placeholder, not an image: build the '
+        f'image.repository="{repository}" with tag "{CHART_YAML["appVersion"]}" is a placeholder, '
+        "not an image: build the "
         "image, push it to your registry and set image.repository (and image.tag) to where you pushed it "
         '(docs/install.md, "The image")'
     ) in failed.value.stderr

@@ -1,4 +1,5 @@
-"""Every bad flag, variable, certificate file, kubeconfig, port clash or address: exit 2 with one line naming the setting.
+"""Every bad flag, variable, certificate file, kubeconfig, port clash or address: exit 2 with one line naming the
+setting.
 
 Both console scripts share :func:`common.cli.run_service`. The table runs each bad configuration
 through the real ``main`` of a service; two cases also run as separate processes, to show the

@@ -90,7 +90,8 @@ def test_the_demo_install_passes_every_check(env: DemoEnvironment) -> None:
         ("mapping", "mirror slime-system/mirror-slurm-workers -> MachineDeployment metal3/md-slurm-workers"),
         (
             "webhook",
-            "MutatingWebhookConfiguration slime-injection-webhook: its caBundle verifies the certificate served at localhost:",
+            "MutatingWebhookConfiguration slime-injection-webhook: its caBundle verifies the certificate served at "
+            "localhost:",
         ),
         ("webhook", "ValidatingWebhookConfiguration slime-scaling-webhook: its caBundle verifies"),
         (
@@ -140,7 +141,8 @@ def test_capm3_running_as_an_identity_the_chart_does_not_allow(env: DemoEnvironm
     assert code == 1
     (line,) = lines_of(lines, "FAIL", "capm3")
     assert (
-        "CAPM3 (Deployment capm3-system/capm3-controller-manager) runs as system:serviceaccount:capm3-system:capm3-manager, "
+        "CAPM3 (Deployment capm3-system/capm3-controller-manager) runs as "
+        "system:serviceaccount:capm3-system:capm3-manager, "
         "which injection.allowedRequesters (system:serviceaccount:capm3:manager) does not list" in line
     )
     assert "--set 'injection.allowedRequesters={system:serviceaccount:capm3-system:capm3-manager}'" in line
@@ -179,8 +181,8 @@ def test_a_missing_key_secret(env: DemoEnvironment) -> None:
         restore()
     assert code == 1
     assert lines_of(lines, "FAIL", "key") == [
-        "FAIL  key         Secret slurm/slurm-auth-slurm key slurm.key (slurm key, slurmKeyRef of Controller slurm/slurm, "
-        "cluster local) does not exist -- fix: create it, or correct Controller.spec.slurmKeyRef"
+        "FAIL  key         Secret slurm/slurm-auth-slurm key slurm.key (slurm key, slurmKeyRef of Controller "
+        "slurm/slurm, cluster local) does not exist -- fix: create it, or correct Controller.spec.slurmKeyRef"
     ]
 
 
@@ -201,8 +203,8 @@ def test_a_policy_that_cannot_be_satisfied(env: DemoEnvironment) -> None:
     assert code == 1
     (line,) = lines_of(lines, "FAIL", "conf-server")
     assert (
-        "Metal3DataTemplate metal3/slurm-workers (policy service): nodes provisioned now would be denied: NodePort Service"
-        in line
+        "Metal3DataTemplate metal3/slurm-workers (policy service): nodes provisioned now would be denied: NodePort "
+        "Service" in line
     )
     assert "needs stable node addresses" in line
 
@@ -238,8 +240,8 @@ def test_a_ca_bundle_that_does_not_verify_the_served_certificate(env: DemoEnviro
     assert code == 1
     (line,) = lines_of(lines, "FAIL", "webhook")
     assert (
-        "MutatingWebhookConfiguration slime-injection-webhook: the caBundle does not verify the certificate served at localhost:"
-        in line
+        "MutatingWebhookConfiguration slime-injection-webhook: the caBundle does not verify the certificate served at "
+        "localhost:" in line
     )
     assert "unable to get local issuer certificate" in line and "delete the *-webhook-tls Secrets" in line
 
@@ -255,7 +257,8 @@ def test_a_webhook_configuration_that_is_gone(env: DemoEnvironment) -> None:
         restore()
     assert code == 1
     assert lines_of(lines, "FAIL", "webhook") == [
-        "FAIL  webhook     ValidatingWebhookConfiguration slime-scaling-webhook is not registered: the API server never "
+        "FAIL  webhook     ValidatingWebhookConfiguration slime-scaling-webhook is not registered: the API server "
+        "never "
         "calls scaling-webhook -- fix: helm upgrade slime <chart> -n slime-system --reuse-values (the chart renders it)"
     ]
 
@@ -273,12 +276,12 @@ def test_dry_runs_the_api_server_admits_without_calling_the_webhooks(env: DemoEn
     failed = lines_of(lines, "FAIL", "admission")
     assert len(failed) == 2
     assert (
-        "injection-webhook: the API server admitted a server-side dry run of a metaData Secret in metal3 without calling the webhook"
-        in failed[0]
+        "injection-webhook: the API server admitted a server-side dry run of a metaData Secret in metal3 without "
+        "calling the webhook" in failed[0]
     )
     assert (
-        "scaling-webhook: the API server admitted a server-side dry-run scale of mirror slime-system/mirror-slurm-workers without an answer"
-        in failed[1]
+        "scaling-webhook: the API server admitted a server-side dry-run scale of mirror "
+        "slime-system/mirror-slurm-workers without an answer" in failed[1]
     )
 
 

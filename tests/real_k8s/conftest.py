@@ -1,5 +1,6 @@
 """The real-Kubernetes tier (issue 12): the one-time build before any test runs (``pytest_collection_finish``,
-only when a ``real_k8s`` test was selected; :mod:`testbed.real.story`). Its fixtures are in :mod:`testbed.real.fixtures`."""
+only when a ``real_k8s`` test was selected; :mod:`testbed.real.story`). Its fixtures are in
+:mod:`testbed.real.fixtures`."""
 
 from __future__ import annotations
 

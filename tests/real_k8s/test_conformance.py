@@ -148,7 +148,8 @@ def test_scale_subresources(targets: dict[str, Target]) -> None:
 
 def test_a_scale_at_zero_is_served_without_spec_replicas(targets: dict[str, Target]) -> None:
     # autoscaling/v1 ScaleSpec.Replicas is an int32 with omitempty: at 0 kube-apiserver leaves it out, in what it
-    # serves and in the AdmissionReview's object and oldObject (the scaling webhook once refused every scale from or to 0).
+    # serves and in the AdmissionReview's object and oldObject (the scaling webhook once refused every scale from or
+    # to 0).
     def case(send: Target) -> Any:
         send(
             "POST",

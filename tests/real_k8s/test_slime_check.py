@@ -137,7 +137,8 @@ def test_a_fresh_install_passes_every_check(stack: Stack) -> None:
         ("mapping", "mirror slime-system/mirror-a -> MachineDeployment metal3/md-a: mirror 2, MachineDeployment 2"),
         (
             "webhook",
-            "MutatingWebhookConfiguration slime-injection-webhook: its caBundle verifies the certificate served at localhost:",
+            "MutatingWebhookConfiguration slime-injection-webhook: its caBundle verifies the certificate served at "
+            "localhost:",
         ),
         ("webhook", "ValidatingWebhookConfiguration slime-scaling-webhook: its caBundle verifies"),
         ("admission", "injection-webhook: the API server called it"),
@@ -179,8 +180,8 @@ def test_an_api_that_is_not_served(stack: Stack) -> None:
         )
     assert code == 1
     assert (
-        "FAIL  api         Slinky (controllers.slinky.slurm.net, needed by injection): slinky.slurm.net is not served by "
-        "this cluster -- fix: install Slinky's slurm-operator with its CRDs where slurmctld runs"
+        "FAIL  api         Slinky (controllers.slinky.slurm.net, needed by injection): slinky.slurm.net is not served "
+        "by this cluster -- fix: install Slinky's slurm-operator with its CRDs where slurmctld runs"
     ) in lines
 
 
@@ -257,8 +258,8 @@ def test_a_key_secret_that_is_gone(stack: Stack) -> None:
         restore()
     assert code == 1
     assert lines_of(lines, "FAIL", "key") == [
-        f"FAIL  key         Secret slurm/{name} key slurm.key (slurm key, slurmKeyRef of Controller slurm/slurm, cluster "
-        "local) does not exist -- fix: create it, or correct Controller.spec.slurmKeyRef"
+        f"FAIL  key         Secret slurm/{name} key slurm.key (slurm key, slurmKeyRef of Controller slurm/slurm, "
+        "cluster local) does not exist -- fix: create it, or correct Controller.spec.slurmKeyRef"
     ]
 
 
@@ -284,8 +285,8 @@ def test_a_policy_nodes_could_not_be_given(stack: Stack) -> None:
     assert code == 1
     (line,) = lines_of(lines, "FAIL", "conf-server")
     assert (
-        "Metal3DataTemplate metal3/slurm-workers (policy service): nodes provisioned now would be denied: NodePort Service slurm/"
-        in line
+        "Metal3DataTemplate metal3/slurm-workers (policy service): nodes provisioned now would be denied: NodePort "
+        "Service slurm/" in line
     )
     assert "needs stable node addresses to point nodes at, and none are configured" in line
 
@@ -320,8 +321,8 @@ def test_a_machine_deployment_with_another_writer(stack: Stack) -> None:
     assert code == 1
     (line,) = lines_of(lines, "FAIL", "mapping")
     assert (
-        "the MachineDeployment is a cluster-autoscaler node group (cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size)"
-        in line
+        "the MachineDeployment is a cluster-autoscaler node group "
+        "(cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size)" in line
     )
 
 
@@ -370,8 +371,8 @@ def test_a_webhook_that_does_not_match_its_objects(stack: Stack) -> None:
     assert code == 1
     (line,) = lines_of(lines, "FAIL", "admission")
     assert (
-        "injection-webhook: the API server admitted a server-side dry run of a metaData Secret in metal3 without calling the webhook"
-        in line
+        "injection-webhook: the API server admitted a server-side dry run of a metaData Secret in metal3 without "
+        "calling the webhook" in line
     )
 
 

@@ -1,4 +1,5 @@
-"""The story through a real kube-apiserver: the chart's webhooks, as the chart's pods, on CAPM3- and CAPI-shaped objects.
+"""The story through a real kube-apiserver: the chart's webhooks, as the chart's pods, on CAPM3- and CAPI-shaped
+objects.
 
 The webhooks are reached the way a cluster reaches them (the webhook configurations as the chart
 rendered them, a Service, TLS checked against the chart-generated CA, the chart-generated client
@@ -125,8 +126,8 @@ def test_a_denied_injection_surfaces_in_kubectls_error(stack: Stack) -> None:
     proc = stack.cp.kubectl("create", AS_CAPM3, "-f", "-", stdin=yaml.safe_dump(secret), check=False)
     assert proc.returncode != 0
     assert (
-        f'admission webhook "{INJECTION}" denied the request: cannot inject Slurm join data into Secret metal3/m3m-lost-metadata'
-        in proc.stderr
+        f'admission webhook "{INJECTION}" denied the request: cannot inject Slurm join data into Secret '
+        "metal3/m3m-lost-metadata" in proc.stderr
     ), proc.stderr
 
 

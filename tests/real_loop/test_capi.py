@@ -1,4 +1,5 @@
-"""Real Cluster API and Metal3 under the scaling webhook: scale-up from zero, bare-metal nodes join real Slurm, safe scale-in.
+"""Real Cluster API and Metal3 under the scaling webhook: scale-up from zero, bare-metal nodes join real Slurm, safe
+scale-in.
 
 The MachineDeployment → MachineSet → Machine chain, the ``delete-machine`` priority and the
 pre-terminate hook are the CAPI core controller manager v1.14.2's own behaviour; the Metal3Machines,
@@ -48,7 +49,8 @@ def capi_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 
 def slurm_node(s: Site, machine: dict[str, Any]) -> str:
-    """The Slurm node of a Machine: its host booted with ``local-hostname`` = the Machine's name (metal3-dev-env's template)."""
+    """The Slurm node of a Machine: its host booted with ``local-hostname`` = the Machine's name (metal3-dev-env's
+    template)."""
     return str(machine["metadata"]["name"])
 
 

@@ -1,4 +1,5 @@
-"""Capacity-aware scale-up with real Cluster API and real BareMetalHost objects: no Machine waits for a host that does not exist.
+"""Capacity-aware scale-up with real Cluster API and real BareMetalHost objects: no Machine waits for a host that
+does not exist.
 
 Two BareMetalHosts (registered with the real baremetal-operator, which makes them available); the mirror
 asks 3. The scaling webhook counts the hosts CAPM3 could give the pool and holds the

@@ -1,4 +1,5 @@
-"""cert-manager for real (issue 15, item 1): the chart's PKI issued by cert-manager's own controllers, renewed under load.
+"""cert-manager for real (issue 15, item 1): the chart's PKI issued by cert-manager's own controllers, renewed under
+load.
 
 cert-manager's controller and cainjector (built from the Go module proxy, ``stack/certmanager``)
 run out of cluster against the tier's kube-apiserver; ``helm install`` uses
@@ -9,7 +10,8 @@ on 127.0.0.1 only.
 
 The renewal is what ``cmctl renew`` does (the ``Issuing=True`` condition), RENEWALS times in a row on both serving
 certificates at once, while a bounded loop of admissions (creates of a CAPM3 metaData
-Secret for the injection webhook, stored as CAPM3's manager and removed again; dry-run scales of the mirror for the scaling webhook) goes
+Secret for the injection webhook, stored as CAPM3's manager and removed again; dry-run scales of the mirror for the
+scaling webhook) goes
 through kube-apiserver. Acceptance: no admission fails (as the client sees it, and as
 kube-apiserver counts its webhook calls), and each pod serves the new serial within
 RENEWAL_BOUND_SECONDS of the renewal (a generous bound, not a timing claim: the measured figures
@@ -215,7 +217,8 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
 
 
 def test_the_chain_is_issued(cm: CertStack) -> None:
-    """Self-signed Issuer -> CA Certificate -> CA Issuer -> serving Certificates: all Ready, each leaf signed by the CA."""
+    """Self-signed Issuer -> CA Certificate -> CA Issuer -> serving Certificates: all Ready, each leaf signed by the
+    CA."""
     from cryptography import x509
 
     ns = cm.stack.namespace

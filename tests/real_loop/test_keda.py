@@ -1,4 +1,5 @@
-"""KEDA + HPA + Prometheus, real (issue 15, item 2): pending jobs in real Slurm move the mirror, and the leader the MachineDeployment.
+"""KEDA + HPA + Prometheus, real (issue 15, item 2): pending jobs in real Slurm move the mirror, and the leader the
+MachineDeployment.
 
 The chart is installed with ``keda.enabled=true`` on the tier's real API server, beside real
 KEDA v2.21.0, kube-controller-manager's HPA controller, Debian's Prometheus and real Slurm 24.11
@@ -105,7 +106,8 @@ def test_a_pending_four_node_job_makes_the_nodes_mirror_four(keda_loop: Loop) ->
     assert set(webhook_requests(loop.cp, "scaling.webhook.slime")) == {("UPDATE", "false", "200")}  # no scale refused
     # The same Slurm state through the job count asks 1: the difference keda.demand=nodes makes.
     loop.wait_for(lambda: loop.external_metric(JOBS) == 1, 60, "the jobs trigger's metric at 1")
-    # KEDA dialled the chart's URL as rendered; the port it names is the Service's metrics port (what kube-proxy forwards).
+    # KEDA dialled the chart's URL as rendered; the port it names is the Service's metrics port (what kube-proxy
+    # forwards).
     url = loop.scaled_object(NODES)["spec"]["triggers"][0]["metadata"]["url"]
     service = loop.release.service_name("scaling")
     assert (

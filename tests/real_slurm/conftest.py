@@ -42,7 +42,8 @@ NODESETS = ("nodeset-a",)  # Slinky v1.3's NodeSet=nodeset-a Feature=nodeset-a, 
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A module's ``SLURM_RELEASES`` (or a test's ``slurm_releases`` mark) runs each of its tests that use real Slurm on each release."""
+    """A module's ``SLURM_RELEASES`` (or a test's ``slurm_releases`` mark) runs each of its tests that use real Slurm
+    on each release."""
     marker = metafunc.definition.get_closest_marker("slurm_releases")
     releases = marker.args if marker else getattr(metafunc.module, "SLURM_RELEASES", None)
     if releases and "slurm_release" in metafunc.fixturenames:
@@ -104,7 +105,8 @@ def site(
     pki: Pki,
     tmp_path: Path,
 ) -> Iterator[Site]:
-    """Real slurmctld + slurmrestd, kubemu seeded with Slinky and CAPM3 objects, the injection webhook admitting metaData Secrets."""
+    """Real slurmctld + slurmrestd, kubemu seeded with Slinky and CAPM3 objects, the injection webhook admitting
+    metaData Secrets."""
     admission = Admission()
     emulator = emulator_factory(admission=admission)
     admission.scale = scale_routes[id(emulator)]
@@ -138,5 +140,6 @@ def site(
 
 @pytest.fixture
 def pool(site: Site, scaling_factory: Callable[..., Scaling]) -> Callable[..., Pool]:
-    """``pool(n, hosts=(), **safeScaleIn options)``: n real hosts in a MachineDeployment, its mirror, the scaling webhook on real slurmrestd."""
+    """``pool(n, hosts=(), **safeScaleIn options)``: n real hosts in a MachineDeployment, its mirror, the scaling
+    webhook on real slurmrestd."""
     return lambda replicas, hosts=(), **safe: make_pool(site, scaling_factory, replicas, hosts, **safe)

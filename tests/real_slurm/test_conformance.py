@@ -4,7 +4,8 @@ tests/scalein/fake_slurmrestd.py stands in for slurmrestd in the fast suites. He
 of requests (what SliMe's client sends, and the errors it must understand) goes to the fake and
 to a real slurmrestd with two real dynamic nodes; each answer is reduced to what a client can
 rely on (status, content type, error entries, the node fields SliMe reads, the job and partition
-fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own client
+fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own
+client
 (``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
 each release's newest data parser is proven against real Slurm here (24.11: ``v0.0.42``, of the
 v0.0.40 to v0.0.42 it serves; 26.05: ``v0.0.45``, of v0.0.42 to v0.0.45).
@@ -245,7 +246,8 @@ def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
 
 
 def _settled_nodes(target: Target, client: httpx.Client) -> httpx.Response:
-    """GET nodes once no node is NOT_RESPONDING: real slurmctld re-pings a node ~0.5 s after an UNDRAIN (a transient the fake leaves out)."""
+    """GET nodes once no node is NOT_RESPONDING: real slurmctld re-pings a node ~0.5 s after an UNDRAIN (a transient
+    the fake leaves out)."""
     V = target.version
     response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
     deadline = time.monotonic() + 10
@@ -475,7 +477,8 @@ def product_client_run(target: Target) -> list[str]:
 
 
 def _job_listings(client: SlurmClient, target: Target) -> str:
-    """Node demand's listings: all jobs, then "unchanged" when asked since a quiet listing, then all again after a change."""
+    """Node demand's listings: all jobs, then "unchanged" when asked since a quiet listing, then all again after a
+    change."""
     for _ in range(15):
         first = client.jobs()
         unchanged = client.jobs(since=first.last_update)

@@ -60,7 +60,8 @@ def _demand(scaling: Scaling, partition: str, nodes: int, **ignored: int) -> dic
 
 
 def _serve_demand(site: Site, scaling_factory: Callable[..., Scaling]) -> Scaling:
-    """The mirror, the MachineDeployment, a demand mapping (maxReplicas 4) and the scaling service reading slurmrestd."""
+    """The mirror, the MachineDeployment, a demand mapping (maxReplicas 4) and the scaling service reading
+    slurmrestd."""
     emulator = site.emulator
     emulator.patch(
         "v1", "Secret", JWT_NS, JWT_SECRET, {"data": {JWT_KEY: b64(site.slurm.jwt_key)}}
@@ -124,7 +125,8 @@ def test_demand_of_a_real_job_mix(site: Site, scaling_factory: Callable[..., Sca
 def test_on_26_05_a_job_queues_with_no_node_record_and_runs_when_the_hosts_join(
     site: Site, scaling_factory: Callable[..., Scaling]
 ) -> None:
-    """Slurm 26.05 queues a job its partition has no node for (PartitionConfig): demand counts it, and it runs once hosts join.
+    """Slurm 26.05 queues a job its partition has no node for (PartitionConfig): demand counts it, and it runs once
+    hosts join.
 
     (24.11 refuses such a job at submission, which is why docs/install.md has operators declare
     FUTURE records; on 26.05 they are no longer needed for jobs to queue.)

@@ -65,7 +65,8 @@ def test_idle_dynamic_nodes_are_drained_deleted_from_slurm_and_released_the_busy
 def test_a_pool_scaled_in_to_0_keeps_its_hosts_records_and_grows_again(
     site: Site, pool: Callable[..., Pool], slurm_release: Release
 ) -> None:
-    """Nothing lost: the released nodes go back to FUTURE, a job as big as the pool is still accepted, and runs when the hosts return.
+    """Nothing lost: the released nodes go back to FUTURE, a job as big as the pool is still accepted, and runs when
+    the hosts return.
 
     bm-a took a FUTURE record the operator declared (docs/install.md); bm-b is a purely dynamic
     node (its ``slurmd -Z`` made its record). Both are kept. Their hosts are named after their

@@ -220,7 +220,8 @@ def test_only_the_configured_requesters_may_scale_a_mapped_mirror(
     refused = scaling.review({**request, "userInfo": {"username": TENANT}})
     assert refused["allowed"] is False and refused["status"]["code"] == 403
     assert refused["status"]["message"] == (
-        f"requester {TENANT} may not scale mirror Deployment slime-system/mirror-a: only {keda} may (--scale-requesters)"
+        f"requester {TENANT} may not scale mirror Deployment slime-system/mirror-a: only {keda} may "
+        "(--scale-requesters)"
     )
     text = httpx.get(f"{scaling.running.metrics_url}/metrics", timeout=5).text
     assert f'slime_scaling_requests_by_requester_total{{requester="{keda}"}} 1.0' in text

@@ -103,7 +103,8 @@ class Site:
     # -- the Kubernetes side
 
     def scale_mirror(self, replicas: int) -> None:
-        """KEDA's move, by hand: ``kubectl scale`` the mirror through kube-apiserver (admitted by the scaling webhook)."""
+        """KEDA's move, by hand: ``kubectl scale`` the mirror through kube-apiserver (admitted by the scaling
+        webhook)."""
         self.cp.kubectl("-n", SLIME_NAMESPACE, "scale", "deployment", MIRROR, f"--replicas={replicas}")
 
     def md(self) -> dict[str, Any]:
@@ -121,7 +122,8 @@ class Site:
         return self.kube.get(CAPI_V, "machines", SPEC.namespace, name)
 
     def provisioned(self) -> list[dict[str, Any]]:
-        """Machines whose infrastructure CAPM3 reports provisioned (phase Provisioned: no Node, so no nodeRef), not deleting."""
+        """Machines whose infrastructure CAPM3 reports provisioned (phase Provisioned: no Node, so no nodeRef), not
+        deleting."""
         return [
             m
             for m in self.machines()
@@ -204,7 +206,8 @@ class Site:
     # -- Slurm
 
     def job_on(self, node: str, release: str) -> int:
-        """A real job on ``node`` that runs until the test creates ``release`` in the shared directory; its id, once RUNNING."""
+        """A real job on ``node`` that runs until the test creates ``release`` in the shared directory; its id, once
+        RUNNING."""
         job = self.slurm.sbatch("-w", node, "--wrap", f"while [ ! -e /srv/slime/{release} ]; do sleep 0.2; done")
         self.wait_for(lambda: self.slurm.jobs()[job]["job_state"] == ["RUNNING"], 60, f"job {job} to run on {node}")
         return job
@@ -229,7 +232,8 @@ class Site:
 
 
 def _slinky(api: RealApi, network: Network) -> tuple[SlurmCluster, int]:
-    """Slinky's objects (Controller, slurmctld pod with its hostIP on the bridge, the key Secrets) and a NodePort for slurmctld."""
+    """Slinky's objects (Controller, slurmctld pod with its hostIP on the bridge, the key Secrets) and a NodePort for
+    slurmctld."""
     slinky = seed_slinky(api, host_ip=network.host_address)
     port = free_port(30000, 32767)  # slurmctld listens on the NodePort's port, as in the thesis setup
     seed_nodeport(api, slinky.namespace, slinky.controller, node_port=port)
@@ -310,7 +314,8 @@ def site(workdir: Path, prepared: Prepared, hosts: int, progress: Progress | Non
             f"BMO to take the {hosts} BareMetalHosts to available",
         )
         say(
-            f"CAPI site up in {time.monotonic() - started:.0f} s (CAPI manager ready in {manager.started_seconds:.1f} s, "
+            f"CAPI site up in {time.monotonic() - started:.0f} s "
+            f"(CAPI manager ready in {manager.started_seconds:.1f} s, "
             f"BMO in {metal.bmo.started_seconds if metal.bmo else 0:.1f} s, "
             f"CAPM3 in {metal.capm3.started_seconds if metal.capm3 else 0:.1f} s)"
         )

@@ -1,4 +1,5 @@
-"""Real cert-manager for the whole-loop tier: its controller and cainjector, built from ``stack/certmanager``, run out of cluster.
+"""Real cert-manager for the whole-loop tier: its controller and cainjector, built from ``stack/certmanager``, run
+out of cluster.
 
 **Build.** ``stack/certmanager`` requires ``github.com/cert-manager/cert-manager`` at one release and
 has two small mains of ours over its exported packages (upstream's ``cmd/controller`` and
@@ -208,7 +209,8 @@ def certificate_ready(cp: ControlPlane, namespace: str, name: str) -> bool:
 
 
 def renew(cp: ControlPlane, namespace: str, name: str) -> None:
-    """``cmctl renew``: add the ``Issuing=True`` condition (reason ``ManuallyTriggered``) through the status subresource.
+    """``cmctl renew``: add the ``Issuing=True`` condition (reason ``ManuallyTriggered``) through the status
+    subresource.
 
     cmctl refuses a Certificate that is already issuing; so does this. The update carries the
     resourceVersion it read, so a concurrent write by cert-manager makes it fail (409), as cmctl's.

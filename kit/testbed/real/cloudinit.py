@@ -50,7 +50,8 @@ class _CloudInitUndefined(jinja2.Undefined):
 
 
 def jinja_variables(meta_data: Mapping[str, Any]) -> dict[str, Any]:
-    """The variables cloud-init gives a Jinja template: ``ds.meta_data`` (plus ``a_b`` aliases of ``a-b`` keys), ``v1``."""
+    """The variables cloud-init gives a Jinja template: ``ds.meta_data`` (plus ``a_b`` aliases of ``a-b`` keys),
+    ``v1``."""
     meta = dict(meta_data)
     for key in list(meta):
         if "-" in key:
@@ -199,7 +200,8 @@ def boot(
     user_data: Path = USER_DATA,
     address: str | None = None,
 ) -> Node:
-    """Boot a node from ``meta_data`` with ``user_data`` (rendered and run as cloud-init would); it returns once started."""
+    """Boot a node from ``meta_data`` with ``user_data`` (rendered and run as cloud-init would); it returns once
+    started."""
     hostname = str(meta_data.get("local-hostname") or "")
     if not hostname:
         raise ValueError("metadata has no local-hostname")

@@ -27,7 +27,8 @@ Progress = Callable[[str], None]
 # name -> prepare(progress) -> what the tests need of it (binaries, a root...). A prepare function
 # raises testbed.real.build.BuildUnavailable (or another *Unavailable) when a prerequisite is missing.
 COMPONENTS: dict[str, Callable[[Progress], Any]] = {
-    "cert-manager": certmanager.build,  # controller + cainjector (built), its CRDs: tests/real_loop/test_cert_manager.py
+    # controller + cainjector (built), its CRDs: tests/real_loop/test_cert_manager.py
+    "cert-manager": certmanager.build,
     "capi": capi_site.prepare,  # the CAPI core manager (built), its CRDs, the Slurm root: tests/real_loop/test_capi*.py
     "keda": keda_site.prepare,  # KEDA (built), Debian's Prometheus, the Slurm root: tests/real_loop/test_keda.py
     "whole-loop": lambda progress: loop.prepare(

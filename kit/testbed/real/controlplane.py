@@ -215,7 +215,8 @@ class Ca:
         server: bool = False,
         client_too: bool = False,
     ) -> tuple[bytes, bytes]:
-        """A (certificate, key) PEM pair signed by this CA: a client certificate, or a serving one with SANs (``client_too``: both)."""
+        """A (certificate, key) PEM pair signed by this CA: a client certificate, or a serving one with SANs
+        (``client_too``: both)."""
         usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
         if client_too or not server:
             usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
@@ -376,7 +377,8 @@ class ControlPlane:
         timeout: float = 10.0,
         as_user: str | None = None,
     ) -> Any:
-        """One API call as the admin, or as ``as_user`` (impersonated: kube-apiserver authorizes and names that user)."""
+        """One API call as the admin, or as ``as_user`` (impersonated: kube-apiserver authorizes and names that
+        user)."""
         headers = {"Content-Type": content_type, **({"Impersonate-User": as_user} if as_user else {})}
         with self.http(timeout) as client:
             answer = client.request(method, path, content=None if body is None else json.dumps(body), headers=headers)

@@ -1,4 +1,5 @@
-"""Fixtures the real tiers share (a pytest plugin, loaded by ``tests/conftest.py``): a control plane, the tier's stack."""
+"""Fixtures the real tiers share (a pytest plugin, loaded by ``tests/conftest.py``): a control plane, the tier's
+stack."""
 
 from __future__ import annotations
 

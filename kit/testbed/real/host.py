@@ -70,14 +70,16 @@ class HostBootFailed(AssertionError):
 
 
 class Host(Node):
-    """A booted host: ``hostname`` is its metadata's ``local-hostname`` (its Slurm node name); ``dir`` its boot's files."""
+    """A booted host: ``hostname`` is its metadata's ``local-hostname`` (its Slurm node name); ``dir`` its boot's
+    files."""
 
     @property
     def upper(self) -> Path:
         return self.dir / "disk"
 
     def cloud_init_result(self) -> dict[str, Any] | None:
-        """cloud-init's ``result.json`` (written when the final stage ends; ``/run/cloud-init`` links to it), or None."""
+        """cloud-init's ``result.json`` (written when the final stage ends; ``/run/cloud-init`` links to it), or
+        None."""
         path = self.upper / "var/lib/cloud/data/result.json"
         try:
             loaded: dict[str, Any] = json.loads(path.read_text())

@@ -77,7 +77,8 @@ def podman(
     proc = subprocess.run(["podman", *args], input=stdin, capture_output=True, timeout=timeout, env=podman_env())
     if check and proc.returncode != 0:
         raise ImageFailed(
-            f"podman {' '.join(args[:3])} ... exited {proc.returncode}: {proc.stderr.decode(errors='replace').strip()[-1500:]}"
+            f"podman {' '.join(args[:3])} ... exited {proc.returncode}: "
+            f"{proc.stderr.decode(errors='replace').strip()[-1500:]}"
         )
     return proc
 

@@ -317,7 +317,8 @@ class Keda:
         )
 
     def _args(self, container: dict[str, Any], overrides: dict[str, str]) -> list[str]:
-        """The Deployment's args with ``/certs`` pointing at our cert dir and each ``--flag`` of ``overrides`` set (replaced or added)."""
+        """The Deployment's args with ``/certs`` pointing at our cert dir and each ``--flag`` of ``overrides`` set
+        (replaced or added)."""
         args: list[str] = []
         for arg in container.get("args") or []:
             flag = arg.split("=", 1)[0]
@@ -341,7 +342,8 @@ class Keda:
         return env
 
     def _spawn(self, name: str, binary: Path, args: list[str], env: dict[str, str], ready_url: str = "") -> KedaProcess:
-        """Run ``binary`` in a mount namespace whose /etc/hosts and /etc/resolv.conf are ours (the PID is the binary's)."""
+        """Run ``binary`` in a mount namespace whose /etc/hosts and /etc/resolv.conf are ours (the PID is the
+        binary's)."""
         script = 'set -e; mount --bind "$1" /etc/hosts; mount --bind "$2" /etc/resolv.conf; shift 2; exec "$@"'
         argv = [
             "unshare",
@@ -392,7 +394,10 @@ class Keda:
                     process.exited_at = None
                     with open(process.log, "ab") as out:
                         out.write(
-                            f"--- exited {process.process.returncode}; restarted by the tier (restartPolicy Always) ---\n".encode()
+                            (
+                                f"--- exited {process.process.returncode}; "
+                                "restarted by the tier (restartPolicy Always) ---\n"
+                            ).encode()
                         )
                     _LIVE.pop(process.process.pid, None)
                     process.process = self._popen(process.argv, process.env, process.log)
@@ -452,8 +457,11 @@ class Keda:
                         "--lister-kubeconfig": str(kubeconfig),
                         "--authentication-kubeconfig": str(kubeconfig),
                         "--authorization-kubeconfig": str(kubeconfig),
-                        # The operator's gRPC metrics service by the name in-cluster adapters use (its certificate names it).
-                        "--metrics-service-address": f"{OPERATOR_SERVICE}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:{self.ports['operator-grpc']}",
+                        # The operator's gRPC metrics service by the name in-cluster adapters use (its certificate
+                        # names it).
+                        "--metrics-service-address": (
+                            f"{OPERATOR_SERVICE}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:{self.ports['operator-grpc']}"
+                        ),
                     },
                 ),
                 self._env(adapter, kubeconfig),
@@ -506,7 +514,8 @@ class Keda:
         )
 
     def external_metric(self, namespace: str, metric: str, scaled_object: str) -> list[dict[str, Any]]:
-        """``GET /apis/external.metrics.k8s.io/v1beta1/namespaces/<ns>/<metric>`` through kube-apiserver, as the HPA controller reads it."""
+        """``GET /apis/external.metrics.k8s.io/v1beta1/namespaces/<ns>/<metric>`` through kube-apiserver, as the HPA
+        controller reads it."""
         listed = self.cp.request(
             "GET",
             f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}"

@@ -1,4 +1,5 @@
-"""The KEDA part of the whole loop (issue 15, item 2): real Slurm -> Prometheus -> KEDA -> HPA -> mirror -> MachineDeployment.
+"""The KEDA part of the whole loop (issue 15, item 2): real Slurm -> Prometheus -> KEDA -> HPA -> mirror ->
+MachineDeployment.
 
 Everything here is the real program except where metal or a cluster network would be needed:
 

@@ -1,4 +1,5 @@
-"""The whole loop, real (issue 15): Slurm → Prometheus/`/demand` → KEDA → HPA → mirror → scaling webhook → Cluster API → injected node joins Slurm → job starts.
+"""The whole loop, real (issue 15): Slurm → Prometheus/`/demand` → KEDA → HPA → mirror → scaling webhook → Cluster
+API → injected node joins Slurm → job starts.
 
 Everything is the real program except the metal:
 
@@ -187,7 +188,8 @@ class Loop:
     # -- acting
 
     def submit(self, nodes: int, release: str) -> int:
-        """A job of ``nodes`` nodes that runs until :meth:`finish` ``release`` (one task per node, in the shared directory)."""
+        """A job of ``nodes`` nodes that runs until :meth:`finish` ``release`` (one task per node, in the shared
+        directory)."""
         job = self.slurm.sbatch(
             f"-N{nodes}",
             "-p",
@@ -202,7 +204,8 @@ class Loop:
         (self.slurm.shared / release).touch()
 
     def wait_for(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
-        """Wait until ``condition()`` is truthy and return it; a timeout names what and shows each component's recent log."""
+        """Wait until ``condition()`` is truthy and return it; a timeout names what and shows each component's recent
+        log."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -303,7 +306,8 @@ def values(image: str, slurm: Slurm, hosts: int, prometheus_port: int) -> dict[s
 
 @contextmanager
 def whole_loop(workdir: Path, parts: Parts, hosts: int = 4, progress: Progress = _no_progress) -> Iterator[Loop]:
-    """Everything up in order (a line of progress per part), and down in reverse, by PID, namespaces removed, even on failure."""
+    """Everything up in order (a line of progress per part), and down in reverse, by PID, namespaces removed, even on
+    failure."""
     assert tier.PREPARED.binaries is not None, "testbed.real.tier.prepare() has not succeeded"
     started = time.monotonic()
 
@@ -449,7 +453,8 @@ def _adopted(api: RealApi) -> bool:
 
 
 def _keda_polled(api: RealApi) -> bool:
-    """KEDA's ScaledObject says Ready and not Active: a poll of its trigger ran and answered (an error sets Ready False)."""
+    """KEDA's ScaledObject says Ready and not Active: a poll of its trigger ran and answered (an error sets Ready
+    False)."""
     scaled = api.get("keda.sh/v1alpha1", "scaledobjects", SLIME_NAMESPACE, MIRROR) or {}
     conditions = {c.get("type"): c for c in (scaled.get("status") or {}).get("conditions") or []}
     ready, active = conditions.get("Ready") or {}, conditions.get("Active") or {}
@@ -661,7 +666,8 @@ def run_story(loop: Loop, say: Progress = _no_progress) -> Story:
 
 def _run_job(loop: Loop, story: Story, label: str, nodes: int, say: Progress) -> None:
     """Submit a ``nodes``-node job, record its scale-up, let it end, wait until Slurm says COMPLETED."""
-    release = f"release-{len(loop.jobs) + 1}"  # unique in the loop: a file left by an earlier story would end this job at once
+    # unique in the loop: a file left by an earlier story would end this job at once
+    release = f"release-{len(loop.jobs) + 1}"
     say(f"submitting a {nodes}-node job")
     job, timeline = scale_up(loop, label, nodes, release)
     story.scale_ups.append(timeline)

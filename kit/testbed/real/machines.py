@@ -1,4 +1,5 @@
-"""The metal under real Cluster API, CAPM3 and the baremetal-operator: the tier's hosts, their config drives, their boots.
+"""The metal under real Cluster API, CAPM3 and the baremetal-operator: the tier's hosts, their config drives, their
+boots.
 
 CAPI v1.14.2 (:mod:`testbed.real.capi`), CAPM3 v1.13.2 and BMO v0.13.2 in ``--test-mode``
 (:mod:`testbed.real.metal3`) run for real: CAPM3 claims a BareMetalHost for each Metal3Machine,
@@ -561,7 +562,8 @@ class HostBooter:
         )
 
     def _secret_data(self, ref: Obj | None, key: str) -> bytes | None:
-        """BMO's ``hostConfigData.getSecretData``: ``key``, else ``value``; the Secret claimed first as its manager does."""
+        """BMO's ``hostConfigData.getSecretData``: ``key``, else ``value``; the Secret claimed first as its manager
+        does."""
         if not ref:
             return None
         secret = self.bmo.get("v1", "secrets", ref.get("namespace") or self.namespace, ref["name"])

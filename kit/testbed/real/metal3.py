@@ -1,4 +1,5 @@
-"""Metal3 for real: CAPM3 v1.13.2 and the baremetal-operator v0.13.2, built from the Go module proxy, run out of cluster.
+"""Metal3 for real: CAPM3 v1.13.2 and the baremetal-operator v0.13.2, built from the Go module proxy, run out of
+cluster.
 
 **Build.** ``stack/capm3`` and ``stack/bmo`` are small modules of ours that require
 ``github.com/metal3-io/cluster-api-provider-metal3`` v1.13.2 (with its ``api`` module at the same
@@ -81,7 +82,8 @@ class Metal3Build:
 
 
 def build(progress: Progress = to_stderr) -> Metal3Build:
-    """Build both managers once (cached by version and module hash, one heavy build at a time) and find their manifests."""
+    """Build both managers once (cached by version and module hash, one heavy build at a time) and find their
+    manifests."""
     capm3 = go_build(STACK / "capm3", "capm3", CAPM3_MODULE[1], {CAPM3_BINARY: CAPM3_MODULE[0]}, "", progress)
     # The version stamp of BMO's Makefile (pkg/version: Raw, Commit), so its first log lines name the release.
     stamp = f"{BMO_MODULE[0]}/pkg/version"
@@ -149,7 +151,8 @@ class Metal3:
             objects = missing + objects
             path = self.workdir / f"{name}-manifest.yaml"
             path.write_text(yaml.safe_dump_all(objects))
-            # --force-conflicts: the real-Kubernetes tier's own Metal3 CRDs (CAPM3 v1.12's, slime-real-k8s) are replaced.
+            # --force-conflicts: the real-Kubernetes tier's own Metal3 CRDs (CAPM3 v1.12's, slime-real-k8s) are
+            # replaced.
             self.cp.kubectl(
                 "apply",
                 "--server-side",

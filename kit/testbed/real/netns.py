@@ -134,7 +134,8 @@ class NodeNet:
     veth: str
 
     def exec_prefix(self) -> list[str]:
-        """Prefix a command with this to run it in the namespace (``ip netns exec``, which also gives it a private mount namespace)."""
+        """Prefix a command with this to run it in the namespace (``ip netns exec``, which also gives it a private
+        mount namespace)."""
         return ["ip", "netns", "exec", self.netns]
 
     def pids(self) -> list[int]:
@@ -201,7 +202,8 @@ class Network:
         return node
 
     def remove(self, node: NodeNet, graceful: bool = False) -> None:
-        """Stop every process left in the namespace (by PID; SIGKILL, as a power-off, unless ``graceful``) and delete it with its veth."""
+        """Stop every process left in the namespace (by PID; SIGKILL, as a power-off, unless ``graceful``) and delete
+        it with its veth."""
         for _ in range(5):  # a process may fork while we stop the others
             pids = node.pids()
             if not pids:

@@ -110,7 +110,8 @@ class Pod:
         raise PodFailed(f"pod {self.namespace}/{self.name} not ready after {timeout:.0f} s:\n{self.logs()[-3000:]}")
 
     def sync_volumes(self, cp: ControlPlane) -> list[str]:
-        """kubelet's refresh of secret and configMap volumes: publish what changed atomically; the names of those volumes."""
+        """kubelet's refresh of secret and configMap volumes: publish what changed atomically; the names of those
+        volumes."""
         changed: list[str] = []
         for volume, target, fs_group in self.synced_volumes:
             found = _volume_files(cp, self.namespace, volume)
@@ -528,7 +529,8 @@ def podman_available() -> bool:
 
 
 def _write_files(directory: Path, files: dict[str, bytes], mode: int, fs_group: int | None) -> None:
-    """Write a volume's files under ``directory`` with the volume's mode, group-owned by ``fs_group`` (as kubelet does)."""
+    """Write a volume's files under ``directory`` with the volume's mode, group-owned by ``fs_group`` (as kubelet
+    does)."""
     for rel, content in files.items():
         path = directory / rel
         path.parent.mkdir(parents=True, exist_ok=True)

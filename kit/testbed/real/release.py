@@ -51,7 +51,8 @@ class HelmFailed(RuntimeError):
 
 
 def tier_values(image: str, mappings: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
-    """The values the tier installs with: chart-generated TLS, client-certificate admission, free ports, one pod each."""
+    """The values the tier installs with: chart-generated TLS, client-certificate admission, free ports, one pod
+    each."""
     repository, _, tag = image.rpartition(":")
     values: dict[str, Any] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
@@ -216,7 +217,8 @@ class Release:
         return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
 
     def client_certificate(self) -> dict[str, bytes]:
-        """The Secret ``<fullname>-apiserver-client`` (tls.crt, tls.key, ca.crt): chart-generated, or issued by cert-manager.
+        """The Secret ``<fullname>-apiserver-client`` (tls.crt, tls.key, ca.crt): chart-generated, or issued by
+        cert-manager.
 
         With ``certManager.enabled`` the chart renders a Certificate (the one with ``client auth``
         usage) instead of the Secret; its ``secretName`` holds the pair once it is issued.
@@ -242,7 +244,8 @@ class Release:
         ]
 
     def admission_configuration(self, directory: Path) -> Path:
-        """AdmissionConfiguration + kubeconfig giving kube-apiserver the chart's client certificate (docs/install.md)."""
+        """AdmissionConfiguration + kubeconfig giving kube-apiserver the chart's client certificate
+        (docs/install.md)."""
         directory.mkdir(parents=True, exist_ok=True)
         client = self.client_certificate()
         users = [

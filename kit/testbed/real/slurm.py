@@ -7,7 +7,8 @@ from forky, the default; :data:`SLURM_24_11` from trixie) once with ``debootstra
 is cached outside the repository (``$SLIME_REAL_CACHE``, else ``~/.cache/slime/real``), in a
 directory named after a hash of the suite, the mirror, the package list and :data:`RECIPE`, so a
 change of any of them builds a new one. The host's debootstrap has no forky script: sid's is
-used, and forky's Release file, past its Valid-Until date on the mirror, is accepted. Nothing of the host's own packages changes, except that
+used, and forky's Release file, past its Valid-Until date on the mirror, is accepted. Nothing of the host's own
+packages changes, except that
 ``debootstrap`` is installed on the host when it is missing. Name resolution is switched off in
 the root once the packages are in (``hosts: files``, ``nameserver 127.0.0.1``): the daemons must
 never look a name up on a real DNS server, and they need none (nodes register by address).
@@ -99,7 +100,8 @@ def to_stderr(line: str) -> None:
 
 
 class Unavailable(RuntimeError):
-    """A prerequisite is missing (not root, no ``ip``/``unshare``, no way to get debootstrap): skip, or fail under CI."""
+    """A prerequisite is missing (not root, no ``ip``/``unshare``, no way to get debootstrap): skip, or fail under
+    CI."""
 
 
 class SlurmFailed(RuntimeError):
@@ -151,7 +153,8 @@ def check_host(progress: Progress = to_stderr) -> None:
 
 
 def _apt_host_install(*packages: str) -> None:
-    """``apt-get install`` on the host, waiting for a lock another apt holds; ``apt-get update`` once if the lists lack them."""
+    """``apt-get install`` on the host, waiting for a lock another apt holds; ``apt-get update`` once if the lists
+    lack them."""
     install = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "--no-install-recommends", *packages]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.run(install, capture_output=True, text=True, timeout=900, env=env).returncode == 0:
@@ -202,7 +205,8 @@ def _remove_tree(path: Path) -> None:
 def _run_logged(
     cmd: list[str], log: Path, what: str, timeout: float, progress: Progress, env: Mapping[str, str] | None = None
 ) -> None:
-    """Run ``cmd`` with its output in ``log``; a progress line every PROGRESS_SECONDS; SlurmFailed with the log's tail."""
+    """Run ``cmd`` with its output in ``log``; a progress line every PROGRESS_SECONDS; SlurmFailed with the log's
+    tail."""
     started = time.monotonic()
     with open(log, "ab") as out:
         proc = subprocess.Popen(
@@ -580,7 +584,10 @@ class Slurm:
         self.log, self.shared, self.tmp = self.workdir / "log", self.workdir / "shared", self.workdir / "tmp"
 
     def __repr__(self) -> str:  # never the keys
-        return f"Slurm({self.config.hostname}({self.config.address}):{self.config.port}, restd 127.0.0.1:{self.restd_port})"
+        return (
+            f"Slurm({self.config.hostname}({self.config.address}):{self.config.port}, restd "
+            f"127.0.0.1:{self.restd_port})"
+        )
 
     def __enter__(self) -> Slurm:
         return self.start()
@@ -721,7 +728,8 @@ class Slurm:
     def client(
         self, argv: Sequence[str], check: bool = True, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
-        """A Slurm command (scontrol, sbatch, srun, squeue, ...) as root on the controller's host (its name, its files)."""
+        """A Slurm command (scontrol, sbatch, srun, squeue, ...) as root on the controller's host (its name, its
+        files)."""
         command = chroot_argv(self.root.path, argv, self.binds(), hostname=self.config.host_name)
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:

@@ -67,7 +67,8 @@ class RealCapi(MachineSetStandIn):
         return name
 
     def provision(self, name: str) -> Node:
-        """CAPM3 makes the host's metaData Secret (admitted by the injection webhook), the host is provisioned and boots."""
+        """CAPM3 makes the host's metaData Secret (admitted by the injection webhook), the host is provisioned and
+        boots."""
         site = self.sited
         index = int(name.rsplit("-", 1)[1])
         secret = site.create_metadata_secret(index, self.hostname(name), machine=name if self.host_names else None)

@@ -1,4 +1,5 @@
-"""``slime-slurm``: the real-Slurm tier's Slurm 24.11 (and N bare-metal nodes booted from the documented user-data) for a person.
+"""``slime-slurm``: the real-Slurm tier's Slurm 24.11 (and N bare-metal nodes booted from the documented user-data)
+for a person.
 
 Apart from :mod:`testbed.real.slurm` because it boots nodes with :mod:`testbed.real.cloudinit`,
 which itself builds on :mod:`testbed.real.slurm`.
@@ -36,7 +37,8 @@ from testbed.real.slurm import (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``slime-slurm``: start the tier's Slurm (and N bare-metal nodes booted from the documented user-data) for a person."""
+    """``slime-slurm``: start the tier's Slurm (and N bare-metal nodes booted from the documented user-data) for a
+    person."""
     parser = argparse.ArgumentParser(prog="slime-slurm", description=main.__doc__)
     parser.add_argument("--nodes", type=int, default=2, help="bare-metal nodes to boot (default 2)")
     parser.add_argument(
@@ -108,13 +110,14 @@ def _serve(root: SlurmRoot, count: int, workdir: Path | None, check: bool) -> in
             )
             helper = workdir / "slurm"
             helper.write_text(
-                "#!/bin/sh\n# Run a Slurm command (sinfo, squeue, sbatch, scontrol ...) on the controller's side.\nexec "
-                + shlex.join(chroot_argv(root.path, [], slurm.binds(), hostname=config.host_name))
-                + ' "$@"\n'
+                "#!/bin/sh\n"
+                "# Run a Slurm command (sinfo, squeue, sbatch, scontrol ...) on the controller's side.\n"
+                "exec " + shlex.join(chroot_argv(root.path, [], slurm.binds(), hostname=config.host_name)) + ' "$@"\n'
             )
             helper.chmod(0o755)
             print(
-                f"  CLI:   {helper} sinfo    ({helper} sbatch -N2 --wrap 'srun hostname', {helper} scontrol show nodes, ...)"
+                f"  CLI:   {helper} sinfo    ({helper} sbatch -N2 --wrap 'srun hostname', {helper} scontrol show "
+                "nodes, ...)"
             )
             if check:
                 out = slurm.client(["srun", f"-N{count}", "hostname"], timeout=60).stdout

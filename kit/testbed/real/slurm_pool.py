@@ -1,4 +1,5 @@
-"""A pool of real hosts for safe scale-in: a MachineDeployment, its mirror, and the scaling webhook on real slurmrestd."""
+"""A pool of real hosts for safe scale-in: a MachineDeployment, its mirror, and the scaling webhook on real
+slurmrestd."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ class Pool:
 def make_pool(
     site: Site, start: Callable[..., Scaling], replicas: int, hosts: tuple[str, ...] = (), **safe: Any
 ) -> Pool:
-    """``replicas`` Machines whose hosts boot and join (named from ``hosts`` when given, see :class:`RealCapi`); ``safe``: safeScaleIn options."""
+    """``replicas`` Machines whose hosts boot and join (named from ``hosts`` when given, see :class:`RealCapi`);
+    ``safe``: safeScaleIn options."""
     emulator = site.emulator
     # Slinky's JWT Secret (seeded with the Controller) holds the key slurmctld verifies tokens with.
     jwt_secret = emulator.get("v1", "Secret", JWT_NS, JWT_SECRET)
@@ -87,6 +89,7 @@ class SecretReader:
 
 
 def future_records(slurm: Slurm) -> dict[str, dict[str, object]]:
-    """The FUTURE node records slurmctld keeps (``scontrol --future show nodes``; plain listings and GET nodes leave them out)."""
+    """The FUTURE node records slurmctld keeps (``scontrol --future show nodes``; plain listings and GET nodes leave
+    them out)."""
     data = json.loads(slurm.client(["scontrol", "--json", "--future", "show", "nodes"]).stdout)
     return {n["name"]: n for n in data.get("nodes") or [] if "FUTURE" in (n.get("state") or [])}

@@ -74,7 +74,8 @@ class Site:
         template: str = "workers-template",
         template_annotations: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """CAPM3's part for one host: its Metal3Data, then its ``metaData`` Secret created through the API; the Secret as stored.
+        """CAPM3's part for one host: its Metal3Data, then its ``metaData`` Secret created through the API; the
+        Secret as stored.
 
         The Secret is named after ``machine`` (the Metal3Machine; default: the host name), its
         ``local-hostname`` is ``hostname``: a host named after its BareMetalHost keeps its name
@@ -140,7 +141,8 @@ JOIN_SECONDS = 20.0
 
 
 def join(site: Site, count: int, first: int = 1, timeout: float = JOIN_SECONDS) -> list[Node]:
-    """Hosts ``first``..: their metaData Secrets admitted through the API, each booted from the stored Secret, each joined."""
+    """Hosts ``first``..: their metaData Secrets admitted through the API, each booted from the stored Secret, each
+    joined."""
     nodes = [site.boot(site.create_metadata_secret(index, f"bm-{index:03d}")) for index in range(first, first + count)]
     for node in nodes:
         node.wait_joined(site.slurm, timeout=timeout)

@@ -1,4 +1,5 @@
-"""The real-Kubernetes kit the tiers and ``slime-demo --real`` share: what to build once, a control plane, the chart's pods.
+"""The real-Kubernetes kit the tiers and ``slime-demo --real`` share: what to build once, a control plane, the
+chart's pods.
 
 - :func:`prepare` builds or fetches, once per process, what a real tier needs: the control plane
   binaries (``stack/kube``), the upstream CRDs, ``helm``, and (for the ``pod`` runner) the image
