@@ -740,7 +740,10 @@ def targets(
         Target(
             "scaling (mapped)",
             "ours",
-            "mirror /scale UPDATE of a mapped mirror: decided from the caches, then allow (the leader writes the MachineDeployment after the admission, not in it)",
+            (
+                "mirror /scale UPDATE of a mapped mirror: decided from the caches, then allow "
+                "(the leader writes the MachineDeployment after the admission, not in it)"
+            ),
             [
                 *service,
                 "scaling_webhook.main",
