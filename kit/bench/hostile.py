@@ -35,20 +35,11 @@ from typing import Any
 
 import httpx
 
-from bench.run import (
-    REPO,
-    free_port,
-    injection_request,
-    review,
-    say,
-    seed_cluster,
-    start_server,
-    tcp_nodelay,
-    wait_until,
-)
+from bench.run import REPO, injection_request, review, say, seed_cluster, start_server, tcp_nodelay, wait_until
 from bench.sections import replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
+from testbed.ports import free_port
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)

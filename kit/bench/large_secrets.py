@@ -32,20 +32,11 @@ from typing import Any
 
 import httpx
 
-from bench.run import (
-    REPO,
-    free_port,
-    injection_request,
-    review,
-    say,
-    seed_cluster,
-    start_server,
-    tcp_nodelay,
-    wait_until,
-)
+from bench.run import REPO, injection_request, review, say, seed_cluster, start_server, tcp_nodelay, wait_until
 from bench.sections import replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
+from testbed.ports import free_port
 
 SIZES = {"256 KiB": 256 * 1024, "700 KiB": 700 * 1024, "1 MiB (a body over the cap: refused)": 1024 * 1024}
 

@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from testbed import reviews, world
+from testbed.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = Path(__file__).with_name("post.lua")
@@ -98,12 +99,6 @@ def wrk_version(wrk: str) -> str:
 
 
 # --- processes ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def pin(cpu: int) -> Callable[[], None] | None:

@@ -22,7 +22,7 @@ from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
 from scaling_webhook.main import ScalingService
 from testbed.pki import ServingPair
-from testbed.real.controlplane import free_port
+from testbed.ports import free_port
 from testbed.serve import RunningService
 from testbed.services import start_injection, start_scaling
 

@@ -21,6 +21,7 @@ import pytest
 from injection_webhook.main import main as injection_main
 from scaling_webhook.main import main as scaling_main
 from testbed.pki import Pki, make_pki
+from testbed.ports import free_port
 
 ENV = (
     "SLIME_PORT",
@@ -264,11 +265,6 @@ def test_a_port_in_use_exits_2_naming_the_port(
     assert err.count("\n") == 1
 
 
-def _free_port() -> str:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return str(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
@@ -289,7 +285,7 @@ def _free_port() -> str:
     ],
 )
 def test_the_process_prints_only_that_line(argv: list[str], expected: str, serving: Pki) -> None:
-    ports = ["--port", _free_port(), "--metrics-port", _free_port()]
+    ports = ["--port", str(free_port()), "--metrics-port", str(free_port())]
     result = subprocess.run(
         [sys.executable, "-m", "injection_webhook.main", *argv, *ports],
         capture_output=True,

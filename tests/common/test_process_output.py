@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -22,14 +21,10 @@ import httpx
 from certs.devcerts import main as dev_certs
 from common.logs import configure_logging
 from kubemu import Emulator
+from testbed.ports import free_port
 from testbed.reviews import secret_request
 from testbed.wait import wait_for
 from testbed.world import metadata_secret, seed_metal3, seed_nodeport, seed_slinky
-
-
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return int(sock.getsockname()[1])
 
 
 def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Emulator, tmp_path: Path) -> None:
@@ -38,7 +33,7 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
     _, data = seed_metal3(emulator, template_labels={"slurm-controller-namespace": "slurm"})
     certs = tmp_path / "certs-dev"
     dev_certs(["--out", str(certs), "--dns", "localhost"])
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     process = subprocess.Popen(
         [
             sys.executable,

@@ -19,6 +19,7 @@ import pytest
 from kubemu import Emulator
 from testbed.audit import scan_logs
 from testbed.pki import Pki
+from testbed.ports import free_port
 from testbed.real.netns import Network
 from testbed.real.prerequisites import unavailable
 from testbed.real.slurm import (
@@ -29,7 +30,6 @@ from testbed.real.slurm import (
     SlurmConfig,
     SlurmRoot,
     Unavailable,
-    free_port,
     prepare_root,
 )
 from testbed.real.slurm_pool import Pool, make_pool

@@ -33,9 +33,10 @@ from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.audit import scan_logs
 from testbed.fake_slurmrestd import DIALECTS, PARTITION, FakeSlurmrestd, JwtKeySecret
+from testbed.ports import free_port
 from testbed.real.cloudinit import Node, boot, meta_data_for
 from testbed.real.netns import Network
-from testbed.real.slurm import Release, Slurm, SlurmConfig, SlurmRoot, free_port
+from testbed.real.slurm import Release, Slurm, SlurmConfig, SlurmRoot
 from testbed.wait import wait_for
 from testbed.world import make_jwt_key, make_slurm_key
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kubemu import Emulator, Fault
 from testbed.pki import Pki
+from testbed.ports import free_port
 from testbed.reliability import EVIDENCE, REPO_ROOT, Services, md_replicas, mirror_replicas, seed_scaling_cluster
 from testbed.reviews import scale_request
 from testbed.wait import wait_for
@@ -40,12 +40,6 @@ from testbed.world import SLIME_NAMESPACE, scale_mirror
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 QUICK_LEASE = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "lease_retry_seconds": 0.5}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ready(metrics_port: int) -> bool:

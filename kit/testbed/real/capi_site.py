@@ -31,6 +31,7 @@ import httpx
 import yaml
 
 from testbed.audit import EVIDENCE
+from testbed.ports import free_port
 from testbed.real import capi, metal3
 from testbed.real import story as k8s
 from testbed.real.cloudinit import USER_DATA
@@ -49,7 +50,7 @@ from testbed.real.machines import (
 from testbed.real.netns import Network
 from testbed.real.objects import RealApi
 from testbed.real.release import Release, tier_values
-from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port, prepare_root
+from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, prepare_root
 from testbed.world import (
     SLIME_NAMESPACE,
     SlurmCluster,

@@ -39,8 +39,9 @@ import httpx
 import yaml
 from cryptography import x509
 
+from testbed.ports import free_port
 from testbed.real.build import STACK, BuildFailed, Progress, go_build, module_dir, to_stderr
-from testbed.real.controlplane import _LIVE, ControlPlane, ControlPlaneError, _stop, _tail, free_port, kubeconfig
+from testbed.real.controlplane import _LIVE, ControlPlane, ControlPlaneError, _stop, _tail, kubeconfig
 
 MODULE = "github.com/cert-manager/cert-manager"
 STACK_MODULE = STACK / "certmanager"

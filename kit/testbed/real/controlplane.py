@@ -30,9 +30,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
-import random
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -47,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from testbed.ports import free_port
 from testbed.real.build import ControlPlaneBinaries
 
 # KCM's controllers (names as of 1.33+, which end in -controller): what Deployments, garbage
@@ -114,25 +113,6 @@ def _stop(proc: subprocess.Popen[bytes], grace: float, sig: int = signal.SIGTERM
         except ProcessLookupError:
             pass
     _LIVE.pop(proc.pid, None)
-
-
-# Ports for listeners chosen now and bound later (a chart value, a pod started a minute on): below
-# the kernel's ephemeral range (32768-60999 by default), so no outgoing connection made meanwhile
-# can take one as its source port, and below the NodePort range the tiers give slurmctld.
-LISTEN_PORTS = range(20000, 30000)
-
-
-def free_port() -> int:
-    """A TCP port that nothing holds right now on 127.0.0.1 or any address, outside the ephemeral range."""
-    for port in random.sample(LISTEN_PORTS, 200):
-        try:
-            for address in ("127.0.0.1", "0.0.0.0"):
-                with socket.socket() as sock:
-                    sock.bind((address, port))
-        except OSError:
-            continue
-        return port
-    raise ControlPlaneError(f"no free TCP port among 200 tried in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}")
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -67,8 +67,9 @@ from typing import Any
 import httpx
 import yaml
 
+from testbed.ports import free_port
 from testbed.real.build import STACK, BuildUnavailable, Progress, go_build, module_dir, to_stderr
-from testbed.real.controlplane import Ca, ControlPlane, ControlPlaneError, _pem_cert, free_port
+from testbed.real.controlplane import Ca, ControlPlane, ControlPlaneError, _pem_cert
 
 KEDA_MODULE = "github.com/kedacore/keda/v2"
 KEDA_VERSION = "v2.21.0"

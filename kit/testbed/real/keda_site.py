@@ -32,6 +32,7 @@ from typing import Any
 
 from common.names import ADOPTED_ANNOTATION
 from testbed.audit import EVIDENCE
+from testbed.ports import free_port
 from testbed.real import keda as keda_mod
 from testbed.real import prometheus as prometheus_mod
 from testbed.real import story as k8s
@@ -40,7 +41,7 @@ from testbed.real.keda import Keda, KedaBinaries
 from testbed.real.objects import RealApi
 from testbed.real.prometheus import Prometheus, PrometheusBinaries
 from testbed.real.release import Release, tier_values
-from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, free_port, prepare_root
+from testbed.real.slurm import Slurm, SlurmConfig, SlurmRoot, prepare_root
 from testbed.real.slurm_metrics import PATH as METRICS_PATH
 from testbed.real.slurm_metrics import SlurmMetrics
 from testbed.world import SLIME_NAMESPACE, SlurmCluster, ensure_namespace, machine_deployment

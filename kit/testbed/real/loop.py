@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 
 from common.names import ADOPTED_ANNOTATION
+from testbed.ports import free_port
 from testbed.real import capi, certmanager, keda, metal3, prometheus, tier
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.host import PACKAGES, slurmctld_refusals
@@ -65,7 +66,7 @@ from testbed.real.netns import Network
 from testbed.real.objects import RealApi
 from testbed.real.pods import VolumeSync
 from testbed.real.release import Release, tier_values
-from testbed.real.slurm import Slurm, SlurmConfig, SlurmFailed, SlurmRoot, free_port, prepare_root
+from testbed.real.slurm import Slurm, SlurmConfig, SlurmFailed, SlurmRoot, prepare_root
 from testbed.real.slurm_metrics import PATH as METRICS_PATH
 from testbed.real.slurm_metrics import SlurmMetrics
 from testbed.real.timeline import ScaleUp, plot, render

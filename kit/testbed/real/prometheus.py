@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from testbed.ports import free_port
 from testbed.real.build import Progress, _locked, cache_root, to_stderr
-from testbed.real.controlplane import free_port
 from testbed.real.debian import APT, PackagesUnavailable
 
 PACKAGE = "prometheus"

@@ -34,7 +34,8 @@ from typing import Any
 import yaml
 
 from testbed.helm import REPO_ROOT, helm_binary
-from testbed.real.controlplane import ControlPlane, ControlPlaneError, free_port
+from testbed.ports import free_port
+from testbed.real.controlplane import ControlPlane, ControlPlaneError
 from testbed.real.pods import Completed
 
 # $SLIME_REAL_CHART: install another copy of the chart (e.g. a deliberately broken one, docs/testing.md).

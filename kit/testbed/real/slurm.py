@@ -38,7 +38,6 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import shlex
 import shutil
 import signal
@@ -55,8 +54,8 @@ from typing import Any
 import httpx
 import jwt
 
+from testbed.ports import free_port
 from testbed.real.build import cache_root
-from testbed.real.controlplane import LISTEN_PORTS
 from testbed.world import make_slurm_key
 
 MIRROR = "http://deb.debian.org/debian"
@@ -437,23 +436,6 @@ def _descendants(pid: int) -> list[int]:
                 found += children
                 todo += children
     return found
-
-
-def free_port(low: int = 0, high: int = 0) -> int:
-    """A TCP port free on every address of this host, in ``[low, high]`` when given, else below the
-    ephemeral range (:data:`testbed.real.controlplane.LISTEN_PORTS`: bound later, never taken meanwhile
-    as an outgoing connection's source port)."""
-    candidates = list(range(low, high + 1)) if low else list(LISTEN_PORTS)
-    random.shuffle(candidates)
-    for port in candidates:
-        with socket.socket() as probe:
-            try:
-                probe.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            bound: int = probe.getsockname()[1]
-            return bound
-    raise SlurmFailed(f"no free TCP port in {low}-{high}")
 
 
 # --- a cluster -----------------------------------------------------------------------------------

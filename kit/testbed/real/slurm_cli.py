@@ -20,6 +20,7 @@ from pathlib import Path
 
 import jwt
 
+from testbed.ports import free_port
 from testbed.real.cloudinit import boot, meta_data_for
 from testbed.real.netns import Network
 from testbed.real.slurm import (
@@ -31,7 +32,6 @@ from testbed.real.slurm import (
     SlurmRoot,
     Unavailable,
     chroot_argv,
-    free_port,
     prepare_root,
 )
 
