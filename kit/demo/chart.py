@@ -11,12 +11,13 @@ from typing import Any
 
 import yaml
 
+from testbed.errors import KitError
 from testbed.helm import REPO_ROOT, helm_binary
 
 RELEASE = "slime"
 
 
-class ChartError(RuntimeError):
+class ChartError(KitError):
     """The chart cannot be found or rendered."""
 
 

@@ -21,6 +21,7 @@ from demo.admission_chain import AdmissionChain, point_to_local
 from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
 from scaling_webhook.main import ScalingService
+from testbed.errors import KitError
 from testbed.pki import ServingPair
 from testbed.ports import free_port
 from testbed.serve import RunningService
@@ -35,7 +36,7 @@ SCALING_WEBHOOK = "scaling.webhook.slime"
 BUSY_MACHINE_SECONDS = 60.0
 
 
-class DemoError(RuntimeError):
+class DemoError(KitError):
     """A failed expectation; the message says what was expected and what happened."""
 
 

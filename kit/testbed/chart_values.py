@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from testbed.errors import KitError
 from testbed.helm import REPO_ROOT
 
 RELEASE = "slime"
@@ -96,7 +97,7 @@ CHART = REPO_ROOT / "charts" / "slime"
 YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when PyYAML has it
 
 
-class HelmError(Exception):
+class HelmError(KitError):
     def __init__(self, cmd: list[str], proc: subprocess.CompletedProcess[str]) -> None:
         super().__init__(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
         self.stderr = proc.stderr

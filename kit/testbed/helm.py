@@ -34,6 +34,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.errors import ComponentUnavailable
+
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the source checkout, when running from one
 
 
@@ -74,7 +76,7 @@ def _cache_dir() -> Path:
 CACHE_DIR = _cache_dir()
 
 
-class HelmUnavailable(RuntimeError):
+class HelmUnavailable(ComponentUnavailable):
     """No usable helm: none placed, and the pinned one could not be fetched or did not match its hash."""
 
 

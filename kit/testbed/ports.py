@@ -5,13 +5,15 @@ from __future__ import annotations
 import random
 import socket
 
+from testbed.errors import KitError
+
 # Ports for listeners chosen now and bound later (a chart value, a pod started a minute on): below
 # the kernel's ephemeral range (32768-60999 by default), so no outgoing connection made meanwhile
 # can take one as its source port, and below the NodePort range the tiers give slurmctld.
 LISTEN_PORTS = range(20000, 30000)
 
 
-class NoFreePort(RuntimeError):
+class NoFreePort(KitError):
     """Every candidate port was taken."""
 
 

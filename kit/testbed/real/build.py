@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.errors import ComponentFailed, ComponentUnavailable
 from testbed.helm import REPO_ROOT
 
 KUBE_VERSION = "v1.36.4"
@@ -66,11 +67,11 @@ def to_stderr(line: str) -> None:
     print(f"[slime real] {line}", file=sys.__stderr__, flush=True)
 
 
-class BuildUnavailable(RuntimeError):
+class BuildUnavailable(ComponentUnavailable):
     """A prerequisite is missing (no Go toolchain and no ``$KUBEBUILDER_ASSETS``): skip, or fail under CI."""
 
 
-class BuildFailed(RuntimeError):
+class BuildFailed(ComponentFailed):
     """A build or download ran and failed; the message ends with the tool's last lines."""
 
 

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from testbed.errors import ComponentFailed
 from testbed.ports import free_port
 from testbed.real.build import ControlPlaneBinaries
 
@@ -122,7 +123,7 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-class ControlPlaneError(RuntimeError):
+class ControlPlaneError(ComponentFailed):
     """A component did not start or answer; the message carries the end of its log."""
 
 

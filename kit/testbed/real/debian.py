@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import time
 
+from testbed.errors import ComponentUnavailable
 from testbed.real.build import Progress, to_stderr
 
 APT = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "-o", "Acquire::Retries=3"]
 
 
-class PackagesUnavailable(RuntimeError):
+class PackagesUnavailable(ComponentUnavailable):
     """Not root, no apt-get, or apt-get could not install them: the message says which."""
 
 

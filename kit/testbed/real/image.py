@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from testbed.errors import ComponentFailed
 from testbed.helm import REPO_ROOT
 from testbed.real.build import Progress, cache_root, to_stderr
 from testbed.real.debian import ensure_commands
@@ -46,7 +47,7 @@ IMAGE_INPUTS = (
 PODMAN_COMMANDS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 
 
-class ImageFailed(RuntimeError):
+class ImageFailed(ComponentFailed):
     """podman or debootstrap failed; the message ends with its output."""
 
 

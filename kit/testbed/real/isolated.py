@@ -24,6 +24,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.errors import ComponentFailed
 from testbed.helm import REPO_ROOT
 from testbed.real.controlplane import _LIVE, Ca, ControlPlane, _stop, _write
 from testbed.real.netns import _NUMBERS, NETNS_PREFIX, ip, kill_pids, netns_pids
@@ -43,7 +44,7 @@ def _delete_netns(netns: str) -> None:
     _NETNS.discard(netns)
 
 
-class ManagerFailed(RuntimeError):
+class ManagerFailed(ComponentFailed):
     """A manager did not start or stopped; the message carries the end of its log."""
 
 

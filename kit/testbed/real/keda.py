@@ -67,6 +67,7 @@ from typing import Any
 import httpx
 import yaml
 
+from testbed.errors import ComponentFailed
 from testbed.ports import free_port
 from testbed.real.build import STACK, BuildUnavailable, Progress, go_build, module_dir, to_stderr
 from testbed.real.controlplane import Ca, ControlPlane, ControlPlaneError, _pem_cert
@@ -108,7 +109,7 @@ def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     _LIVE.pop(proc.pid, None)
 
 
-class KedaFailed(RuntimeError):
+class KedaFailed(ComponentFailed):
     """A KEDA process did not start or get ready; the message ends with its log."""
 
 

@@ -53,6 +53,7 @@ from typing import Any
 import httpx
 import yaml
 
+from testbed.errors import ComponentFailed
 from testbed.real.build import KUBE_VERSION  # the tier's control plane: what the stand-in and the Machines report
 from testbed.real.capi import CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_PLURAL
 from testbed.real.cloudinit import USER_DATA
@@ -147,7 +148,7 @@ class Api:
         self.call("DELETE", self.path(api_version, plural, namespace, name))
 
 
-class ApiError(RuntimeError):
+class ApiError(ComponentFailed):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status

@@ -28,6 +28,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.errors import ComponentFailed
+
 NETNS_PREFIX = "slime-"
 _NETNS_NAME = re.compile(r"^slime-(\d+)-(\d+)$")
 _BRIDGE_NAME = re.compile(r"^slm(\d+)b(\d+)$")
@@ -36,7 +38,7 @@ _NUMBERS = itertools.count(1)  # one sequence per process: bridge, namespace and
 SUBNET_POOL = ipaddress.IPv4Network("10.200.0.0/13")
 
 
-class NetworkError(RuntimeError):
+class NetworkError(ComponentFailed):
     """An ``ip`` command failed; the message names the command and its error."""
 
 

@@ -49,13 +49,14 @@ from typing import Any
 
 import httpx
 
+from testbed.errors import ComponentFailed
 from testbed.real.controlplane import ControlPlane
 from testbed.real.image import podman, podman_env
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-class PodFailed(RuntimeError):
+class PodFailed(ComponentFailed):
     """The pod did not start or get ready; the message ends with its log."""
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from testbed.errors import ComponentFailed
 from testbed.helm import REPO_ROOT, helm_binary
 from testbed.ports import free_port
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
@@ -45,7 +46,7 @@ COMPONENTS = ("injection", "scaling")
 HOOK_SELECTOR = "app.kubernetes.io/component=check"  # the chart's helm test Pod (slime-check)
 
 
-class HelmFailed(RuntimeError):
+class HelmFailed(ComponentFailed):
     def __init__(self, args: list[str], proc: subprocess.CompletedProcess[str]) -> None:
         super().__init__(f"helm {' '.join(args[:2])} exited {proc.returncode}: {proc.stderr.strip()}")
         self.stderr = proc.stderr

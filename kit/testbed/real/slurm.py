@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 import jwt
 
+from testbed.errors import ComponentFailed, ComponentUnavailable
 from testbed.ports import free_port
 from testbed.real.build import cache_root
 from testbed.world import make_slurm_key
@@ -98,12 +99,12 @@ def to_stderr(line: str) -> None:
     print(f"[slime real slurm] {line}", file=sys.__stderr__, flush=True)
 
 
-class Unavailable(RuntimeError):
+class Unavailable(ComponentUnavailable):
     """A prerequisite is missing (not root, no ``ip``/``unshare``, no way to get debootstrap): skip, or fail under
     CI."""
 
 
-class SlurmFailed(RuntimeError):
+class SlurmFailed(ComponentFailed):
     """A Slurm step ran and failed; the message ends with the last lines of its log."""
 
 

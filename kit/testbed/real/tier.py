@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.helm import HelmUnavailable, helm_binary
-from testbed.real.build import BuildUnavailable, ControlPlaneBinaries, control_plane_binaries, crd_files
+from testbed.errors import ComponentUnavailable
+from testbed.helm import helm_binary
+from testbed.real.build import ControlPlaneBinaries, control_plane_binaries, crd_files
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.debian import PackagesUnavailable
 from testbed.real.image import build_image
 from testbed.real.objects import RealApi
 from testbed.real.pods import Completed, Pod, run_pod, run_process, run_process_to_completion, run_to_completion
@@ -62,7 +62,7 @@ def prepare(progress: Progress) -> Prepared:
         helm_binary()
         if RUNNER == "pod":
             PREPARED.image = build_image(progress)
-    except (BuildUnavailable, PackagesUnavailable, HelmUnavailable) as exc:
+    except ComponentUnavailable as exc:
         PREPARED.missing = str(exc)
     except Exception as exc:  # noqa: BLE001 - reported by every user of the tier
         PREPARED.error = f"{type(exc).__name__}: {exc}"
