@@ -35,7 +35,17 @@ from typing import Any
 
 import httpx
 
-from bench.run import REPO, injection_request, review, say, seed_cluster, start_server, tcp_nodelay, wait_until
+from bench.run import (
+    REPO,
+    injection_command,
+    injection_request,
+    review,
+    say,
+    seed_cluster,
+    start_server,
+    tcp_nodelay,
+    wait_until,
+)
 from bench.sections import replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
@@ -115,25 +125,8 @@ def measure(bodies: int, tricklers: int, seconds: float) -> dict[str, Any]:
     tcp_nodelay(emu)
     port, metrics = free_port(), free_port()
     secret = seed_cluster(emu)
-    command = [
-        sys.executable,
-        "-m",
-        "injection_webhook.main",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--metrics-port",
-        str(metrics),
-        "--cert-file",
-        str(cert),
-        "--key-file",
-        str(key),
-        "--kubeconfig",
-        emu.write_kubeconfig(workdir / "kubeconfig"),
-        "--log-level",
-        "WARNING",
-    ]
+    kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
+    command = injection_command(port, metrics, cert, key, kubeconfig, "--log-level", "WARNING")
     server = start_server("injection (hostile)", command, f"https://127.0.0.1:{port}/mutate", workdir)
     health = f"http://127.0.0.1:{metrics}/healthz"
     try:

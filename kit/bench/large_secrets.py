@@ -32,7 +32,17 @@ from typing import Any
 
 import httpx
 
-from bench.run import REPO, injection_request, review, say, seed_cluster, start_server, tcp_nodelay, wait_until
+from bench.run import (
+    REPO,
+    injection_command,
+    injection_request,
+    review,
+    say,
+    seed_cluster,
+    start_server,
+    tcp_nodelay,
+    wait_until,
+)
 from bench.sections import replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
@@ -109,25 +119,7 @@ def measure(repeats: int) -> dict[str, Any]:
         kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
         server = start_server(
             "injection (large Secrets)",
-            [
-                sys.executable,
-                "-m",
-                "injection_webhook.main",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--metrics-port",
-                str(metrics),
-                "--cert-file",
-                str(cert),
-                "--key-file",
-                str(key),
-                "--kubeconfig",
-                kubeconfig,
-                "--log-level",
-                "WARNING",
-            ],
+            injection_command(port, metrics, cert, key, kubeconfig, "--log-level", "WARNING"),
             f"https://127.0.0.1:{port}/mutate",
             workdir,
         )

@@ -101,6 +101,28 @@ def wrk_version(wrk: str) -> str:
 # --- processes ----------------------------------------------------------------------------------
 
 
+def injection_command(port: int, metrics: int, cert: Path, key: Path, kubeconfig: str, *extra: str) -> list[str]:
+    """The injection webhook as the benchmarks start it: TLS on 127.0.0.1:``port``, metrics on ``metrics``."""
+    return [
+        sys.executable,
+        "-m",
+        "injection_webhook.main",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics),
+        "--cert-file",
+        str(cert),
+        "--key-file",
+        str(key),
+        "--kubeconfig",
+        kubeconfig,
+        *extra,
+    ]
+
+
 def pin(cpu: int) -> Callable[[], None] | None:
     if (os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"):
         return None
@@ -504,23 +526,7 @@ def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | N
         port, metrics = free_port(), free_port()
         server = start_server(
             f"injection-rss-{count}",
-            [
-                sys.executable,
-                "-m",
-                "injection_webhook.main",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--metrics-port",
-                str(metrics),
-                "--cert-file",
-                str(cert),
-                "--key-file",
-                str(key),
-                "--kubeconfig",
-                kubeconfig,
-            ],
+            injection_command(port, metrics, cert, key, kubeconfig),
             f"https://127.0.0.1:{port}/mutate",
             workdir,
         )
