@@ -496,13 +496,18 @@ class Recorder:
                 demand = self.loop.demand()
                 if demand is not None and demand["pendingNodes"] >= self.nodes:
                     self.scale_up.mark("seen", now)
-                states = self.loop.slurm_nodes()
-                up = [n for n in self.loop.hosts if states.get(n, set()) & {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}]
+                states, up = self._hosts_up()
                 if len(up) >= self.target:
                     self.scale_up.mark("registered", now)
                 job = self.loop.slurm_jobs().get(self.job)
                 if job is not None and set(job.get("job_state") or []) & STARTED_STATES:
                     self.scale_up.mark("started", now)
+                    if "registered" not in self.scale_up.at:
+                        # The last host registered and the job started between the two reads of this poll:
+                        # Slurm starts a job only on registered nodes, so read the nodes once more.
+                        states, up = self._hosts_up()
+                        if len(up) >= self.target:
+                            self.scale_up.mark("registered", now)
                     if "registered" not in self.scale_up.at:  # what the timeline will miss, for the failure's reader
                         log.warning(
                             "%s: job %s %s with %d of %d hosts up; node states %s",
@@ -516,6 +521,11 @@ class Recorder:
                     return
             except (httpx.HTTPError, ValueError, KeyError):
                 continue  # a component busy for a moment: the next poll sees it
+
+    def _hosts_up(self) -> tuple[dict[str, set[str]], list[str]]:
+        states = self.loop.slurm_nodes()
+        up = [n for n in self.loop.hosts if states.get(n, set()) & {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}]
+        return states, up
 
     def finish(self, since: float) -> ScaleUp:
         """Stop polling; add the Kubernetes steps from the audit log and the webhook's log (events after ``since``)."""
