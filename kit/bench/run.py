@@ -944,10 +944,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_report(results: dict[str, Any], output: str) -> None:
     from bench.report import render
+    from bench.sections import write_head
 
     text = render(results)
     if output != "-":
-        Path(output).write_text(text)
+        write_head(Path(output), text)
         say(f"wrote {output}")
     print(text)
 

@@ -2,12 +2,15 @@
 
 A section sits between ``<!-- section: NAME -->`` and ``<!-- end section: NAME -->``; a command
 replaces only its own section (or appends it), so one benchmark can be re-run without the others.
+The main benchmark renders the page's head; :func:`write_head` keeps every section already there.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+_ANY_SECTION = re.compile(r"<!-- section: (?P<name>[\w-]+) -->\n.*?<!-- end section: (?P=name) -->\n?", re.DOTALL)
 
 
 def replace_section(path: Path, name: str, text: str) -> None:
@@ -20,3 +23,10 @@ def replace_section(path: Path, name: str, text: str) -> None:
     else:
         document = document.rstrip() + "\n\n" + block
     path.write_text(document)
+
+
+def write_head(path: Path, head: str) -> None:
+    """Write ``head`` as the page, followed by the sections the page holds now (other commands measured them)."""
+    previous = path.read_text() if path.exists() else ""
+    sections = [match.group(0).rstrip() + "\n" for match in _ANY_SECTION.finditer(previous)]
+    path.write_text("\n".join([head.rstrip() + "\n", *sections]))
