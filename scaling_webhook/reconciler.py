@@ -203,12 +203,20 @@ class Reconciler:
                     mapping, REASON_PAUSED, f"set to {target} from mirror {mapping.mirror_ref} once unpaused: {paused}"
                 )
             return None
-        if self.safe is not None and mapping.safe_scale_in is not None:
-            self.safe.maintain(mapping, scale_in_pending=current is not None and current > target, fence=self.fence)
+        safe = self.safe if mapping.safe_scale_in is not None else None
+        scale_up = current is None or target > current
+        if safe is not None and not scale_up:
+            safe.maintain(mapping, scale_in_pending=current is not None and current > target, fence=self.fence)
         if current == target:
             self._applied[mapping.machine_deployment] = target
             return None
-        return self._follow(mapping, current, target)
+        change = self._follow(mapping, current, target)
+        if safe is not None and scale_up:
+            # After the write, not before: nothing maintain does (hooks on existing Machines, releases,
+            # undrains) holds a new host back, and its Machine list and slurmrestd read would delay
+            # every scale-up by their round trips.
+            safe.maintain(mapping, scale_in_pending=False, fence=self.fence)
+        return change
 
     def _follow(self, mapping: Mapping, current: int | None, target: int) -> Change | None:
         moved = self._applied.get(mapping.machine_deployment) == current  # the MachineDeployment is where we left it

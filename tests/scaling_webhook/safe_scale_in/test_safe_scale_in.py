@@ -168,6 +168,23 @@ def test_scale_up_reclaims_pending_victims(env: Callable[[int], Env]) -> None:
     wait_for(lambda: md_events(e.emulator, MD_NS, MD, "Reclaimed"), what="the Reclaimed event")
 
 
+def test_a_scale_up_writes_the_machine_deployment_before_the_upkeep(env: Callable[[int], Env]) -> None:
+    """Between the mirror's scale and the MachineDeployment's, the only read is the one Machine list that finds
+    Machines to reclaim; the upkeep (hooks, releases, undrains: another Machine list and a slurmrestd read)
+    runs after the write, in the same pass, so a new host waits for neither."""
+    e = env(2)
+    scaling = e.scaling()
+    e.emulator.clear_requests()
+    e.scale(scaling, 4)
+    assert md_replicas(e.emulator, MD_NS, MD) == 4
+    calls = [(r.method, r.resource, r.subresource) for r in e.emulator.requests]
+    mirror_scaled = calls.index(("PATCH", "deployments", "scale"))
+    md_written = calls.index(("PATCH", "machinedeployments", "scale"))
+    between = calls[mirror_scaled:md_written]
+    assert between.count(("GET", "machines", "")) == 1, between
+    assert ("GET", "machines", "") in calls[md_written:]  # the upkeep ran, after the write
+
+
 def test_an_admins_drain_is_never_undone(env: Callable[[int], Env]) -> None:
     """An admin drains an idle node for maintenance; scale-downs leave it for last, and a reclaim keeps its drain."""
     e = env(3)
