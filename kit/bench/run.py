@@ -47,6 +47,7 @@ from testbed.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = Path(__file__).with_name("post.lua")
+RUNS = Path(__file__).with_name("runs")  # the raw results behind docs/performance.md (python3 -m bench.compare)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SERVER_CPU, LOAD_CPU = 0, 1
 
@@ -937,8 +938,14 @@ def main(argv: list[str] | None = None) -> None:
         say(json.dumps(results["rss"][-1]))
     (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     say(f"raw results in {workdir / 'results.json'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    saved = [Path(args.json)] if args.json else []
+    if args.output != "-":  # the page's figures keep their raw run, for bench.compare
+        RUNS.mkdir(exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+        saved.append(RUNS / f"{stamp}-{results['environment']['commit'].split()[0]}.json")
+    for path in saved:
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        say(f"results saved in {path}")
     write_report(results, args.output)
 
 
