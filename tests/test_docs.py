@@ -236,3 +236,17 @@ def test_the_version_is_the_same_in_the_four_places() -> None:
         "Chart.yaml appVersion": str(chart["appVersion"]),
     }
     assert len(set(versions.values())) == 1, versions
+
+
+def test_every_page_gives_the_readmes_test_command_as_ci_runs_it() -> None:
+    """The README's test command is what .ci/run runs; a page quoting another install line has drifted."""
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    command = re.sub(r"python3 -m pip install -q ", "python3 -m pip install ", ci)
+    assert command in (REPO / "README.md").read_text()
+    quoted = [
+        f"{doc.relative_to(REPO)}: {line.strip()}"
+        for doc in DOCS
+        for line in doc.read_text().splitlines()
+        if "pip install" in line and "pytest" in line and command not in line
+    ]
+    assert not quoted, f"pages quote a test command that is not the README's ({command}): {quoted}"
