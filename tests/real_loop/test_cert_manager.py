@@ -9,7 +9,7 @@ out and refreshed the way kubelet does (``testbed.real.pods.VolumeSync``). Every
 on 127.0.0.1 only.
 
 The renewal is what ``cmctl renew`` does (the ``Issuing=True`` condition), RENEWALS times in a row on both serving
-certificates at once, while a bounded loop of admissions (creates of a CAPM3 metaData
+certificates at once, while a bounded loop of admissions (``testbed.real.load.Load``: creates of a CAPM3 metaData
 Secret for the injection webhook, stored as CAPM3's manager and removed again; dry-run scales of the mirror for the
 scaling webhook) goes
 through kube-apiserver. Acceptance: no admission fails (as the client sees it, and as
@@ -32,9 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from common.names import CAPM3_MANAGER_USERNAME
 from testbed.real import story as k8s
 from testbed.real.certmanager import (
     CertManager,
@@ -46,6 +44,7 @@ from testbed.real.certmanager import (
 )
 from testbed.real.components import component
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
+from testbed.real.load import WEBHOOKS, Load, failed_calls, webhook_counters
 from testbed.real.objects import RealApi
 from testbed.real.pods import Pod, VolumeSync, run_pod, run_process
 from testbed.real.release import Release, tier_values
@@ -53,15 +52,12 @@ from testbed.world import (
     SLIME_NAMESPACE,
     ensure_namespace,
     machine_deployment,
-    metadata_secret,
     seed_capm3_identity,
     seed_metal3,
 )
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.timeout(600)]
 
-INJECTION, SCALING = "injection.webhook.slime", "scaling.webhook.slime"
-WEBHOOKS = {"injection": INJECTION, "scaling": SCALING}
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 # kubelet refreshes secret volumes on its pod sync (1 min by default); here every few seconds, so
 # the figures show cert-manager's and SliMe's part. A real cluster adds up to its sync period.
@@ -70,7 +66,7 @@ VOLUME_SYNC_SECONDS = 5.0
 # refresh + the services' certificate poll, certPollSeconds=10): generous, documented, not a target.
 RENEWAL_BOUND_SECONDS = 90.0
 RENEWALS = 3  # one after the other, each once the previous one is served
-LOAD_MAX_ADMISSIONS, LOAD_MAX_SECONDS, LOAD_TAIL_SECONDS = 12000, 240.0, 5.0
+LOAD_TAIL_SECONDS = 5.0
 
 
 @dataclass
@@ -277,79 +273,6 @@ def test_the_pods_serve_the_issued_certificates(cm: CertStack) -> None:
         )
 
 
-@dataclass
-class Load:
-    """A bounded stream of admissions through kube-apiserver, alternating the two webhooks."""
-
-    cm: CertStack
-    sent: dict[str, int] = field(default_factory=lambda: {"injection": 0, "scaling": 0})
-    failures: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def injection(self, client: Any, index: int) -> None:
-        # A stored create as CAPM3's manager (a dry run, or anyone else, is admitted without the join
-        # data by design), removed again by the admin so the namespace does not fill up.
-        secret = metadata_secret(self.cm.metal3_data, machine=f"m3m-load-{index}")
-        secrets = f"/api/v1/namespaces/{secret['metadata']['namespace']}/secrets"
-        answer = client.post(secrets, json=secret, headers={"Impersonate-User": CAPM3_MANAGER_USERNAME})
-        if answer.status_code != 201:
-            self.failures.append(f"injection: {answer.status_code} {answer.json().get('message', '')[:200]}")
-            return
-        client.delete(f"{secrets}/{secret['metadata']['name']}")
-        metadata = yaml.safe_load(base64.b64decode(answer.json()["data"]["metaData"]))
-        if "slurm_conf_server" not in metadata:  # never print the metadata: it holds slurm.key
-            self.failures.append("injection: admitted without the join data")
-
-    def scaling(self, client: Any, replicas: int) -> None:
-        answer = client.patch(
-            f"/apis/apps/v1/namespaces/{self.cm.stack.namespace}/deployments/{k8s.MIRROR}/scale?dryRun=All",
-            content=f'{{"spec":{{"replicas":{replicas}}}}}',
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        if answer.status_code != 200:
-            self.failures.append(f"scaling: {answer.status_code} {answer.json().get('message', '')[:200]}")
-
-    def run(self) -> None:
-        started = time.monotonic()
-        with self.cm.cp.http(timeout=30) as client:
-            for index in range(LOAD_MAX_ADMISSIONS):
-                if self.stop.is_set() or time.monotonic() - started > LOAD_MAX_SECONDS:
-                    break
-                which = "injection" if index % 2 == 0 else "scaling"
-                try:
-                    if which == "injection":
-                        self.injection(client, index)
-                    else:
-                        self.scaling(client, 3 + index % 4 // 2)
-                except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
-                    self.failures.append(f"{which}: {type(exc).__name__}: {exc}")
-                self.sent[which] += 1
-                time.sleep(0.01)
-        self.seconds = time.monotonic() - started
-
-
-def _webhook_counters(cp: ControlPlane) -> dict[str, float]:
-    """kube-apiserver's own account of its calls to the two webhooks: by code, fail-open and rejections."""
-    counters: dict[str, float] = {}
-    for line in cp.metrics().splitlines():
-        for metric in (
-            "apiserver_admission_webhook_request_total{",
-            "apiserver_admission_webhook_fail_open_count{",
-            "apiserver_admission_webhook_rejection_count{",
-        ):
-            if line.startswith(metric) and any(f'name="{w}"' in line for w in WEBHOOKS.values()):
-                name = next(w for w in WEBHOOKS.values() if f'name="{w}"' in line)
-                label = line.split("{", 1)[1].rsplit("}", 1)[0]
-                key = metric.rstrip("{") + ":" + name
-                if metric.startswith("apiserver_admission_webhook_request_total"):
-                    key += ":" + label.split('code="', 1)[1].split('"', 1)[0]
-                elif "rejection_count" in metric:
-                    key += ":" + label.split('error_type="', 1)[1].split('"', 1)[0]
-                counters[key] = counters.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-    return counters
-
-
 def _reloads(pod: Pod) -> float:
     import httpx
 
@@ -419,11 +342,10 @@ def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: 
     bundles_before = cm.ca_bundles()
     reloads_before = {c: _reloads(cm.stack.pods[c]) for c in WEBHOOKS}
     containers = {c: (cm.stack.pods[c].container_id, cm.stack.pods[c].process) for c in WEBHOOKS}
-    counters_before = _webhook_counters(cp)
+    counters_before = webhook_counters(cp)
 
-    load = Load(cm)
-    loader = threading.Thread(target=load.run, name="admission-load", daemon=True)
-    loader.start()
+    load = Load(cp, cm.metal3_data, cm.stack.namespace, k8s.MIRROR)
+    loader = load.start()
     rounds: list[Round] = []
     try:
         time.sleep(2.0)  # the load is flowing before the first renewal
@@ -435,7 +357,7 @@ def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: 
     finally:
         load.stop.set()
         loader.join(timeout=60)
-    delta = {k: v - counters_before.get(k, 0.0) for k, v in _webhook_counters(cp).items()}
+    delta = {k: v - counters_before.get(k, 0.0) for k, v in webhook_counters(cp).items()}
     figures = {
         "setup_seconds": {k: round(v, 1) for k, v in cm.setup_seconds.items()},
         "admissions": dict(load.sent),
@@ -450,11 +372,7 @@ def test_renewal_under_load_fails_no_admission_and_the_new_serial_is_served(cm: 
         Path(os.environ["SLIME_REAL_CERT_MANAGER_FIGURES"]).write_text(json.dumps(figures, indent=1))
 
     assert not load.failures, f"{len(load.failures)} admissions failed during the renewals: {load.failures[:10]}"
-    bad_calls = {
-        k: v
-        for k, v in delta.items()
-        if v and (("request_total" in k and not k.endswith(":200")) or "fail_open" in k or "rejection_count" in k)
-    }
+    bad_calls = failed_calls(delta)
     assert not bad_calls, f"kube-apiserver counted failed or rejected webhook calls: {bad_calls}"
     for c, webhook in WEBHOOKS.items():
         assert delta.get(f"apiserver_admission_webhook_request_total:{webhook}:200", 0) >= load.sent[c] > 0, (
