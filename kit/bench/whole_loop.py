@@ -111,6 +111,7 @@ def report(stories: list[loop.Story]) -> str:
             cells.append(f"{_seconds(value)} ({value / whole:.0%})")
         slowest = max(s.since_submit("started") or 0.0 for s in scale_ups)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {_seconds(whole)} | {_seconds(slowest)} |")
+    lines += ["", *webhook_phase(stories)]
     lines += [
         "",
         "![the phases of the median story's three scale-ups](images/whole-loop-timeline.png)",
@@ -146,6 +147,27 @@ def report(stories: list[loop.Story]) -> str:
         "minutes of the thesis, and it dominates everything SliMe controls by two to three orders of magnitude.",
     ]
     return "\n".join(lines)
+
+
+def webhook_phase(stories: list[loop.Story]) -> list[str]:
+    """The scaling webhook phase split at the mirror stored, and the leader's requests in it."""
+    scale_ups = [s for story in stories for s in story.scale_ups if {"admitted", "mirror", "md"} <= set(s.at)]
+    if not scale_ups:
+        return []
+
+    def spread(values: list[float]) -> str:
+        return f"median {_seconds(statistics.median(values))}, max {_seconds(max(values))}"
+
+    stored = [s.at["mirror"] - s.at["admitted"] for s in scale_ups]
+    followed = [s.at["md"] - s.at["mirror"] for s in scale_ups]
+    middle = sorted(scale_ups, key=lambda s: s.at["md"] - s.at["mirror"])[(len(scale_ups) - 1) // 2]
+    calls = ", ".join(f"`{what}` at +{seconds * 1000:.1f} ms" for seconds, what in middle.leader_calls)
+    return [
+        f"**The scaling webhook phase, split** ({len(scale_ups)} scale-ups, kube-apiserver's audit times): "
+        f"webhook's answer → mirror stored {spread(stored)}; mirror stored → the leader's MachineDeployment "
+        f"write {spread(followed)}. The leader's requests in between, in the median scale-up "
+        f"({_seconds(middle.at['md'] - middle.at['mirror'])}; times from the mirror stored): {calls or 'none'}.",
+    ]
 
 
 def median_story(stories: list[loop.Story]) -> loop.Story:

@@ -527,6 +527,18 @@ class Recorder:
         up = [n for n in self.loop.hosts if states.get(n, set()) & {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}]
         return states, up
 
+    def _leader_calls(self, events: list[dict[str, Any]]) -> None:
+        """The scaling webhook's requests received between the mirror stored and its MachineDeployment write."""
+        stored, written = self.scale_up.at.get("mirror"), self.scale_up.at.get("md")
+        if stored is None or written is None:
+            return
+        for event in sorted(events, key=_received):
+            username = str((event.get("user") or {}).get("username", ""))
+            if username.endswith(":slime-scaling-webhook") and stored <= _received(event) <= written:
+                ref = event.get("objectRef") or {}
+                what = "/".join(p for p in (ref.get("resource"), ref.get("subresource")) if p)
+                self.scale_up.leader_calls.append((_received(event) - stored, f"{event.get('verb')} {what}"))
+
     def finish(self, since: float) -> ScaleUp:
         """Stop polling; add the Kubernetes steps from the audit log and the webhook's log (events after ``since``)."""
         self._stop.set()
@@ -548,6 +560,7 @@ class Recorder:
                 ):
                     self.scale_up.mark(key, _timestamp(event["stageTimestamp"]))
                     break
+        self._leader_calls(events)
         for key, resource in (("machine", "machines"), ("injected", "secrets")):
             # A creation is answered 201, whether by a create or by a server-side apply (CAPI's Machines).
             created = sorted(
@@ -575,6 +588,10 @@ class Recorder:
                 self.scale_up.mark("admitted", _timestamp(entry["ts"]))
                 break
         return self.scale_up
+
+
+def _received(event: dict[str, Any]) -> float:
+    return _timestamp(event.get("requestReceivedTimestamp") or event["stageTimestamp"])
 
 
 def scale_up(loop: Loop, label: str, nodes: int, release: str, timeout: float = 240.0) -> tuple[int, ScaleUp]:
@@ -637,6 +654,7 @@ class Story:
                             "label": s.label,
                             "since_submit": {k: s.since_submit(k) for k in s.at},
                             "phases": dict(s.phases()),
+                            "leader_calls": s.leader_calls,
                         }
                         for s in self.scale_ups
                     ],

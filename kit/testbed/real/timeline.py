@@ -43,6 +43,9 @@ class ScaleUp:
 
     label: str
     at: dict[str, float] = field(default_factory=dict)
+    # The scaling webhook's own API requests from the mirror stored to its MachineDeployment write:
+    # (seconds after the mirror was stored, "VERB resource/subresource"), what the webhook phase is made of.
+    leader_calls: list[tuple[float, str]] = field(default_factory=list)
 
     def mark(self, step: str, when: float) -> None:
         """Record ``step`` at ``when`` (the first time only: later sightings of the same step are not it)."""

@@ -1,0 +1,41 @@
+"""bench.whole_loop splits the scaling webhook phase at the mirror stored and lists the leader's requests."""
+
+from __future__ import annotations
+
+from bench.whole_loop import webhook_phase
+from testbed.real.loop import Story
+from testbed.real.timeline import ScaleUp
+
+
+def scale_up(stored_after: float, written_after: float, calls: list[tuple[float, str]]) -> ScaleUp:
+    timeline = ScaleUp("4-node job", leader_calls=calls)
+    timeline.mark("admitted", 100.0)
+    timeline.mark("mirror", 100.0 + stored_after)
+    timeline.mark("md", 100.0 + stored_after + written_after)
+    return timeline
+
+
+def test_the_phase_is_split_at_the_mirror_stored_with_the_median_scale_ups_requests() -> None:
+    story = Story(
+        scale_ups=[
+            scale_up(
+                0.002, 0.010, [(0.001, "get machinedeployments/scale"), (0.009, "patch machinedeployments/scale")]
+            ),
+            scale_up(0.004, 0.030, [(0.020, "list machines")]),
+            scale_up(0.003, 0.020, [(0.0015, "get machinedeployments/scale")]),
+        ]
+    )
+    untimed = ScaleUp("1-node job")  # a scale-up whose steps were not all seen is left out
+    story.scale_ups.append(untimed)
+
+    (line,) = webhook_phase([story])
+
+    assert "(3 scale-ups" in line
+    assert "mirror stored median 3 ms, max 4 ms" in line
+    assert "MachineDeployment write median 20 ms, max 30 ms" in line
+    median = "in the median scale-up (20 ms; times from the mirror stored): `get machinedeployments/scale` at +1.5 ms"
+    assert median in line
+
+
+def test_no_timed_scale_up_gives_no_line() -> None:
+    assert webhook_phase([Story(scale_ups=[ScaleUp("1-node job")])]) == []
