@@ -16,6 +16,9 @@ chart installed (``helm get manifest``), exactly as written there:
   (podman ``--read-only`` with no extra tmpfs: only the pod's own volumes are writable),
   ``capabilities.drop: [ALL]``, ``allowPrivilegeEscalation: false``; ``runAsNonRoot`` is checked;
 - readiness from the container's ``readinessProbe`` (``httpGet`` on its named port);
+- termination as kubelet does it (:meth:`Pod.terminate`): the ``preStop`` exec hook run in the
+  container, then SIGTERM, then SIGKILL when ``terminationGracePeriodSeconds`` (counted from the
+  start of the hook) has run out;
 - with ``kubelet_volumes=True``, secret and configMap volumes laid out as kubelet's AtomicWriter
   does (the files are symlinks through ``..data`` to a timestamped directory) and refreshed by
   :meth:`Pod.sync_volumes` (run it periodically with :class:`VolumeSync`, as kubelet's pod
@@ -23,8 +26,10 @@ chart installed (``helm get manifest``), exactly as written there:
   half-written pair.
 
 The pod runs on the host network (there is no pod network), so its ports are the chart's
-ports: the tier picks free ones for ``injection.port``/``scaling.port`` at install.
-Resource limits, affinity and the preStop hook are not applied (nothing schedules here).
+ports: the tier picks free ones for ``injection.port``/``scaling.port`` at install. A pod given
+a ``pod_ip`` (a loopback address of its own, :mod:`testbed.real.kubelet`) gets it as the downward
+API's ``status.podIP`` and is probed there, so two pods of one Deployment can run side by side.
+Resource limits and affinity are not applied (nothing schedules here).
 
 :func:`run_process` is the inner-loop variant: the same console script, env and token, as a
 local process; the token comes in a kubeconfig instead of the in-cluster files, and file paths
@@ -72,6 +77,7 @@ class Pod:
     process: subprocess.Popen[bytes] | None = None
     log_file: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    ip: str = "127.0.0.1"  # where it listens (its status.podIP when it has its own)
     # kubelet_volumes: (volume, host directory, fsGroup) of each secret/configMap volume, refreshed by sync_volumes
     synced_volumes: list[tuple[dict[str, Any], Path, int | None]] = field(default_factory=list)
 
@@ -96,7 +102,14 @@ class Pod:
         port = probe.get("port", 0)
         number = self.ports[port] if isinstance(port, str) else int(port)
         try:
-            return 200 <= httpx.get(f"http://127.0.0.1:{number}{probe.get('path', '/')}", timeout=2).status_code < 300
+            url = f"http://{self.ip}:{number}{probe.get('path', '/')}"
+            return (
+                200
+                <= httpx.get(
+                    url, timeout=float((self.container.get("readinessProbe") or {}).get("timeoutSeconds", 2))
+                ).status_code
+                < 300
+            )
         except httpx.HTTPError:
             return False
 
@@ -120,18 +133,40 @@ class Pod:
                 changed.append(volume["name"])
         return changed
 
-    def stop(self) -> None:
-        """Stop it (SIGTERM, then SIGKILL after 5 s) and remove the container; by container ID or PID."""
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop it (SIGTERM, then SIGKILL after ``grace`` s) and remove the container; by container ID or PID."""
         if self.container_id:
-            podman("stop", "-t", "5", self.container_id, check=False, timeout=60)
+            podman("stop", "-t", str(max(0, round(grace))), self.container_id, check=False, timeout=grace + 60)
             podman("rm", "-f", self.container_id, check=False, timeout=60)
         elif self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
+
+    def exec(self, command: list[str], timeout: float) -> int:
+        """Run ``command`` in the container (``podman exec``; for a process pod, on the host), as an exec hook is
+        run; its exit code (-1 when it ran out of ``timeout``)."""
+        try:
+            if self.container_id:
+                return podman("exec", self.container_id, *command, check=False, timeout=timeout).returncode
+            return subprocess.run(command, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL).returncode
+        except subprocess.TimeoutExpired:
+            return -1
+
+    def terminate(self, grace_seconds: float) -> dict[str, float]:
+        """What kubelet does to a container of a deleted pod: the ``preStop`` exec hook, then SIGTERM, then SIGKILL
+        when ``grace_seconds`` (the pod's ``terminationGracePeriodSeconds``, counted from the hook's start) are
+        over. Returns how long the hook and the stop took."""
+        started = time.monotonic()
+        hook = ((self.container.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        if hook and self.running():
+            self.exec(list(hook["command"]), timeout=grace_seconds)
+        hooked = time.monotonic()
+        self.stop(grace=max(2.0, grace_seconds - (hooked - started)))  # kubelet gives at least 2 s after the hook
+        return {"pre_stop": hooked - started, "stop": time.monotonic() - hooked}
 
 
 def _volume_files(cp: ControlPlane, namespace: str, volume: dict[str, Any]) -> tuple[dict[str, bytes], int] | None:
@@ -248,16 +283,23 @@ def _materialize(
     return mounts, tmpfs
 
 
-def _env(container: dict[str, Any], namespace: str, pod_name: str, cp: ControlPlane) -> dict[str, str]:
+def _env(
+    container: dict[str, Any], namespace: str, pod_name: str, cp: ControlPlane, pod_ip: str = "127.0.0.1"
+) -> dict[str, str]:
     env: dict[str, str] = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cp.port)}
-    fields = {"metadata.namespace": namespace, "metadata.name": pod_name}
+    fields = {
+        "metadata.namespace": namespace,
+        "metadata.name": pod_name,
+        "status.podIP": pod_ip,
+        "status.hostIP": "127.0.0.1",
+    }
     for item in container.get("env") or []:
-        if "value" in item:
-            env[item["name"]] = str(item["value"])
+        if "value" in item or "valueFrom" not in item:  # the API server drops an empty value from a stored Pod
+            env[item["name"]] = str(item.get("value", ""))
         elif "fieldRef" in (item.get("valueFrom") or {}):
             env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
-            raise PodFailed(f"env {item['name']}: only value and fieldRef (metadata.namespace/name) are supported here")
+            raise PodFailed(f"env {item['name']}: only value and fieldRef ({', '.join(fields)}) are supported here")
     return env
 
 
@@ -298,20 +340,24 @@ def run_pod(
     workdir: Path,
     ready_timeout: float = 90.0,
     kubelet_volumes: bool = False,
+    pod: dict[str, Any] | None = None,
+    pod_ip: str = "127.0.0.1",
 ) -> Pod:
     """Run the Deployment's pod template with podman on the host network; return once it is ready.
 
     ``kubelet_volumes``: secret and configMap volumes in kubelet's atomic layout, refreshable with
-    :meth:`Pod.sync_volumes` (see the module doc).
+    :meth:`Pod.sync_volumes` (see the module doc). ``pod``: a Pod object to run instead (its name,
+    its spec, its container's image; ``deployment`` is then not read), listening on ``pod_ip``;
+    ``ready_timeout=0`` returns at once (the caller probes).
     """
-    namespace = deployment["metadata"]["namespace"]
-    pod_spec, container = _pod_parts(deployment)
-    name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
+    namespace, name, pod_spec, container = _identity(deployment, pod)
+    if pod is not None:
+        image = container["image"]  # what kubelet runs: the pod's own image (pullPolicy Never: it must be here)
     token = cp.token(namespace, pod_spec["serviceAccountName"])
     root = workdir / name
     synced: list[tuple[dict[str, Any], Path, int | None]] = []
     mounts, tmpfs = _materialize(cp, namespace, pod_spec, container, token, root, synced if kubelet_volumes else None)
-    env = _env(container, namespace, name, cp)
+    env = _env(container, namespace, name, cp, pod_ip)
     args = ["run", "-d", "--name", name, "--network=host", "--hostname", name]
     args += _security_args(pod_spec, container, name)
     read_only = {m["mountPath"]: bool(m.get("readOnly")) for m in container.get("volumeMounts") or []}
@@ -326,21 +372,17 @@ def run_pod(
         args += ["--entrypoint", json.dumps(container["command"])]
     args += [image, *(container.get("args") or [])]
     started = podman(*args, timeout=120)
-    pod = Pod(
+    running = Pod(
         name,
         namespace,
         container,
         root,
         container_id=started.stdout.decode().strip(),
         ports=_ports(container),
+        ip=pod_ip,
         synced_volumes=synced,
     )
-    try:
-        pod.wait_ready(ready_timeout)
-    except PodFailed:
-        pod.stop()
-        raise
-    return pod
+    return _await_ready(running, ready_timeout)
 
 
 def run_process(
@@ -349,16 +391,16 @@ def run_process(
     workdir: Path,
     ready_timeout: float = 60.0,
     kubelet_volumes: bool = False,
+    pod: dict[str, Any] | None = None,
+    pod_ip: str = "127.0.0.1",
 ) -> Pod:
     """The inner-loop variant: the pod's console script as a local process, same env, token and files."""
-    namespace = deployment["metadata"]["namespace"]
-    pod_spec, container = _pod_parts(deployment)
-    name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
+    namespace, name, pod_spec, container = _identity(deployment, pod)
     token = cp.token(namespace, pod_spec["serviceAccountName"])
     root = workdir / name
     synced: list[tuple[dict[str, Any], Path, int | None]] = []
     mounts, _ = _materialize(cp, namespace, pod_spec, container, token, root, synced if kubelet_volumes else None)
-    env = _env(container, namespace, name, cp)
+    env = _env(container, namespace, name, cp, pod_ip)
     for key, value in list(env.items()):  # paths under a mountPath point at the materialized copy
         for path, host in mounts.items():
             if value.startswith(path.rstrip("/") + "/"):
@@ -377,7 +419,7 @@ def run_process(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    pod = Pod(
+    running = Pod(
         name,
         namespace,
         container,
@@ -385,10 +427,30 @@ def run_process(
         process=proc,
         log_file=log_file,
         ports=_ports(container),
+        ip=pod_ip,
         synced_volumes=synced,
     )
+    return _await_ready(running, ready_timeout)
+
+
+def _identity(
+    deployment: dict[str, Any], pod: dict[str, Any] | None
+) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """Namespace, name, pod spec and container: of the Pod object when there is one, else of a new pod of the
+    Deployment's template."""
+    if pod is not None:
+        (container,) = pod["spec"]["containers"]
+        return pod["metadata"]["namespace"], pod["metadata"]["name"], pod["spec"], container
+    pod_spec, container = _pod_parts(deployment)
+    name = f"{deployment['metadata']['name']}-{os.urandom(3).hex()}"
+    return deployment["metadata"]["namespace"], name, pod_spec, container
+
+
+def _await_ready(pod: Pod, timeout: float) -> Pod:
+    if timeout <= 0:
+        return pod
     try:
-        pod.wait_ready(ready_timeout)
+        pod.wait_ready(timeout)
     except PodFailed:
         pod.stop()
         raise
