@@ -11,7 +11,12 @@ port, which is why the chart makes the Service port equal to the container port.
 
 Helm 4 applies objects server-side, so ``helm upgrade`` meets the patch as another field
 manager's: the tier upgrades with ``--force-conflicts`` (Helm takes the Services back to the
-chart's ClusterIP form) and routes them again right after.
+chart's ClusterIP form) and routes them again right after. Between the two, kube-apiserver would
+dial the ClusterIP: fine with nothing calling the webhooks, not under load. A release made with
+``routed_at_render=True`` is routed by a Helm 4 post-renderer plugin instead (:func:`route_rendered`,
+``python -m testbed.real.release``, installed in a plugin directory of the work directory): Helm
+stores and applies the webhook Services already in their ExternalName form, so an upgrade never
+turns them back (the upgrade test, ``tests/real_k8s/test_upgrade.py``).
 
 **Authenticated admission.** With ``admissionAuth.enabled`` the chart generates the client CA and
 certificate (``<fullname>-apiserver-client``); :meth:`Release.admission_configuration` writes the
@@ -25,6 +30,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +50,18 @@ CHART = Path(os.environ.get("SLIME_REAL_CHART") or REPO_ROOT / "charts" / "slime
 RELEASE = "slime"
 COMPONENTS = ("injection", "scaling")
 HOOK_SELECTOR = "app.kubernetes.io/component=check"  # the chart's helm test Pod (slime-check)
+POST_RENDERER = "slime-route-localhost"  # the Helm 4 post-renderer plugin of routed_at_render
+WEBHOOK_COMPONENTS = tuple(f"{c}-webhook" for c in COMPONENTS)
+# What route_to_localhost clears, and route_rendered leaves out: a ClusterIP Service's own fields.
+CLUSTER_IP_FIELDS = (
+    "clusterIP",
+    "clusterIPs",
+    "selector",
+    "ipFamilies",
+    "ipFamilyPolicy",
+    "internalTrafficPolicy",
+    "sessionAffinity",
+)
 
 
 class HelmFailed(ComponentFailed):
@@ -88,14 +106,19 @@ class Release:
     chart: Path = CHART
     name: str = RELEASE
     history: list[str] = field(default_factory=list)
+    routed_at_render: bool = False  # the webhook Services rendered as ExternalName by a post-renderer (module doc)
 
     def helm(self, *args: str, timeout: float = 120.0) -> str:
         values = self.workdir / "values.json"
         values.write_text(json.dumps(self.values))
         cmd = [str(helm_binary()), *args, "--kubeconfig", str(self.cp.kubeconfig)]
+        env = None
         if args[0] in ("install", "upgrade"):
             cmd += ["-f", str(values)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if self.routed_at_render:
+                cmd += ["--post-renderer", POST_RENDERER]
+                env = {**os.environ, "HELM_PLUGINS": str(post_renderer_plugins(self.workdir / "helm-plugins"))}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
             raise HelmFailed(list(args), proc)
         self.history.append(" ".join(args[:2]))
@@ -103,14 +126,17 @@ class Release:
 
     def install(self) -> str:
         out = self.helm("install", self.name, str(self.chart), "-n", self.namespace, "--create-namespace")
-        self.route_to_localhost()
+        if not self.routed_at_render:
+            self.route_to_localhost()
         return out
 
     def upgrade(self) -> str:
         # Helm 4 applies server-side: the ExternalName patch is another field manager's, so the
         # upgrade takes the Services back (--force-conflicts) and they are routed again after it.
+        # routed_at_render: the rendered Services are already routed; nothing to take back.
         out = self.helm("upgrade", self.name, str(self.chart), "-n", self.namespace, "--force-conflicts")
-        self.route_to_localhost()
+        if not self.routed_at_render:
+            self.route_to_localhost()
         return out
 
     def test(
@@ -185,19 +211,7 @@ class Release:
 
     def route_to_localhost(self) -> None:
         """Turn the two webhook Services into ExternalName ``localhost`` (see the module doc)."""
-        patch = {
-            "spec": {
-                "type": "ExternalName",
-                "externalName": "localhost",
-                "clusterIP": None,
-                "clusterIPs": None,
-                "selector": None,
-                "ipFamilies": None,
-                "ipFamilyPolicy": None,
-                "internalTrafficPolicy": None,
-                "sessionAffinity": None,
-            }
-        }
+        patch = {"spec": {"type": "ExternalName", "externalName": "localhost", **dict.fromkeys(CLUSTER_IP_FIELDS)}}
         for component in COMPONENTS:
             if not self.values.get(component, {}).get("enabled", True):
                 continue
@@ -298,3 +312,38 @@ def webhook_configurations(cp: ControlPlane, release: str) -> list[str]:
             continue
         names += [f"{kind}/{o['metadata']['name']}" for o in listed.get("items") or []]
     return names
+
+
+def route_rendered(manifest: str) -> str:
+    """The post-renderer of ``routed_at_render``: the two webhook Services of a rendered manifest turned into
+    ``ExternalName: localhost`` (what :meth:`Release.route_to_localhost` patches); everything else as rendered."""
+    documents = [d for d in yaml.safe_load_all(manifest) if d]
+    for document in documents:
+        labels = document.get("metadata", {}).get("labels") or {}
+        if document.get("kind") == "Service" and labels.get("app.kubernetes.io/component") in WEBHOOK_COMPONENTS:
+            spec = document["spec"]
+            for key in CLUSTER_IP_FIELDS:
+                spec.pop(key, None)
+            spec.update({"type": "ExternalName", "externalName": "localhost"})
+    return yaml.safe_dump_all(documents, sort_keys=False)
+
+
+def post_renderer_plugins(directory: Path) -> Path:
+    """A Helm 4 plugin directory (``$HELM_PLUGINS``) holding the post-renderer plugin :data:`POST_RENDERER`, which
+    runs :func:`route_rendered` with this Python."""
+    plugin = directory / POST_RENDERER
+    plugin.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "apiVersion": "v1",
+        "type": "postrenderer/v1",
+        "name": POST_RENDERER,
+        "version": "0.1.0",
+        "runtime": "subprocess",
+        "runtimeConfig": {"platformCommand": [{"command": sys.executable, "args": ["-m", "testbed.real.release"]}]},
+    }
+    (plugin / "plugin.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return directory
+
+
+if __name__ == "__main__":  # the post-renderer plugin's command: manifest on stdin, routed manifest on stdout
+    sys.stdout.write(route_rendered(sys.stdin.read()))
