@@ -99,6 +99,9 @@ def render(results: dict[str, Any]) -> str:
         f"{settings['warmup']:g} s of warm-up per target. Handler-only figures use {settings['handler_calls']:,} "
         "timed calls each.",
         "",
+        "The run's raw results are saved in `kit/bench/runs/`; `python3 -m bench.compare BEFORE.json AFTER.json` "
+        "prints two saved runs side by side, with each figure's after/before ratio.",
+        "",
     ]
 
     # --- end to end -------------------------------------------------------------------------
