@@ -189,3 +189,31 @@ def test_list_pages_with_limit_and_continue(emu: Emulator, api: client.ApiClient
     third = core.list_namespaced_config_map(ns, limit=2, _continue=second.metadata._continue)
     assert [c.metadata.name for c in second.items + third.items] == ["cm-2", "cm-3", "cm-4"]
     assert third.metadata._continue is None and third.metadata.resource_version == first.metadata.resource_version
+
+
+def test_pages_keep_to_the_namespace_and_the_selector(emu: Emulator, api: client.ApiClient, ns: str) -> None:
+    """A page starts past the last key served and stops at the limit; other namespaces and unmatched objects are
+    neither served nor counted as remaining."""
+    other = f"{ns}-other"
+    emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+    for i in range(6):
+        for namespace in (ns, other):
+            labels = {"pool": "a" if i % 2 == 0 else "b"}
+            meta = {"name": f"cm-{i}", "namespace": namespace, "labels": labels}
+            emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
+    core = client.CoreV1Api(api)
+
+    def pages(**query: object) -> tuple[list[str], list[int | None]]:
+        names: list[str] = []
+        remaining: list[int | None] = []
+        token = None
+        while True:
+            page = core.list_namespaced_config_map(ns, limit=2, _continue=token, **query)
+            names += [c.metadata.name for c in page.items]
+            remaining.append(page.metadata.remaining_item_count)
+            token = page.metadata._continue
+            if not token:
+                return names, remaining
+
+    assert pages() == ([f"cm-{i}" for i in range(6)], [4, 2, None])
+    assert pages(label_selector="pool=a") == (["cm-0", "cm-2", "cm-4"], [1, None])
