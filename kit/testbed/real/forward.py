@@ -79,6 +79,11 @@ def _serve_one(inside: socket.socket, port: int) -> None:
     except OSError:
         inside.close()
         return
+    splice(inside, outside)
+
+
+def splice(inside: socket.socket, outside: socket.socket) -> None:
+    """Copy bytes both ways between two connected sockets until both directions end, then close both."""
     outside.settimeout(None)
     back = threading.Thread(target=_pipe, args=(outside, inside), daemon=True)
     back.start()

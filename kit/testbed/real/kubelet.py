@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.real.controlplane import ControlPlane, ControlPlaneError
-from testbed.real.forward import _pipe
+from testbed.real.forward import splice
 from testbed.real.pods import Pod, run_pod, run_process
 
 NODE = "slime-real-node"
@@ -120,13 +120,7 @@ class ServiceProxy:
                 self.refused += 1
             inside.close()
             return
-        outside.settimeout(None)
-        back = threading.Thread(target=_pipe, args=(outside, inside), daemon=True)
-        back.start()
-        _pipe(inside, outside)
-        back.join()
-        inside.close()
-        outside.close()
+        splice(inside, outside)
 
     def close(self) -> None:
         self._stop.set()
