@@ -98,18 +98,13 @@ class Pod:
 
     def ready(self) -> bool:
         """The readinessProbe: its httpGet path on its (named) port answers 2xx."""
-        probe = (self.container.get("readinessProbe") or {}).get("httpGet") or {}
+        readiness = self.container.get("readinessProbe") or {}
+        probe = readiness.get("httpGet") or {}
         port = probe.get("port", 0)
         number = self.ports[port] if isinstance(port, str) else int(port)
+        url = f"http://{self.ip}:{number}{probe.get('path', '/')}"
         try:
-            url = f"http://{self.ip}:{number}{probe.get('path', '/')}"
-            return (
-                200
-                <= httpx.get(
-                    url, timeout=float((self.container.get("readinessProbe") or {}).get("timeoutSeconds", 2))
-                ).status_code
-                < 300
-            )
+            return 200 <= httpx.get(url, timeout=float(readiness.get("timeoutSeconds", 2))).status_code < 300
         except httpx.HTTPError:
             return False
 
