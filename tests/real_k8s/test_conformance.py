@@ -249,3 +249,36 @@ def test_server_side_dry_run(targets: dict[str, Target]) -> None:
         return out
 
     same(targets, case)
+
+
+def test_a_scale_patch_pinned_to_a_stale_resource_version_is_a_conflict(targets: dict[str, Target]) -> None:
+    # The scaling reconciler decides a scale-up from its watch cache and pins the MachineDeployment's cached
+    # resourceVersion in the /scale merge patch: the API server must refuse it (409) once the object moved on.
+    def case(send: Target) -> Any:
+        base = f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{NS}/machinedeployments"
+        md = machine_deployment("pinned", NS, replicas=2, version="v1beta2", cluster="c1", full=True)
+        md.pop("status")
+        send("POST", base, md)
+        seen = send("GET", f"{base}/pinned")[1]["metadata"]["resourceVersion"]
+        send("PATCH", f"{base}/pinned", {"metadata": {"labels": {"moved": "on"}}}, "application/merge-patch+json")
+        stale = {"metadata": {"resourceVersion": seen}, "spec": {"replicas": 3}}
+        code, refused = send("PATCH", f"{base}/pinned/scale", stale, "application/merge-patch+json")
+        out: list[Any] = [(code, refused.get("kind"), refused.get("reason"), refused.get("message"))]
+        out.append(send("GET", f"{base}/pinned")[1]["spec"]["replicas"])  # unchanged
+        now = send("GET", f"{base}/pinned")[1]["metadata"]["resourceVersion"]
+        fresh = {"metadata": {"resourceVersion": now}, "spec": {"replicas": 3}}
+        code, scaled = send("PATCH", f"{base}/pinned/scale", fresh, "application/merge-patch+json")
+        out.append((code, scaled["spec"]["replicas"], scaled["metadata"]["resourceVersion"] != now))
+        return out
+
+    assert same(targets, case) == [
+        (
+            409,
+            "Status",
+            "Conflict",
+            'Operation cannot be fulfilled on machinedeployments.cluster.x-k8s.io "pinned": the object has been '
+            "modified; please apply your changes to the latest version and try again",
+        ),
+        2,
+        (200, 3, True),
+    ]
