@@ -70,11 +70,24 @@ class MachineDeploymentScaler:
 
     # --- calls -------------------------------------------------------------------------------
 
-    def set_replicas(self, namespace: str, name: str, replicas: int, timeout: float | None = None) -> None:
-        """Set ``spec.replicas`` with one merge patch on ``/scale``; raise :class:`ScaleError`."""
+    def set_replicas(
+        self,
+        namespace: str,
+        name: str,
+        replicas: int,
+        timeout: float | None = None,
+        resource_version: str | None = None,
+    ) -> None:
+        """Set ``spec.replicas`` with one merge patch on ``/scale``; raise :class:`ScaleError`.
+
+        With ``resource_version`` the patch carries it as a precondition: the API server refuses it
+        (a ScaleError with code 409) if the MachineDeployment has changed since that version.
+        """
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        body = {"spec": {"replicas": replicas}}
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         for attempt in (1, 2):
             path = self.resource_path().item(namespace, name, "scale")
             remaining = max(0.05, deadline - time.monotonic())

@@ -11,7 +11,7 @@ from common.kube import local_client
 from kubemu import Emulator, Fault
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
-from testbed.world import CAPI, SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.world import CAPI, SLIME_NAMESPACE, machine_deployment, md_replicas, mirror
 
 MakeScaler = Callable[[Emulator], MachineDeploymentScaler]
 
@@ -81,6 +81,24 @@ def test_set_replicas_is_one_merge_patch_on_scale(scaler: MachineDeploymentScale
     assert (call.method, call.path) == ("PATCH", f"/apis/{CAPI}/v1beta2/namespaces/metal3/machinedeployments/md/scale")
     stored = emulator.get(f"{CAPI}/v1beta2", "MachineDeployment", "metal3", "md")
     assert stored is not None and stored["spec"]["replicas"] == 5
+
+
+def test_set_replicas_at_a_resource_version_is_refused_once_the_object_moved_on(
+    scaler: MachineDeploymentScaler, emulator: Emulator
+) -> None:
+    def version() -> str:
+        stored = emulator.get(f"{CAPI}/v1beta2", "MachineDeployment", "metal3", "md")
+        assert stored is not None
+        return str(stored["metadata"]["resourceVersion"])
+
+    seen = version()
+    emulator.patch(f"{CAPI}/v1beta2", "MachineDeployment", "metal3", "md", {"metadata": {"labels": {"a": "b"}}})
+    with pytest.raises(ScaleError) as error:
+        scaler.set_replicas("metal3", "md", 5, resource_version=seen)
+    assert error.value.code == 409
+    assert md_replicas(emulator, "metal3", "md") == 2
+    scaler.set_replicas("metal3", "md", 5, resource_version=version())
+    assert md_replicas(emulator, "metal3", "md") == 5
 
 
 def test_a_missing_machine_deployment_is_named_and_not_retried(
