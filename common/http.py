@@ -32,6 +32,7 @@ def guarded_protocol(read_timeout: float, max_connections: int, metrics: Webhook
     slow = metrics.dropped_connections.labels("slow")
     over_cap = metrics.dropped_connections.labels("connection-cap")
     headers_too_large = metrics.dropped_connections.labels("headers-too-large")
+    accepted = metrics.connections
 
     class GuardedProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -40,6 +41,7 @@ def guarded_protocol(read_timeout: float, max_connections: int, metrics: Webhook
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            accepted.inc()
             if len(self.connections) > max_connections:
                 over_cap.inc()
                 transport.close()

@@ -60,6 +60,12 @@ class WebhookMetrics:
             ["webhook"],
             registry=self.registry,
         )
+        self.connections = Counter(
+            "slime_webhook_connections_total",
+            "TLS connections the admission port accepted. kube-apiserver keeps its connections, so this grows "
+            "slowly; growing with the requests means a TLS handshake per admission.",
+            registry=self.registry,
+        )
         self.dropped_connections = Counter(
             "slime_webhook_dropped_connections_total",
             "Connections closed by the server: a request not read in full in time (slow), or over the connection cap.",

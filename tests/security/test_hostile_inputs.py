@@ -114,6 +114,20 @@ def test_a_client_that_never_finishes_its_body_is_let_go(transport: RunningServi
         assert closed_by_server(sock)
 
 
+def test_the_port_counts_the_connections_it_accepts_not_the_requests(transport: RunningService) -> None:
+    # The counter tells an operator whether the API server reuses its connections (one TLS
+    # handshake each) or pays a handshake per admission.
+    before = metric(transport, "slime_webhook_connections_total")
+    review = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u"}})
+    with transport.client() as kept_alive:
+        for _ in range(3):
+            kept_alive.post(f"{transport.url}/review", content=review, headers={"Content-Type": "application/json"})
+    assert metric(transport, "slime_webhook_connections_total") == before + 1
+    for _ in range(2):
+        transport.post("/review", review.encode())
+    assert metric(transport, "slime_webhook_connections_total") == before + 3
+
+
 def test_connections_over_the_cap_are_closed_at_once(transport: RunningService) -> None:
     held = [tls_socket(transport) for _ in range(4)]
     try:
