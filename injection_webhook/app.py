@@ -3,7 +3,7 @@
 The flow of one admission: ``select`` the metaData Secret; when the requester may not receive
 join data (a dry run, or not one of ``--allowed-requesters``) allow it unchanged, with a warning,
 a metric and, for a Metal3Data the cache holds, an Event; else verify the owner against the
-cache (a brief wait for one CAPM3 created a moment ago), resolve from the caches and merge.
+cache (a brief wait, woken by the watch event, for one CAPM3 created a moment ago), resolve from the caches and merge.
 """
 
 from __future__ import annotations
@@ -25,9 +25,46 @@ from injection_webhook.resolver import VERIFY_WAIT_SECONDS, InjectionResolver, N
 
 WEBHOOK_NAME = "injection"
 PATH = "/mutate"
-POLL_SECONDS = 0.02
 EVENT_INTERVAL_SECONDS = 60.0  # one withheld Event per Metal3Data a minute at most
 EVENT_KEYS = 1024
+
+
+class CacheChanges:
+    """Lets an admission on the event loop sleep until any cache changes (an informer thread says so).
+
+    A review whose owner the cache does not hold yet waits for the watch event that brings it,
+    not for a polling tick, so the wait lasts as long as the watch takes and no longer."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: list[asyncio.Future[None]] = []
+
+    def arm(self) -> asyncio.Future[None]:
+        """A future done at the next change from now on: arm it before reading the caches, so no change is missed."""
+        self._loop = asyncio.get_running_loop()
+        changed = self._loop.create_future()
+        self._waiting.append(changed)
+        return changed
+
+    async def wait(self, changed: asyncio.Future[None], timeout: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(changed), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if changed in self._waiting:
+                self._waiting.remove(changed)
+
+    def changed(self) -> None:
+        """Informer threads call this after every change; it costs nothing while no admission waits."""
+        if self._waiting and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for changed in waiting:
+            if not changed.done():
+                changed.set_result(None)
 
 
 class WithheldEvents:
@@ -70,6 +107,9 @@ def make_handler(
     allowed_requesters: frozenset[str],
     events: WithheldEvents,
 ) -> AdmissionHandler:
+    changes = CacheChanges()
+    resolver.add_change_listener(changes.changed)
+
     async def owner(secret: MetaDataSecret) -> dict[str, Any] | Unresolved | Unverified:
         """The verified owner's record; reads caches only (no API call on a review's behalf)."""
         try:
@@ -80,9 +120,12 @@ def make_handler(
                 return Unresolved(cold)
             check = resolver.check_owner(secret)
         deadline = time.monotonic() + VERIFY_WAIT_SECONDS
-        while check.absent and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_SECONDS)
-            check = resolver.check_owner(secret)
+        while check.absent and (remaining := deadline - time.monotonic()) > 0:
+            changed = changes.arm()
+            check = resolver.check_owner(secret)  # read after arming: a change from here on wakes the wait
+            if check.absent:
+                await changes.wait(changed, remaining)
+                check = resolver.check_owner(secret)
         if check.absent:
             resolver.remember_absent(secret)
         return check.verified if check.verified is not None else Unverified()

@@ -291,6 +291,7 @@ class InjectionResolver:
         self._memo: dict[tuple[str, str, str], Resolution] = {}
         self._memo_generation = 0
         self._generation = 0
+        self._change_listeners: list[Callable[[], None]] = []
         self.sync_timeout = sync_timeout
         self._workload_client = workload_client
         self._workloads: dict[tuple[str, str], tuple[str, ClusterView]] = {}
@@ -423,6 +424,12 @@ class InjectionResolver:
 
     def _caches_changed(self) -> None:
         self._generation += 1
+        for listener in self._change_listeners:
+            listener()
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on an informer thread) after every change in any cache."""
+        self._change_listeners.append(listener)
 
     def resolve(self, secret: MetaDataSecret, metal3data: dict[str, Any], wait: bool = False) -> Resolution:
         """The join data for the verified Metal3Data ``metal3data`` (a record :meth:`check_owner` found)."""

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from common.kube import local_client
+from injection_webhook.resolver import InjectionResolver
+from injection_webhook.settings import DEFAULT_CONTROLLER_SELECTOR
 from kubemu import Emulator
 from testbed.pki import Pki
 from testbed.serve import RunningService
 from testbed.services import StartInjection
 from testbed.services import start_injection as start_injection_service
+from testbed.wait import wait_for
 
 
 @pytest.fixture
@@ -27,3 +31,14 @@ def start_injection(pki: Pki, tmp_path: Path) -> Iterator[StartInjection]:
     yield start
     for service in running:
         service.stop()
+
+
+@pytest.fixture
+def resolver(emulator: Emulator, tmp_path: Path) -> Iterator[InjectionResolver]:
+    started = InjectionResolver(
+        local_client(emulator.write_kubeconfig(tmp_path / "kubeconfig")), DEFAULT_CONTROLLER_SELECTOR, sync_timeout=10.0
+    )
+    started.start()
+    wait_for(lambda: started.metal3_version, what="Metal3 API discovery")
+    yield started
+    started.stop()

@@ -1,0 +1,46 @@
+"""The injection app's wait for an owner CAPM3 created a moment ago: woken by the watch, not by a timer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from injection_webhook.app import CacheChanges
+from injection_webhook.resolver import InjectionResolver
+from kubemu import Emulator
+from testbed.world import seed_metal3
+
+from .test_resolver import review_of
+
+
+def test_a_wait_for_an_owner_is_woken_by_the_watch_event_that_brings_it(
+    emulator: Emulator, resolver: InjectionResolver
+) -> None:
+    assert resolver.wait_for_metal3_caches() is None
+    changes = CacheChanges()
+    resolver.add_change_listener(changes.changed)
+
+    async def wait_for_the_owner() -> int:
+        changed = changes.arm()  # before the create, as the app arms before it reads the caches
+        _, data = seed_metal3(emulator)
+        review = review_of(data)
+        wakes = 0
+        while resolver.check_owner(review).verified is None:
+            # The bound only ends a broken wait: woken by a change, it returns as soon as the watch delivers.
+            await changes.wait(changed, 30)
+            assert changed.done(), "the wait ran out without a cache change waking it"
+            wakes += 1
+            changed = changes.arm()
+        return wakes
+
+    assert asyncio.run(wait_for_the_owner()) >= 1
+
+
+def test_a_wait_with_no_change_ends_at_its_bound() -> None:
+    changes = CacheChanges()
+
+    async def unchanged() -> bool:
+        changed = changes.arm()
+        await changes.wait(changed, 0.01)
+        return changed.done()
+
+    assert asyncio.run(unchanged()) is False
