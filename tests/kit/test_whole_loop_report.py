@@ -28,13 +28,22 @@ def test_the_phase_is_split_at_the_mirror_stored_with_the_median_scale_ups_reque
     untimed = ScaleUp("1-node job")  # a scale-up whose steps were not all seen is left out
     story.scale_ups.append(untimed)
 
-    (line,) = webhook_phase([story])
+    target, _, line = webhook_phase([story])
 
+    assert "median 23 ms, max 34 ms, p99 34 ms over 3 scale-ups" in target
+    assert target.endswith("**missed**.")
     assert "(3 scale-ups" in line
     assert "mirror stored median 3 ms, max 4 ms" in line
     assert "MachineDeployment write median 20 ms, max 30 ms" in line
     median = "in the median scale-up (20 ms; times from the mirror stored): `get machinedeployments/scale` at +1.5 ms"
     assert median in line
+
+
+def test_the_target_is_met_only_when_the_slowest_of_fewer_than_100_is_within_15_ms() -> None:
+    fast = Story(scale_ups=[scale_up(0.002, 0.010, []), scale_up(0.002, 0.012, [])])
+    assert webhook_phase([fast])[0].endswith(": met.")
+    fast.scale_ups.append(scale_up(0.002, 0.014, []))
+    assert webhook_phase([fast])[0].endswith("**missed**.")
 
 
 def test_no_timed_scale_up_gives_no_line() -> None:
