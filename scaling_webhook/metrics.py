@@ -113,6 +113,12 @@ class ScalingMetrics:
             "Machines marked for deletion that a scale-up took back (undrained, mark removed).",
             registry=registry,
         )
+        self.scale_up_fallbacks = Counter(
+            "slime_scaling_scale_up_fallbacks_total",
+            "Safe scale-in scale-ups decided from the watch caches whose conditional /scale write the API server "
+            "refused (409: the MachineDeployment had changed since the cache saw it), redone from fresh reads.",
+            registry=registry,
+        )
         self.drain_overdue = Counter(
             "slime_scaling_drain_overdue_total",
             "Held Machines whose Slurm node was still busy or not drained after drainTimeoutSeconds (each is warned "

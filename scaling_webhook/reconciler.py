@@ -56,7 +56,7 @@ from scaling_webhook.leader import LeaderElector, NotLeader
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingSource, MappingTable, Ref
 from scaling_webhook.metrics import WAIT_REASONS, ScalingMetrics
-from scaling_webhook.safe_scale_in.service import SafeScaleIn
+from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
 from scaling_webhook.watches import MappedObjects
 
 log = logging.getLogger("slime.scaling.reconciler")
@@ -210,7 +210,7 @@ class Reconciler:
         if current == target:
             self._applied[mapping.machine_deployment] = target
             return None
-        change = self._follow(mapping, current, target)
+        change = self._follow(mapping, md, current, target)
         if safe is not None and scale_up:
             # After the write, not before: nothing maintain does (hooks on existing Machines, releases,
             # undrains) holds a new host back, and its Machine list and slurmrestd read would delay
@@ -218,11 +218,18 @@ class Reconciler:
             safe.maintain(mapping, scale_in_pending=False, fence=self.fence)
         return change
 
-    def _follow(self, mapping: Mapping, current: int | None, target: int) -> Change | None:
+    def _follow(self, mapping: Mapping, md: dict[str, Any], current: int | None, target: int) -> Change | None:
         moved = self._applied.get(mapping.machine_deployment) == current  # the MachineDeployment is where we left it
         before = _version(self.objects.machine_deployment(mapping))
         if self.safe is not None and mapping.safe_scale_in is not None:
-            outcome = self.safe.apply(mapping, target, fence=self.fence)
+            seen = None
+            if current is not None and target > current and _version(md):
+                # A scale-up is decided from the caches (current and version of the same cached object),
+                # its write conditional on that version; a scale-down reads afresh, as it chooses victims.
+                seen = Seen(current, _version(md), self.objects.machines(mapping))
+            outcome = self.safe.apply(mapping, target, fence=self.fence, seen=seen)
+            # The next pass's scale-up reads the pending victims from the Machine cache: let it hold these marks.
+            self.objects.wait_marks(mapping, outcome.victims, outcome.reclaimed)
             if outcome.replicas is None:
                 return None  # deferred or Slurm unusable: the Events say why; a later pass retries
             replicas = outcome.replicas

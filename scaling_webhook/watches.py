@@ -3,9 +3,10 @@
 One list+watch cache per named object (``fieldSelector=metadata.name=<name>``, which RBAC can
 narrow with ``resourceNames``). Mappings with ``safeScaleIn`` or ``capacityAware`` also
 watch the pool's Machines (by the ``cluster.x-k8s.io/deployment-name`` label), so a new Machine
-gets its pre-drain hook at once; ``capacityAware`` ones also the pool's Metal3MachineTemplate (by
-name) and the BareMetalHosts of its namespace, so a host becoming available raises a capped pool
-at once (:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the
+gets its pre-drain hook at once and a scale-up finds the Machines to reclaim without a list;
+``capacityAware`` ones also the pool's Metal3MachineTemplate (by name) and the BareMetalHosts of
+its namespace, so a host becoming available raises a capped pool at once
+(:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the
 leader's reconciler reads them to act, and every change wakes it (``on_change``), so a mirror
 stored by the API server moves its MachineDeployment within one watch event, and a hand edit of
 a MachineDeployment is healed as fast.
@@ -21,11 +22,12 @@ from typing import Any
 
 from common.cache import Informer
 from common.kube import KubeClient, KubeError, ResourcePath
-from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL, METAL3_GROUP
+from common.names import CAPI_GROUP, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, METAL3_GROUP
 from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_name
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import DEPLOYMENTS, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable, Ref
+from scaling_webhook.safe_scale_in.victims import machine_annotations
 
 log = logging.getLogger("slime.scaling.watches")
 
@@ -208,6 +210,33 @@ class MappedObjects:
         deadline = time.monotonic() + timeout
         while _version(self._get(kind, ref)) == before and time.monotonic() < deadline:
             time.sleep(0.002)
+
+    def wait_marks(self, mapping: Mapping, marked: list[str], unmarked: list[str], timeout: float = 2.0) -> None:
+        """After safe scale-in marked (or took the mark off) Machines: wait until the Machine cache shows it.
+
+        A scale-up takes the pending victims it reclaims from this cache; it must see the marks
+        this process just made as a fresh list would, even when it follows within one watch event.
+        A Machine gone from the cache counts as seen (Cluster API may delete a marked one at once).
+        """
+        informer = self._cache("machines", mapping.machine_deployment)
+        if informer is None or not (marked or unmarked):
+            return
+        namespace = mapping.machine_deployment[0]
+
+        def shown(name: str, mark: bool) -> bool:
+            machine = informer.get(namespace, name)
+            return machine is None or (DELETE_MACHINE_ANNOTATION in machine_annotations(machine)) == mark
+
+        deadline = time.monotonic() + timeout
+        while not (all(shown(n, True) for n in marked) and all(shown(n, False) for n in unmarked)):
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.002)
+
+    def machines(self, mapping: Mapping) -> list[Obj] | None:
+        """The pool's Machines as cached; None when they are not watched or not listed yet."""
+        informer = self._cache("machines", mapping.machine_deployment)
+        return informer.items() if informer is not None and informer.synced else None
 
     def synced(self, mapping: Mapping) -> bool:
         """The mirror and MachineDeployment caches have listed at least once (an object may be absent)."""

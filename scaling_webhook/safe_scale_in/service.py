@@ -11,7 +11,10 @@ replica that lost the Lease stops between two writes.
     Fewer safe victims than asked: a ``ScaleInDeferred`` Warning; the reconciler retries.
     slurmrestd unusable: no scale-in at all (``SlurmUnavailable``).
   - Scale-up: first reclaim Machines we marked that are not deleting yet (remove the mark;
-    UNDRAIN only drains SliMe made), then set the replicas. Works without Slurm.
+    UNDRAIN only drains SliMe made), then set the replicas. Works without Slurm. Decided from the
+    reconciler's watch caches (:class:`Seen`): no read before the write, which is conditional on
+    the cached resourceVersion; a 409 (the MachineDeployment changed meanwhile) redoes it from
+    fresh reads, counting in ``slime_scaling_scale_up_fallbacks_total``.
 * :meth:`SafeScaleIn.maintain` (every pass): keep the pre-terminate hook on every Machine
   (Cluster API waits for it with or without a nodeRef; the pre-drain hook an earlier SliMe set,
   which does not hold a Machine without one, is replaced); for each deleting Machine, read Slurm
@@ -86,6 +89,15 @@ RELEASE: dict[str, str | None] = dict.fromkeys(HOOKS)  # the patch that lets a h
 
 def _no_fence() -> None:
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A MachineDeployment and its pool's Machines as the reconciler's watch caches hold them."""
+
+    replicas: int
+    resource_version: str  # of that MachineDeployment: the precondition of a write decided from it
+    machines: list[dict[str, Any]] | None  # None: the Machine cache has not listed yet
 
 
 @dataclass
@@ -194,19 +206,45 @@ class SafeScaleIn:
         except KubeError as exc:
             raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", denial_code(exc.status)) from None
 
-    def _set_replicas(self, mapping: Mapping, replicas: int, fence: Fence) -> None:
+    def _set_replicas(self, mapping: Mapping, replicas: int, fence: Fence, resource_version: str | None = None) -> bool:
+        """Set the replicas; with ``resource_version`` only while the MachineDeployment is at it (False if not)."""
         fence()
-        self.scaler.set_replicas(*mapping.machine_deployment, replicas, timeout=max(self.scaler.timeout, 5.0))
+        try:
+            self.scaler.set_replicas(
+                *mapping.machine_deployment,
+                replicas,
+                timeout=max(self.scaler.timeout, 5.0),
+                resource_version=resource_version,
+            )
+        except ScaleError as exc:
+            if resource_version is None or exc.code != 409:
+                raise
+            return False
+        return True
 
     # --- apply: the one scale function ----------------------------------------------------------
 
-    def apply(self, mapping: Mapping, target: int, fence: Fence = _no_fence) -> Outcome:
-        """Bring the MachineDeployment towards ``target`` replicas safely; raise ScaleError on API errors."""
+    def apply(self, mapping: Mapping, target: int, fence: Fence = _no_fence, seen: Seen | None = None) -> Outcome:
+        """Bring the MachineDeployment towards ``target`` replicas safely; raise ScaleError on API errors.
+
+        A scale-up from ``seen`` (the watch caches) reads nothing before its write: the time from a
+        mirror's scale to the MachineDeployment's is one API call, plus any reclaim. Its write is
+        conditional on ``seen.resource_version``; if the MachineDeployment changed since (409), the
+        scale-up is redone from fresh reads, as without ``seen``. A scale-down always reads afresh.
+        """
         config = mapping.safe_scale_in
         assert config is not None, "apply() is for mappings with safeScaleIn"
         with self._lock(mapping):
+            outcome = Outcome(target=target)
+            if seen is not None and target > seen.replicas:
+                outcome.previous = seen.replicas
+                if self._scale_up(
+                    mapping, config, seen.replicas, target, outcome, fence, seen.machines, seen.resource_version
+                ):
+                    return outcome
+                self.metrics.scale_up_fallbacks.inc()
             current = self.scaler.get_replicas(*mapping.machine_deployment)
-            outcome = Outcome(target=target, previous=current)
+            outcome.previous = current
             if current is None or target >= current:
                 self._scale_up(mapping, config, current, target, outcome, fence)
             else:
@@ -221,15 +259,25 @@ class SafeScaleIn:
         target: int,
         outcome: Outcome,
         fence: Fence,
-    ) -> None:
-        increase = target - (current or 0)
+        machines: list[dict[str, Any]] | None = None,
+        resource_version: str | None = None,
+    ) -> bool:
+        """Reclaim, then set the replicas (conditional on ``resource_version`` when given; False if refused).
+
+        ``machines``: the pool as cached (None: list it now). Machines an earlier, refused attempt
+        already reclaimed (``outcome.reclaimed``) count towards the increase, so none is taken back twice.
+        """
+        increase = target - (current or 0) - len(outcome.reclaimed)
         if increase > 0:
-            pending = sorted((m for m in self.machines(mapping) if is_pending_victim(m)), key=machine_name)
+            pool = self.machines(mapping) if machines is None else machines
+            pending = sorted((m for m in pool if is_pending_victim(m)), key=machine_name)
             if pending:
                 self._reclaim(mapping, config, pending[:increase], outcome, fence)
         if current != target:
-            self._set_replicas(mapping, target, fence)
+            if not self._set_replicas(mapping, target, fence, resource_version):
+                return False
             outcome.replicas = target
+        return True
 
     def _reclaim(
         self,
@@ -246,6 +294,7 @@ class SafeScaleIn:
             # Cannot undrain: leave the marked Machines to go; the scale-up provisions new ones.
             self._slurm_failed(mapping, exc, "cannot reclaim Machines marked for deletion")
             return
+        reclaimed: list[str] = []
         for machine in machines:
             name = machine_name(machine)
             node = node_for(machine, nodes)
@@ -255,16 +304,17 @@ class SafeScaleIn:
                     slurm.undrain(node.name)
             except SlurmUnavailable as exc:
                 self._slurm_failed(mapping, exc, f"cannot undrain the node of Machine {name}")
-                return
+                break
             self._annotate(mapping, name, {DELETE_MACHINE_ANNOTATION: None}, fence)
-            outcome.reclaimed.append(name)
+            reclaimed.append(name)
             self.metrics.reclaimed.inc()
-        if outcome.reclaimed:
+        outcome.reclaimed += reclaimed
+        if reclaimed:
             self._event(
                 mapping,
                 REASON_RECLAIMED,
-                f"Reclaimed {len(outcome.reclaimed)} Machine(s) marked for deletion "
-                f"instead of provisioning new ones: {', '.join(outcome.reclaimed)}",
+                f"Reclaimed {len(reclaimed)} Machine(s) marked for deletion "
+                f"instead of provisioning new ones: {', '.join(reclaimed)}",
             )
 
     def _scale_down(

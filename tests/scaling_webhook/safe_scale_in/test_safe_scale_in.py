@@ -10,21 +10,34 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import jwt
 import pytest
 
-from common.names import DELETE_MACHINE_ANNOTATION, HOOK_OWNER, LEGACY_PRE_DRAIN_HOOK, SLURM_NODE_ANNOTATION
-from scaling_webhook.mappings import MappingError, parse_mappings
+from common.events import EventRecorder
+from common.kube import local_client
+from common.metrics import WebhookMetrics
+from common.names import (
+    DELETE_MACHINE_ANNOTATION,
+    HOOK_OWNER,
+    LEGACY_PRE_DRAIN_HOOK,
+    SCALING_COMPONENT,
+    SLURM_NODE_ANNOTATION,
+)
+from scaling_webhook.machinedeployments import MachineDeploymentScaler
+from scaling_webhook.mappings import Mapping, MappingError, parse_mappings
+from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS
+from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
-from testbed.capi_sim import MD, MD_NS, Env
+from testbed.capi_sim import MD, MD_NS, Env, safe_config_map
 from testbed.fake_slurmrestd import DIALECTS, SERVED, FakeSlurmrestd
 from testbed.wait import wait_for
-from testbed.world import CAPI, md_events, md_replicas
+from testbed.world import CAPI, SLIME_NAMESPACE, md_events, md_replicas
 
 IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
 
@@ -168,21 +181,164 @@ def test_scale_up_reclaims_pending_victims(env: Callable[[int], Env]) -> None:
     wait_for(lambda: md_events(e.emulator, MD_NS, MD, "Reclaimed"), what="the Reclaimed event")
 
 
+def _between_the_scales(e: Env) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """The API calls from the mirror's /scale to the MachineDeployment's, and those after it (verb, resource, sub).
+
+    A pass already under way when the mirror is scaled (the first pass's hooks wake another) may make its
+    upkeep's calls (a Machine list, the JWT Secret) in between; the exact calls of a scale-up are checked
+    on a SafeScaleIn of its own below (``standalone``)."""
+    calls = [(r.verb, r.resource, r.subresource) for r in e.emulator.requests]
+    mirror_scaled = calls.index(("patch", "deployments", "scale"))
+    md_written = calls.index(("patch", "machinedeployments", "scale"))
+    return calls[mirror_scaled + 1 : md_written], calls[md_written + 1 :]
+
+
 def test_a_scale_up_writes_the_machine_deployment_before_the_upkeep(env: Callable[[int], Env]) -> None:
-    """Between the mirror's scale and the MachineDeployment's, the only read is the one Machine list that finds
-    Machines to reclaim; the upkeep (hooks, releases, undrains: another Machine list and a slurmrestd read)
-    runs after the write, in the same pass, so a new host waits for neither."""
+    """Between the mirror's scale and the MachineDeployment's there is no read of the MachineDeployment: the
+    scale-up is decided from the watched MachineDeployment and Machines. The upkeep (hooks, releases, undrains:
+    a Machine list and a slurmrestd read) runs after the write, in the same pass, so a new host waits for neither."""
     e = env(2)
     scaling = e.scaling()
     e.emulator.clear_requests()
     e.scale(scaling, 4)
     assert md_replicas(e.emulator, MD_NS, MD) == 4
-    calls = [(r.method, r.resource, r.subresource) for r in e.emulator.requests]
-    mirror_scaled = calls.index(("PATCH", "deployments", "scale"))
-    md_written = calls.index(("PATCH", "machinedeployments", "scale"))
-    between = calls[mirror_scaled:md_written]
-    assert between.count(("GET", "machines", "")) == 1, between
-    assert ("GET", "machines", "") in calls[md_written:]  # the upkeep ran, after the write
+    between, after = _between_the_scales(e)
+    assert ("get", "machinedeployments", "") not in between, between
+    assert ("list", "machines", "") in after  # the upkeep ran, after the write
+    assert scaling.metric("slime_scaling_scale_up_fallbacks_total") == 0
+
+
+def test_a_scale_up_reclaims_pending_victims_from_the_machine_cache(env: Callable[[int], Env]) -> None:
+    """Right after a scale-down marked its victims, a scale-up takes one back with no read before its writes:
+    the reconciler waited for the Machine cache to show the marks it made."""
+    e = env(3)
+    scaling = e.scaling()
+    e.scale(scaling, 1)
+    assert sorted(e.annotated()) == ["md-001", "md-002"]
+    e.emulator.clear_requests()
+    e.scale(scaling, 2)
+    assert e.annotated() == ["md-002"] and md_replicas(e.emulator, MD_NS, MD) == 2
+    assert e.slurm.state("node-001") == IDLE  # undrained: the drain was ours
+    between, _ = _between_the_scales(e)
+    assert ("get", "machinedeployments", "") not in between, between
+    assert ("patch", "machines", "") in between  # the reclaim's unmark, before the MachineDeployment's write
+    assert scaling.metric("slime_scaling_reclaimed_total") == 1
+
+
+Standalone = tuple[SafeScaleIn, Mapping, ScalingMetrics]
+
+
+@pytest.fixture
+def standalone(env: Callable[[int], Env], tmp_path: Path) -> Iterator[Callable[[int], tuple[Env, Standalone]]]:
+    """``standalone(n)``: the pool of ``env(n)`` with a SafeScaleIn of its own and no reconciler, so a test
+    decides what the caches are said to hold (:class:`Seen`) and nothing else writes meanwhile."""
+    made: list[tuple[SafeScaleIn, EventRecorder]] = []
+
+    def make(replicas: int) -> tuple[Env, Standalone]:
+        e = env(replicas)
+        client = local_client(e.emulator.write_kubeconfig(tmp_path / "kubeconfig"), SCALING_COMPONENT)
+        metrics = ScalingMetrics(WebhookMetrics())
+        events = EventRecorder(client, SCALING_COMPONENT, metrics.event_result).start()
+        safe = SafeScaleIn(client, MachineDeploymentScaler(client, timeout=2.0), events, metrics)
+        made.append((safe, events))
+        (mapping,) = parse_mappings(safe_config_map(e.slurm.url)["data"], SLIME_NAMESPACE)
+        return e, (safe, mapping, metrics)
+
+    yield make
+    for safe, events in made:
+        events.stop()
+        safe.close()
+        safe.client.close()
+
+
+def _md_version(e: Env) -> str:
+    md = e.emulator.get(f"{CAPI}/v1beta1", "MachineDeployment", MD_NS, MD)
+    assert md is not None
+    return str(md["metadata"]["resourceVersion"])
+
+
+def _api_calls(e: Env) -> list[tuple[str, str, str, int]]:
+    """The resource calls made (not discovery; not Events, which a thread posts whenever it gets to them)."""
+    return [
+        (r.verb, r.resource, r.subresource, r.status_code)
+        for r in e.emulator.requests
+        if not r.non_resource and r.resource != "events"
+    ]
+
+
+def _fallbacks(metrics: ScalingMetrics) -> float | None:
+    return metrics.webhook.registry.get_sample_value("slime_scaling_scale_up_fallbacks_total")
+
+
+def test_a_scale_up_from_the_caches_reads_nothing_before_its_write(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    """No GET of the MachineDeployment, no list of its Machines: the one call is the conditional write."""
+    e, (safe, mapping, metrics) = standalone(2)
+    seen = Seen(2, _md_version(e), e.capi.machines())
+    e.emulator.clear_requests()
+    assert safe.apply(mapping, 4, seen=seen).replicas == 4
+    assert _api_calls(e) == [("patch", "machinedeployments", "scale", 200)]
+    assert md_replicas(e.emulator, MD_NS, MD) == 4 and _fallbacks(metrics) == 0
+
+
+def test_a_scale_up_from_the_caches_reclaims_the_cached_pending_victims(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    e, (safe, mapping, _) = standalone(3)
+    safe.apply(mapping, 1)
+    seen = Seen(1, _md_version(e), e.capi.machines())
+    e.emulator.clear_requests()
+    assert safe.apply(mapping, 2, seen=seen).reclaimed == ["md-001"]
+    assert _api_calls(e) == [("patch", "machines", "", 200), ("patch", "machinedeployments", "scale", 200)]
+    assert e.annotated() == ["md-002"] and e.slurm.state("node-001") == IDLE
+
+
+def test_a_scale_up_from_a_stale_cache_is_refused_and_redone_from_fresh_reads(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    """The cache saw the MachineDeployment at 2; someone set it to 3 since. The conditional write is refused
+    (409) and the scale-up is done again as without the cache: fresh read, fresh list, unconditional write."""
+    e, (safe, mapping, metrics) = standalone(2)
+    seen = Seen(2, _md_version(e), e.capi.machines())
+    e.emulator.patch(f"{CAPI}/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 3}})
+    e.emulator.clear_requests()
+    outcome = safe.apply(mapping, 4, seen=seen)
+    assert md_replicas(e.emulator, MD_NS, MD) == 4
+    assert (outcome.previous, outcome.replicas) == (3, 4)
+    calls = _api_calls(e)
+    assert calls == [
+        ("patch", "machinedeployments", "scale", 409),
+        ("get", "machinedeployments", "", 200),
+        ("list", "machines", "", 200),
+        ("patch", "machinedeployments", "scale", 200),
+    ]
+    assert _fallbacks(metrics) == 1
+
+
+def test_a_refused_scale_up_does_not_reclaim_twice(standalone: Callable[[int], tuple[Env, Standalone]]) -> None:
+    """The reclaim happens before the write; when the write is refused, the redo counts what was already taken
+    back: one replica more takes back one Machine, not one per attempt (the other stays marked for deletion)."""
+    e, (safe, mapping, metrics) = standalone(3)
+    assert sorted(safe.apply(mapping, 1).victims) == ["md-001", "md-002"]
+    seen = Seen(1, _md_version(e), e.capi.machines())
+    e.emulator.patch(f"{CAPI}/v1beta1", "MachineDeployment", MD_NS, MD, {"metadata": {"labels": {"edited": "by-hand"}}})
+    outcome = safe.apply(mapping, 2, seen=seen)
+    assert (outcome.reclaimed, outcome.replicas) == (["md-001"], 2)
+    assert e.annotated() == ["md-002"] and md_replicas(e.emulator, MD_NS, MD) == 2
+    assert _fallbacks(metrics) == 1
+
+
+def test_a_scale_up_lists_the_machines_while_their_cache_has_not_listed(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    e, (safe, mapping, metrics) = standalone(2)
+    e.emulator.clear_requests()
+    outcome = safe.apply(mapping, 3, seen=Seen(2, _md_version(e), machines=None))
+    assert outcome.replicas == 3 and md_replicas(e.emulator, MD_NS, MD) == 3
+    calls = _api_calls(e)
+    assert calls == [("list", "machines", "", 200), ("patch", "machinedeployments", "scale", 200)]
+    assert _fallbacks(metrics) == 0
 
 
 def test_an_admins_drain_is_never_undone(env: Callable[[int], Env]) -> None:
