@@ -171,15 +171,9 @@ def unverified_message(secret: MetaDataSecret) -> str:
     )
 
 
-def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse:
-    """The admission answer for a selected Secret, given what the resolver found."""
-    if isinstance(resolution, NotOptedIn):
-        return allow()
-    if isinstance(resolution, Unverified):
-        return deny(unverified_message(secret))
-    if isinstance(resolution, Unresolved):
-        return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {resolution.reason}")
-    entries = join_entries(
+def join_data(resolution: JoinInfo) -> dict[str, str]:
+    """The metaData keys a resolution adds (secret: holds the key)."""
+    return join_entries(
         resolution.host,
         resolution.port,
         resolution.key_base64,
@@ -189,8 +183,18 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         controller_name=resolution.controller_name,
         jwt_key_base64=resolution.jwt_key_base64,
     )
+
+
+def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse:
+    """The admission answer for a selected Secret, given what the resolver found."""
+    if isinstance(resolution, NotOptedIn):
+        return allow()
+    if isinstance(resolution, Unverified):
+        return deny(unverified_message(secret))
+    if isinstance(resolution, Unresolved):
+        return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {resolution.reason}")
     try:
-        encoded = merged_metadata(secret.encoded_metadata, entries)
+        encoded = merged_metadata(secret.encoded_metadata, join_data(resolution))
     except MetaDataError as exc:
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {exc}", code=400, reason="BadRequest")
     where = f"slurmctld {resolution.where}"

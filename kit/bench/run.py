@@ -22,6 +22,7 @@ Also measured: handler-only medians (no HTTP), and the RSS of the injection serv
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from testbed import reviews, world
 from testbed.ports import free_port
@@ -410,8 +412,9 @@ def per_call(fn: Callable[[], Any], calls: int, warm: int = 2000) -> dict[str, f
 def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) -> dict[str, Any]:
     from common.admission import decode_review, encode_review
     from common.kube import local_client
+    from injection_webhook.handler import JoinInfo, join_data, select
     from injection_webhook.handler import respond as injection_respond
-    from injection_webhook.handler import select
+    from injection_webhook.metadata import merged_metadata
     from injection_webhook.resolver import InjectionResolver
     from injection_webhook.settings import InjectionSettings
     from scaling_webhook.handler import Observed, decide, scale_target
@@ -453,6 +456,16 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
             return encode_review(decoded["uid"], injection_respond(found, resolver.resolve(found, verified)))
 
         results["injection + envelope"] = per_call(with_envelope, calls)
+        # The mutation's own parts: the metaData merge, and in it the parse that proves the result reads back
+        # as the old map plus the join data (the edit is never sent unverified).
+        resolution = resolver.resolve(selected, owner)
+        assert isinstance(resolution, JoinInfo)
+        entries = join_data(resolution)
+        merged = merged_metadata(selected.encoded_metadata, entries)
+        assert merged is not None
+        rendered = base64.b64decode(merged).decode()
+        results["metaData merge"] = per_call(lambda: merged_metadata(selected.encoded_metadata, entries), calls)
+        results["verification parse"] = per_call(lambda: yaml.load(rendered, Loader=yaml.CSafeLoader), calls)
         results["injection_api_calls"] = len([c for c in emu.requests[before:] if c.verb != "watch"])
     finally:
         resolver.stop()
