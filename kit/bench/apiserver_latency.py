@@ -39,7 +39,7 @@ import yaml
 
 from bench.sections import replace_section
 from common.names import CAPM3_MANAGER_USERNAME
-from demo.busy import burner, stop
+from testbed.cpu import burner, stop
 from testbed.helm import REPO_ROOT
 from testbed.real.build import control_plane_binaries, crd_files
 from testbed.real.controlplane import ControlPlane

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from testbed.cpu import burner, stop
 
 RUN_LIMIT_SECONDS = 300.0  # one demo run, however busy the machine: a hung run is stopped and counted as failed
 
@@ -34,22 +35,6 @@ class Run:
     code: int
     seconds: float
     tail: str  # the end of a failed run's output ("" when it passed)
-
-
-def burner(seconds: float) -> subprocess.Popen[bytes]:
-    """One process that keeps a CPU busy for ``seconds`` at most (pure Python arithmetic, no I/O)."""
-    code = f"import time\nend = time.monotonic() + {seconds:.0f}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
 
 
 def run_demo(number: int, command: Sequence[str]) -> Run:
