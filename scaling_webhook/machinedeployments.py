@@ -1,12 +1,13 @@
 """Setting a MachineDeployment's replicas through its ``/scale`` subresource, in one call.
 
-The admission hot path makes exactly one API call: a merge patch ``{"spec":{"replicas":N}}`` on
-``/apis/cluster.x-k8s.io/<v>/namespaces/<ns>/machinedeployments/<name>/scale``. It is an
-absolute set, with no read before it, so two replicas of the webhook (or the webhook and its
-reconciler) can never combine into a wrong value: the last writer wins with a value taken from
-the mirror. The served version (v1beta2 preferred, else v1beta1) is discovered once and
-cached. If a 404 says the path is not served (the cluster was upgraded or downgraded), we
-forget it and retry once with the version served now.
+Only the leader's reconciler writes (never an admission): a merge patch ``{"spec":{"replicas":N}}``
+on ``/apis/cluster.x-k8s.io/<v>/namespaces/<ns>/machinedeployments/<name>/scale``. It is an
+absolute set taken from the mirror, so a write can never add to another. A scale-up decided
+from the watch caches carries the ``resourceVersion`` it was decided on, so the API server
+refuses it (409) once the MachineDeployment has moved on, and the caller decides again on fresh
+reads. The served version (v1beta2 preferred, else v1beta1) is discovered once and cached. If a
+404 says the path is not served (the cluster was upgraded or downgraded), we forget it and
+retry once with the version served now.
 """
 
 from __future__ import annotations
