@@ -114,11 +114,7 @@ class AdmissionEndpoint:
             return exc.uid, errored(exc.code, exc.message), None
         summary = RequestSummary.of(request)
         try:
-            # A timeout scope, not wait_for: wait_for runs the handler as a task of its own, a loop
-            # round trip and a task object on every admission.
-            async with asyncio.timeout(self.deadline_seconds):
-                response = await self.handler(request)
-            return summary.uid, response, summary
+            return summary.uid, await asyncio.wait_for(self.handler(request), self.deadline_seconds), summary
         except TimeoutError:
             self._metrics.deadline_exceeded.labels(self.webhook).inc()
             message = (
