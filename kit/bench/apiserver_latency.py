@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime as dt
 import functools
 import itertools
 import json
@@ -37,7 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.sections import replace_section
+from bench.sections import measured_on, replace_section
 from common.names import CAPM3_MANAGER_USERNAME
 from testbed.cpu import burner, stop
 from testbed.helm import REPO_ROOT
@@ -254,16 +253,13 @@ def _quantile_cells(quantiles: dict[float, tuple[float, float, float]]) -> list[
 
 
 def report(results: dict[str, object], admissions: int, rate: float, loads: list[int]) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-    ).stdout.strip()
     runner = "from the image as the chart pods (podman)" if results["runner"] == "pod" else "as local processes"
     lines = [
         "## Admission latency measured by kube-apiserver (issues 12, 25)",
         "",
         f"`python3 -m bench.apiserver_latency --admissions {admissions} --rate {rate:g} --burners "
-        f"{','.join(map(str, loads))}` on the 2-core development machine, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} "
-        f"UTC, commit {commit}: {results['kube']}, etcd and kube-controller-manager on 127.0.0.1 (testbed/real), the "
+        f"{','.join(map(str, loads))}` on {measured_on()}: {results['kube']}, etcd and kube-controller-manager on "
+        "127.0.0.1 (testbed/real), the "
         f"chart installed with helm, both webhooks run {runner}, called through ExternalName Services with the "
         f"chart-generated client certificate. {admissions} metaData Secret creates (injection), then {admissions} "
         f"mirror `/scale` patches (scaling), each one at a time on a fixed schedule of {rate:g} a second; the whole "

@@ -31,7 +31,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 from bench.run import REPO, say
-from bench.sections import replace_section
+from bench.sections import measured_on, replace_section
 from common.metrics import WebhookMetrics
 from common.names import NODE_DEMAND_KEY
 from scaling_webhook.demand_poller import DemandPoller
@@ -111,8 +111,9 @@ def render(results: list[dict[str, Any]], command: str) -> str:
     lines = [
         "## Node demand at a long queue",
         "",
-        f"`{command}` (bench/demand_poll.py): the real `DemandPoller` against the fake slurmrestd (held to real",
-        "Slurm 24.11 and 26.05 by tests/real_slurm/test_conformance.py), medians. *Full*: the first poll and every",
+        f"`{command}` (bench/demand_poll.py) on {measured_on()}: the real `DemandPoller` against the fake "
+        "slurmrestd (held to real Slurm 24.11 and 26.05 by tests/real_slurm/test_conformance.py), medians. *Full*: "
+        "the first poll and every",
         "poll after a job changed (every job listed and parsed); *unchanged*: asked with `update_time`, slurmctld",
         "sends no jobs and the poller re-evaluates the jobs it kept. CPU is the poller's thread only (the fake",
         "serves from another thread of the same process, in the wall time). *Peak*: memory allocated in the process "

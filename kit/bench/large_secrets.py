@@ -43,7 +43,7 @@ from bench.run import (
     tcp_nodelay,
     wait_until,
 )
-from bench.sections import replace_section
+from bench.sections import measured_on, replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
 from testbed.ports import free_port
@@ -163,9 +163,9 @@ def render(results: dict[str, Any], command: str) -> str:
     rows = [
         "## Large Secrets",
         "",
-        f"Measured with `{command}` (median of the rounds; the machine is shared and noisy). A small",
-        "admission alone answers in a median of "
-        f"{base:.2f} ms (max {results['small_alone_max_ms']:.2f} ms over 300). Then, for each size, one large",
+        f"Measured with `{command}` on {measured_on()} (median of the rounds; the machine is shared and noisy). A "
+        "small admission alone answers in a median of "
+        f"{base:.2f} ms (max {results['small_alone_max_ms']:.2f} ms over 300). Then, for each size, one large "
         "admission is sent while small ones run back to back on a second connection:",
         "",
         "| metaData | answer | large admission | slowest small admission meanwhile | vs small alone | small ones "

@@ -7,7 +7,11 @@ The main benchmark renders the page's head; :func:`write_head` keeps every secti
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import platform
 import re
+import subprocess
 from pathlib import Path
 
 _ANY_SECTION = re.compile(r"<!-- section: (?P<name>[\w-]+) -->\n.*?<!-- end section: (?P=name) -->\n?", re.DOTALL)
@@ -30,3 +34,13 @@ def write_head(path: Path, head: str) -> None:
     previous = path.read_text() if path.exists() else ""
     sections = [match.group(0).rstrip() + "\n" for match in _ANY_SECTION.finditer(previous)]
     path.write_text("\n".join([head.rstrip() + "\n", *sections]))
+
+
+def measured_on() -> str:
+    """Where and when a section was measured: "the 2-core development machine (x86_64), <date> UTC, commit <c>"."""
+    repo = Path(__file__).resolve().parents[2]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
+    return (
+        f"the {os.cpu_count()}-core development machine ({platform.machine()}), "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {commit.stdout.strip() or 'unknown'}"
+    )
