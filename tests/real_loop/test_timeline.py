@@ -43,6 +43,20 @@ def test_out_of_order_and_missing_steps_are_reported() -> None:
     assert "NOT IN ORDER: mirror after md; registered not seen" in render([timeline])
 
 
+def test_a_polled_step_is_in_order_unless_a_later_step_came_before_the_poll_that_missed_it() -> None:
+    # KEDA reacted to the demand (admitted at 0.36 s) between the recorder's polls at 0.28 s (no
+    # demand yet) and 0.48 s (demand): the order holds. Had the poll at 0.40 s missed it, it would not.
+    base = 1_800_000_000
+    timeline = scale_up(**{**IN_ORDER, "admitted": 0.36, "mirror": 0.37, "md": 0.38})
+    del timeline.at["seen"]
+    timeline.mark("seen", base + 0.48, not_before=base + 0.28)
+    assert timeline.out_of_order() == []
+    late = scale_up(**{**IN_ORDER, "admitted": 0.36, "mirror": 0.37, "md": 0.38})
+    del late.at["seen"]
+    late.mark("seen", base + 0.48, not_before=base + 0.40)
+    assert late.out_of_order() == [("seen", "admitted")]
+
+
 def test_the_first_sighting_of_a_step_is_kept() -> None:
     timeline = scale_up(submitted=0)
     timeline.mark("submitted", 1_800_000_099)

@@ -490,24 +490,33 @@ class Recorder:
         return self
 
     def _poll(self) -> None:
+        # A polled step is known to a poll's resolution: marked at the poll that found it, and, as a
+        # lower bound, at the last poll that read the same source without finding it (for the order
+        # check: KEDA may react to the demand between two of these polls).
+        absent: dict[str, float] = {}
+
+        def found(step: str, now: float, condition: bool) -> None:
+            if condition:
+                self.scale_up.mark(step, now, not_before=absent.get(step))
+            elif step not in self.scale_up.at:
+                absent[step] = now
+
         while not self._stop.wait(POLL_SECONDS):
             now = time.time()
             try:
                 demand = self.loop.demand()
-                if demand is not None and demand["pendingNodes"] >= self.nodes:
-                    self.scale_up.mark("seen", now)
+                found("seen", now, demand is not None and demand["pendingNodes"] >= self.nodes)
                 states, up = self._hosts_up()
-                if len(up) >= self.target:
-                    self.scale_up.mark("registered", now)
+                found("registered", now, len(up) >= self.target)
                 job = self.loop.slurm_jobs().get(self.job)
-                if job is not None and set(job.get("job_state") or []) & STARTED_STATES:
-                    self.scale_up.mark("started", now)
+                started = job is not None and bool(set(job.get("job_state") or []) & STARTED_STATES)
+                found("started", now, started)
+                if started and job is not None:
                     if "registered" not in self.scale_up.at:
                         # The last host registered and the job started between the two reads of this poll:
                         # Slurm starts a job only on registered nodes, so read the nodes once more.
                         states, up = self._hosts_up()
-                        if len(up) >= self.target:
-                            self.scale_up.mark("registered", now)
+                        found("registered", now, len(up) >= self.target)
                     if "registered" not in self.scale_up.at:  # what the timeline will miss, for the failure's reader
                         log.warning(
                             "%s: job %s %s with %d of %d hosts up; node states %s",

@@ -46,12 +46,20 @@ class ScaleUp:
     # The scaling webhook's own API requests from the mirror stored to its MachineDeployment write:
     # (seconds after the mirror was stored, "VERB resource/subresource"), what the webhook phase is made of.
     leader_calls: list[tuple[float, str]] = field(default_factory=list)
+    # For a step found by polling: the time of the poll before, which had not found it yet. The
+    # step happened after that, so it is out of order only if a later step precedes that time.
+    not_before: dict[str, float] = field(default_factory=dict)
 
-    def mark(self, step: str, when: float) -> None:
-        """Record ``step`` at ``when`` (the first time only: later sightings of the same step are not it)."""
+    def mark(self, step: str, when: float, not_before: float | None = None) -> None:
+        """Record ``step`` at ``when`` (the first time only: later sightings of the same step are not it).
+
+        ``not_before``: for a polled step, when the previous poll (which did not see it) was made."""
         if step not in STEP_KEYS:
             raise ValueError(f"unknown step {step!r}; steps: {', '.join(STEP_KEYS)}")
-        self.at.setdefault(step, when)
+        if step not in self.at:
+            self.at[step] = when
+            if not_before is not None:
+                self.not_before[step] = not_before
 
     def missing(self) -> list[str]:
         return [key for key in STEP_KEYS if key not in self.at]
@@ -59,7 +67,7 @@ class ScaleUp:
     def out_of_order(self) -> list[tuple[str, str]]:
         """Consecutive seen steps whose times run backwards: (earlier step, later step)."""
         seen = [key for key in STEP_KEYS if key in self.at]
-        return [(a, b) for a, b in zip(seen, seen[1:], strict=False) if self.at[b] < self.at[a]]
+        return [(a, b) for a, b in zip(seen, seen[1:], strict=False) if self.at[b] < self.not_before.get(a, self.at[a])]
 
     def since_submit(self, step: str) -> float | None:
         if step not in self.at or "submitted" not in self.at:
