@@ -88,6 +88,7 @@ def measure_queue(jobs: int, repeats: int) -> dict[str, Any]:
         poller = _poller(slurm, key)
         poller.poll_once()
         _, peak = tracemalloc.get_traced_memory()
+        gc.collect()  # what the poller keeps, not the poll's garbage that a collection would free
         retained, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     finally:
