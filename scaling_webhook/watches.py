@@ -207,9 +207,7 @@ class MappedObjects:
         event is usually milliseconds away; after ``timeout`` it goes on, and an absolute write
         repeated once is harmless).
         """
-        deadline = time.monotonic() + timeout
-        while _version(self._get(kind, ref)) == before and time.monotonic() < deadline:
-            time.sleep(0.002)
+        _wait_until(lambda: _version(self._get(kind, ref)) != before, timeout)
 
     def wait_marks(self, mapping: Mapping, marked: list[str], unmarked: list[str], timeout: float = 2.0) -> None:
         """After safe scale-in marked (or took the mark off) Machines: wait until the Machine cache shows it.
@@ -227,11 +225,7 @@ class MappedObjects:
             machine = informer.get(namespace, name)
             return machine is None or (DELETE_MACHINE_ANNOTATION in machine_annotations(machine)) == mark
 
-        deadline = time.monotonic() + timeout
-        while not (all(shown(n, True) for n in marked) and all(shown(n, False) for n in unmarked)):
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.002)
+        _wait_until(lambda: all(shown(n, True) for n in marked) and all(shown(n, False) for n in unmarked), timeout)
 
     def machines(self, mapping: Mapping) -> list[Obj] | None:
         """The pool's Machines as cached; None when they are not watched or not listed yet."""
@@ -271,3 +265,10 @@ class MappedObjects:
 
 def _version(obj: Obj | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float) -> None:
+    """Poll a cache ``condition`` every 2 ms until it holds or ``timeout`` passes (a watch event is ms away)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.002)
