@@ -222,11 +222,11 @@ class Reconciler:
         moved = self._applied.get(mapping.machine_deployment) == current  # the MachineDeployment is where we left it
         before = _version(self.objects.machine_deployment(mapping))
         if self.safe is not None and mapping.safe_scale_in is not None:
-            seen = None
-            if current is not None and target > current and _version(md):
+            seen, decided_on = None, _version(md)
+            if current is not None and target > current and decided_on:
                 # A scale-up is decided from the caches (current and version of the same cached object),
                 # its write conditional on that version; a scale-down reads afresh, as it chooses victims.
-                seen = Seen(current, _version(md), self.objects.machines(mapping))
+                seen = Seen(current, decided_on, self.objects.machines(mapping))
             outcome = self.safe.apply(mapping, target, fence=self.fence, seen=seen)
             # The next pass's scale-up reads the pending victims from the Machine cache: let it hold these marks.
             self.objects.wait_marks(mapping, outcome.victims, outcome.reclaimed)
