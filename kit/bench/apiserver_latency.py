@@ -38,8 +38,9 @@ import yaml
 
 from bench.sections import measured_on, replace_section
 from common.names import CAPM3_MANAGER_USERNAME
-from testbed.cpu import burner, stop
+from testbed.cpu import burner
 from testbed.helm import REPO_ROOT
+from testbed.processes import stop_process
 from testbed.real.build import control_plane_binaries, crd_files
 from testbed.real.controlplane import ControlPlane
 from testbed.real.image import build_image
@@ -230,7 +231,7 @@ def run(admissions: int, rate: float, loads: list[int], runner: str, workdir: Pa
                 }
             finally:
                 for process in load:
-                    stop(process)
+                    stop_process(process)
         results["kube"] = subprocess.run(
             [str(binaries.kube_apiserver), "--version"], capture_output=True, text=True
         ).stdout.strip()

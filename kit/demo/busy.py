@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.cpu import burner, stop
+from testbed.cpu import burner
+from testbed.processes import stop_process
 
 RUN_LIMIT_SECONDS = 300.0  # one demo run, however busy the machine: a hung run is stopped and counted as failed
 
@@ -72,7 +73,7 @@ def session(runs: int, burners: int, command: Sequence[str], say: Callable[[str]
                 say("  " + result.tail.replace("\n", "\n  "))
     finally:
         for process in load:
-            stop(process)
+            stop_process(process)
     passed = sum(1 for r in results if r.code == 0)
     slowest = max((r.seconds for r in results), default=0.0)
     say(f"{passed}/{runs} runs passed with {burners} CPU-bound process(es) beside them (slowest {slowest:.1f} s)")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 
@@ -12,13 +10,3 @@ def burner(seconds: float) -> subprocess.Popen[bytes]:
     """One process that keeps a CPU busy for ``seconds`` at most (pure Python arithmetic, no I/O)."""
     code = f"import time\nend = time.monotonic() + {seconds:.0f}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)

@@ -47,6 +47,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from testbed.errors import ComponentFailed
 from testbed.ports import free_port
+from testbed.processes import stop_process
 from testbed.real.build import ControlPlaneBinaries
 
 # KCM's controllers (names as of 1.33+, which end in -controller): what Deployments, garbage
@@ -104,15 +105,7 @@ def _stop_leftovers() -> None:
 
 def _stop(proc: subprocess.Popen[bytes], grace: float, sig: int = signal.SIGTERM) -> None:
     """Stop one process we started, by its PID: ``sig``, then SIGKILL after ``grace`` seconds."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, sig)
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+    stop_process(proc, grace, sig)
     _LIVE.pop(proc.pid, None)
 
 

@@ -56,7 +56,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -69,6 +68,7 @@ import yaml
 
 from testbed.errors import ComponentFailed
 from testbed.ports import free_port
+from testbed.processes import stop_process
 from testbed.real.build import STACK, BuildUnavailable, Progress, go_build, module_dir, to_stderr
 from testbed.real.controlplane import Ca, ControlPlane, ControlPlaneError, _pem_cert
 
@@ -97,15 +97,7 @@ def _stop_leftovers() -> None:
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     """SIGTERM one process we started, by its PID; SIGKILL after ``grace`` seconds."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    stop_process(proc, grace)
     _LIVE.pop(proc.pid, None)
 
 

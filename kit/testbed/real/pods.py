@@ -43,7 +43,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -55,6 +54,7 @@ from typing import Any
 import httpx
 
 from testbed.errors import ComponentFailed
+from testbed.processes import stop_process
 from testbed.real.controlplane import ControlPlane
 from testbed.real.image import podman, podman_env
 
@@ -133,13 +133,8 @@ class Pod:
         if self.container_id:
             podman("stop", "-t", str(max(0, round(grace))), self.container_id, check=False, timeout=grace + 60)
             podman("rm", "-f", self.container_id, check=False, timeout=60)
-        elif self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        elif self.process is not None:
+            stop_process(self.process, grace)
 
     def exec(self, command: list[str], timeout: float) -> int:
         """Run ``command`` in the container (``podman exec``; for a process pod, on the host), as an exec hook is

@@ -21,7 +21,6 @@ import ipaddress
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ import httpx
 import yaml
 
 from testbed.ports import free_port
+from testbed.processes import stop_process
 from testbed.real.build import Progress, _locked, cache_root, to_stderr
 from testbed.real.debian import APT, PackagesUnavailable
 
@@ -205,14 +205,8 @@ class Prometheus:
     def stop(self) -> None:
         """SIGTERM by PID, SIGKILL after 10 s."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        if proc is not None:
+            stop_process(proc)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query (``/api/v1/query``): the vector's samples, ``[{"metric": {...}, "value": [t, "v"]}]``."""
