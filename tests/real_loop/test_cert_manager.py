@@ -284,18 +284,32 @@ def _reloads(pod: Pod) -> float:
     )
 
 
+def _certificate_log(pod: Pod) -> str:
+    """The service's log lines about its serving certificate (fingerprint prefixes and errors, no key material)."""
+    lines = [line for line in pod.logs().splitlines() if "serving certificate" in line or "certificate file" in line]
+    return " | ".join(lines[-4:]) or "no certificate log line"
+
+
 @dataclass
 class Round:
     """One `cmctl renew` of both serving certificates: seconds from the renewal to each step, per webhook."""
 
     stored: dict[str, float] = field(default_factory=dict)  # the Secret holds the new certificate
     refreshed: dict[str, float] = field(default_factory=dict)  # the pod's tls volume shows it (kubelet's part)
-    served: dict[str, float] = field(default_factory=dict)  # a fresh TLS handshake gets the new serial
+    served: dict[str, float] = field(default_factory=dict)  # a fresh TLS handshake gets a new serial
+    # Serials the Secret held after the renewal: cert-manager may issue more than once for one renewal (the
+    # pod then serves the last one), so any of them counts as served.
+    issued: dict[str, set[int]] = field(default_factory=dict)
+    unserved: dict[str, str] = field(default_factory=dict)  # what a webhook served instead, when it did not
 
-    def figures(self) -> dict[str, dict[str, float]]:
-        return {
+    def figures(self) -> dict[str, Any]:
+        steps: dict[str, Any] = {
             step: {c: round(t, 2) for c, t in getattr(self, step).items()} for step in ("stored", "refreshed", "served")
         }
+        steps["issued"] = {c: len(serials) for c, serials in self.issued.items()}
+        if self.unserved:
+            steps["unserved"] = self.unserved
+        return steps
 
 
 def _renew_once(cm: CertStack, context: ssl.SSLContext, loader: threading.Thread) -> Round:
@@ -309,18 +323,25 @@ def _renew_once(cm: CertStack, context: ssl.SSLContext, loader: threading.Thread
     renewed_at = time.monotonic()
     for c in WEBHOOKS:
         renew(cp, ns, cm.certificates[c])
-    done, new = Round(), {}
+    done = Round(issued={c: set() for c in WEBHOOKS})
     while (
         len(done.served) < len(WEBHOOKS) and time.monotonic() - renewed_at < RENEWAL_BOUND_SECONDS and loader.is_alive()
     ):
         for c in WEBHOOKS:
-            if c not in done.stored:
-                serial = secret_serial(cm.secret_of(c)["tls.crt"])
-                if serial != old[c]:
-                    done.stored[c], new[c] = time.monotonic() - renewed_at, serial
-            if c in new and c not in done.served and served_serial(cm.release.port(c), context) == new[c]:
+            if c in done.served:
+                continue
+            serial = secret_serial(cm.secret_of(c)["tls.crt"])
+            if serial != old[c]:
+                done.stored.setdefault(c, time.monotonic() - renewed_at)
+                done.issued[c].add(serial)
+            if served_serial(cm.release.port(c), context) in done.issued[c]:
                 done.served[c] = time.monotonic() - renewed_at
         time.sleep(0.2)
+    for c in WEBHOOKS:
+        if c not in done.served:
+            serving = served_serial(cm.release.port(c), context)
+            what = "the old serial" if serving == old[c] else "a serial not seen in the Secret"
+            done.unserved[c] = f"{what}; {_reloads(pods[c]):.0f} reloads; {_certificate_log(pods[c])}"
     for c in WEBHOOKS:
         refreshed = [
             t for t, pod, volume in cm.volume_sync.events if t >= renewed_at and pod == pods[c].name and volume == "tls"
