@@ -38,23 +38,18 @@ import yaml
 
 from bench.sections import measured_on, replace_section
 from common.names import CAPM3_MANAGER_USERNAME
-from testbed.cpu import burner
-from testbed.helm import REPO_ROOT
-from testbed.processes import stop_process
+from testbed.components.controlplane import ControlPlane
+from testbed.components.image import build_image
+from testbed.components.pods import run_pod, run_process
+from testbed.components.release import Release, tier_values
+from testbed.framework.cpu import burner
+from testbed.framework.helm import REPO_ROOT
+from testbed.framework.objects import SLIME_NAMESPACE, machine_deployment, metadata_secret
+from testbed.framework.processes import stop_process
+from testbed.framework.world import ensure_namespace, seed_metal3
 from testbed.real.build import control_plane_binaries, crd_files
-from testbed.real.controlplane import ControlPlane
-from testbed.real.image import build_image
 from testbed.real.objects import RealApi
-from testbed.real.pods import run_pod, run_process
-from testbed.real.release import Release, tier_values
-from testbed.real.tier import seed_management_cluster
-from testbed.world import (
-    SLIME_NAMESPACE,
-    ensure_namespace,
-    machine_deployment,
-    metadata_secret,
-    seed_metal3,
-)
+from testbed.scenarios.tier import seed_management_cluster
 
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 OWN_METRIC = "slime_webhook_latency_seconds"

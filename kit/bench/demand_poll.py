@@ -3,7 +3,7 @@
 The scaling webhook's :class:`~scaling_webhook.demand_poller.DemandPoller` reads ``GET jobs`` and
 ``GET partitions`` from slurmrestd every ``--demand-interval-seconds``. This drives the real poller
 (its slurmrestd client over HTTP, the parse, the demand rule, the gauges) against the fake
-slurmrestd (``testbed.fake_slurmrestd``, whose answers the conformance test holds to real Slurm
+slurmrestd (``testbed.components.fake_slurmrestd``, whose answers the conformance test holds to real Slurm
 24.11 and 26.05) holding 1 000, 10 000 and 100 000 pending jobs, and measures per queue length:
 
 - a **full poll** (the first one, and every one after a job changed): wall time, the poller's
@@ -38,8 +38,8 @@ from scaling_webhook.demand_poller import DemandPoller
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import NodeDemandConfig
-from testbed.fake_slurmrestd import PARTITION, FakeSlurmrestd, JwtKeySecret
-from testbed.world import make_jwt_key
+from testbed.components.fake_slurmrestd import PARTITION, FakeSlurmrestd, JwtKeySecret
+from testbed.framework.world import make_jwt_key
 
 QUEUES = (1_000, 10_000, 100_000)
 

@@ -46,7 +46,7 @@ from bench.run import (
 from bench.sections import measured_on, replace_section
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
-from testbed.ports import free_port
+from testbed.framework.ports import free_port
 
 SIZES = {"256 KiB": 256 * 1024, "700 KiB": 700 * 1024, "1 MiB (a body over the cap: refused)": 1024 * 1024}
 

@@ -44,8 +44,8 @@ from typing import Any
 import httpx
 import yaml
 
-from testbed import reviews, world
-from testbed.ports import free_port
+from testbed.framework import objects, reviews, world
+from testbed.framework.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = Path(__file__).with_name("post.lua")
@@ -219,12 +219,12 @@ def seed_cluster(emu: Any) -> dict[str, Any]:
     world.seed_slinky(emu)
     world.seed_nodeport(emu, "slurm", "slurm")
     _, data = world.seed_metal3(emu, template_labels={"slurm-controller-namespace": "slurm"})
-    world.ensure_namespace(emu, world.SLIME_NAMESPACE)
+    world.ensure_namespace(emu, objects.SLIME_NAMESPACE)
     for name in ("mirror-a", "unmapped"):
-        emu.create(world.mirror(name))
-    emu.create(world.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
-    emu.create(world.config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
-    return world.metadata_secret(data)
+        emu.create(objects.mirror(name))
+    emu.create(objects.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
+    emu.create(objects.config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    return objects.metadata_secret(data)
 
 
 def injection_request(secret: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +232,7 @@ def injection_request(secret: dict[str, Any]) -> dict[str, Any]:
 
 
 def scale_request(name: str, replicas: int) -> dict[str, Any]:
-    return {"uid": f"bench-{name}", **reviews.scale_request(world.SLIME_NAMESPACE, name, replicas)}
+    return {"uid": f"bench-{name}", **reviews.scale_request(objects.SLIME_NAMESPACE, name, replicas)}
 
 
 def review(request: dict[str, Any]) -> bytes:
@@ -470,13 +470,13 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     finally:
         resolver.stop()
     table = parse_mappings(
-        {"mappings": f"- mirror: {world.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"},
-        world.SLIME_NAMESPACE,
+        {"mappings": f"- mirror: {objects.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"},
+        objects.SLIME_NAMESPACE,
     )
     mapped = scale_request("mirror-a", 3)
     unmapped = scale_request("unmapped", 3)
 
-    observed = Observed(world.mirror("mirror-a", replicas=1), world.machine_deployment("md-a", "metal3"))
+    observed = Observed(objects.mirror("mirror-a", replicas=1), objects.machine_deployment("md-a", "metal3"))
 
     def scaling() -> Any:
         mapping = scale_target(mapped, table)
@@ -764,7 +764,7 @@ def targets(
                 "scaling_webhook.main",
                 *common,
                 "--namespace",
-                world.SLIME_NAMESPACE,
+                objects.SLIME_NAMESPACE,
                 "--resync-seconds",
                 "3600",
             ],
@@ -782,7 +782,7 @@ def targets(
                 "scaling_webhook.main",
                 *common,
                 "--namespace",
-                world.SLIME_NAMESPACE,
+                objects.SLIME_NAMESPACE,
                 "--resync-seconds",
                 "3600",
             ],
@@ -806,7 +806,7 @@ def targets(
                     "scaling_webhook.main",
                     *shipped_common,
                     "--namespace",
-                    world.SLIME_NAMESPACE,
+                    objects.SLIME_NAMESPACE,
                     "--resync-seconds",
                     "3600",
                 ],

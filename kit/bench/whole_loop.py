@@ -2,7 +2,7 @@
 
     python3 -m bench.whole_loop [--stories 3] [--no-write]
 
-Starts the whole loop of :mod:`testbed.real.loop` once (real Kubernetes, cert-manager, KEDA,
+Starts the whole loop of :mod:`testbed.scenarios.whole_loop` once (real Kubernetes, cert-manager, KEDA,
 Prometheus, Cluster API, CAPM3, BMO in test mode, Slurm 24.11, the chart's pods; hosts booted by real
 cloud-init in network namespaces) and runs its story
 ``--stories`` times: each story is three scale-ups (a 1-node job on the pool at 0, a 4-node job,
@@ -24,42 +24,42 @@ import time
 from pathlib import Path
 
 from bench.sections import measured_on, replace_section
-from testbed.helm import REPO_ROOT
-from testbed.real import loop, tier
-from testbed.real.timeline import PHASES, ScaleUp, plot, render
+from testbed.framework.helm import REPO_ROOT
+from testbed.scenarios import stack, story, whole_loop
+from testbed.scenarios.timeline import PHASES, ScaleUp, plot, render
 
 IMAGE = REPO_ROOT / "docs" / "images" / "whole-loop-timeline.png"
-KEDA_POLLING = loop.KEDA_POLLING_SECONDS
+KEDA_POLLING = whole_loop.KEDA_POLLING_SECONDS
 # BMO's test mode provisions in about 20 s (its fixture's 10 s steps); far above that is worth a look.
 SLOW_PROVISIONING_SECONDS = 30.0  # twice the slowest seen on this machine (BMO's test-mode steps)
 
 
-def run(stories: int, workdir: Path) -> list[loop.Story]:
-    prepared = tier.prepare(_say)
+def run(stories: int, workdir: Path) -> list[story.Story]:
+    prepared = stack.prepare(_say)
     if prepared.missing or prepared.error:
         sys.exit(f"bench.whole_loop: cannot run: {prepared.missing or prepared.error}")
-    parts = loop.prepare(workdir / "parts", _say)
-    done: list[loop.Story] = []
-    with loop.whole_loop(workdir / "loop", parts, hosts=4, progress=_say) as running:
+    parts = whole_loop.prepare(_say)
+    done: list[story.Story] = []
+    with whole_loop.whole_loop(workdir / "loop", parts, hosts=4, progress=_say) as running:
         for index in range(stories):
             _say(f"story {index + 1} of {stories}")
-            story = loop.run_story(running, _say)
-            if story.problems():
+            told = story.run_story(running, _say)
+            if told.problems():
                 sys.exit(
                     "bench.whole_loop: the story went wrong: "
-                    + "; ".join(story.problems())
+                    + "; ".join(told.problems())
                     + "\n"
-                    + render(story.scale_ups)
+                    + render(told.scale_ups)
                 )
-            _explain_slow_provisioning(running, story)
-            done.append(story)
+            _explain_slow_provisioning(running, told)
+            done.append(told)
     return done
 
 
-def _explain_slow_provisioning(running: loop.Loop, story: loop.Story) -> None:
+def _explain_slow_provisioning(running: whole_loop.Loop, told: story.Story) -> None:
     """For a provisioning phase far above the others, print what the host booter saw meanwhile."""
     offset = time.time() - time.monotonic()  # the booter's events are monotonic, the timeline wall-clock
-    for scale_up in story.scale_ups:
+    for scale_up in told.scale_ups:
         seconds = dict(scale_up.phases()).get("provisioning (Metal3, cloud-init)")
         if seconds is None or seconds < SLOW_PROVISIONING_SECONDS:
             continue
@@ -79,10 +79,10 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def report(stories: list[loop.Story]) -> str:
+def report(stories: list[story.Story]) -> str:
     kinds: dict[str, list[ScaleUp]] = {}
-    for story in stories:
-        for scale_up in story.scale_ups:
+    for told in stories:
+        for scale_up in told.scale_ups:
             kinds.setdefault(scale_up.label, []).append(scale_up)
     lines = [
         "## The whole scale-up, job submitted to job started (issue 15)",
@@ -146,9 +146,9 @@ def report(stories: list[loop.Story]) -> str:
 WEBHOOK_PHASE_TARGET_SECONDS = 0.015
 
 
-def webhook_phase(stories: list[loop.Story]) -> list[str]:
+def webhook_phase(stories: list[story.Story]) -> list[str]:
     """The scaling webhook phase split at the mirror stored, and the leader's requests in it."""
-    scale_ups = [s for story in stories for s in story.scale_ups if {"admitted", "mirror", "md"} <= set(s.at)]
+    scale_ups = [s for told in stories for s in told.scale_ups if {"admitted", "mirror", "md"} <= set(s.at)]
     if not scale_ups:
         return []
 
@@ -194,9 +194,9 @@ def webhook_phase(stories: list[loop.Story]) -> list[str]:
     return lines
 
 
-def median_story(stories: list[loop.Story]) -> loop.Story:
+def median_story(stories: list[story.Story]) -> story.Story:
     """The story whose scale-ups took the median total time: the one the plot shows (not an outlier)."""
-    ranked = sorted(stories, key=lambda story: sum(s.since_submit("started") or 0.0 for s in story.scale_ups))
+    ranked = sorted(stories, key=lambda told: sum(s.since_submit("started") or 0.0 for s in told.scale_ups))
     return ranked[(len(ranked) - 1) // 2]
 
 

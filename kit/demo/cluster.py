@@ -1,7 +1,7 @@
 """The demo's emulated management cluster, shaped the way Slinky, CAPI and CAPM3 shape it.
 
 Object shapes follow docs/interfaces.md and the upstream contracts (seeded by
-:mod:`testbed.world`): a Slinky ``Controller`` with its slurmctld StatefulSet and pod (with a
+:mod:`testbed.framework.world`): a Slinky ``Controller`` with its slurmctld StatefulSet and pod (with a
 ``hostIP``), the auth Secret ``<controller>-auth-slurm`` (``slurm.key``: 1024 random ASCII
 characters), a NodePort Service, an opted-in ``Metal3DataTemplate`` and one ``Metal3Data``, a
 CAPI ``MachineDeployment`` at 0 replicas, and CAPM3's own Deployment (its ServiceAccount is the
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kubemu import Emulator
-from testbed import world
+from testbed.framework import objects, world
 
 SLURM_NAMESPACE = "slurm"
 CONTROLLER = "slurm"
@@ -31,12 +31,12 @@ METAL3_NAMESPACE = "metal3"
 CAPI_CLUSTER = "bm-cluster"
 TEMPLATE = "slurm-workers"
 MACHINE_DEPLOYMENT = "md-slurm-workers"
-SLIME_NAMESPACE = world.SLIME_NAMESPACE
+SLIME_NAMESPACE = objects.SLIME_NAMESPACE
 MIRROR = "mirror-slurm-workers"
 PARTITION = "workers"
 CAPI_VERSION = "cluster.x-k8s.io/v1beta2"
 METAL3_VERSION = "infrastructure.cluster.x-k8s.io/v1beta1"
-b64 = world.b64
+b64 = objects.b64
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def seed_metal3(emu: Emulator) -> dict[str, Any]:
 def seed_capi(emu: Emulator) -> None:
     """The MachineDeployment of the Slurm workers, at 0 (KEDA's minimum)."""
     emu.create(
-        world.machine_deployment(
+        objects.machine_deployment(
             MACHINE_DEPLOYMENT,
             METAL3_NAMESPACE,
             replicas=0,
@@ -193,4 +193,4 @@ def seed(emu: Emulator, rendered: list[dict[str, Any]]) -> SeededCluster:
 
 def metadata_secret(data: dict[str, Any], machine: str = f"{CAPI_CLUSTER}-workers-0") -> dict[str, Any]:
     """The Secret CAPM3 creates for a machine: ``<Metal3Machine>-metadata``, owned by the Metal3Data."""
-    return world.metadata_secret(data, machine, extra={"role": "slurm-worker"}, host="node-0")
+    return objects.metadata_secret(data, machine, extra={"role": "slurm-worker"}, host="node-0")

@@ -21,11 +21,11 @@ from demo.admission_chain import AdmissionChain, point_to_local
 from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
 from scaling_webhook.main import ScalingService
-from testbed.errors import KitError
-from testbed.pki import ServingPair
-from testbed.ports import free_port
-from testbed.serve import RunningService
-from testbed.services import start_injection, start_scaling
+from testbed.components.serve import RunningService
+from testbed.components.services import start_injection, start_scaling
+from testbed.framework.errors import KitError
+from testbed.framework.pki import ServingPair
+from testbed.framework.ports import free_port
 
 INJECTION_WEBHOOK = "injection.webhook.slime"
 SCALING_WEBHOOK = "scaling.webhook.slime"

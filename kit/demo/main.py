@@ -32,9 +32,9 @@ from kubernetes.client.exceptions import ApiException
 from demo import cluster
 from demo.chart import ChartError, chart_dir
 from demo.environment import BUSY_MACHINE_SECONDS, INJECTION_WEBHOOK, SCALING_WEBHOOK, DemoEnvironment, DemoError
-from testbed.helm import HelmUnavailable, helm_binary
-from testbed.wait import WaitTimeout, wait_for
-from testbed.world import impersonating
+from testbed.framework.helm import HelmUnavailable, helm_binary
+from testbed.framework.wait import WaitTimeout, wait_for
+from testbed.framework.world import impersonating
 
 INJECTED_KEYS = ("slurm_controller_host", "slurm_controller_port", "slurm_conf_server", "slurm_key_base64")
 CAPI_GROUP, CAPI_VERSION = cluster.CAPI_VERSION.split("/")
@@ -437,17 +437,20 @@ def main(
     out: Callable[[str], None] | None = None,
     inspect: Callable[[DemoEnvironment], None] | None = None,
     on_start: Callable[[DemoEnvironment], None] | None = None,
+    real_loop: Any = None,
 ) -> int:
     """Run the demo; 0 when every step did what it should, 1 otherwise.
 
     ``out`` receives each narrative line (default: print). ``on_start`` is called with the
     environment once it runs, ``inspect`` after the story (tests read the emulator through them).
+    ``real_loop``: with ``--real``, a whole loop already running to tell the story on (a test
+    session shares one) instead of starting one.
     """
     options = _parse(argv)
     if options.real:
         from demo import real  # the real components' kit is only loaded when asked for
 
-        return real.run(options.figures, out or (lambda line: print(line, flush=True)))
+        return real.run(options.figures, out or (lambda line: print(line, flush=True)), real_loop)
     say = Narrator(out or (lambda line: print(line, flush=True)))
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="slime-demo-"))

@@ -1,0 +1,260 @@
+"""The project's one Cluster API stand-in: a MachineSet controller over kubemu, with CAPI v1.14's deletion rules.
+
+:class:`MachineSetStandIn` does, one ``step()`` at a time, what the MachineSet and Machine
+controllers of Cluster API v1.14 do that safe scale-in depends on (read from
+``core/reconcilers/machine/machine_controller.go`` ``reconcileDelete`` and the MachineSet's delete
+priority):
+
+- surplus Machines are deleted, those marked ``cluster.x-k8s.io/delete-machine`` first, then those
+  without a nodeRef (CAPI counts them unhealthy), then by name;
+- a deleting Machine is held while a ``pre-terminate.delete.hook.machine.cluster.x-k8s.io/*``
+  annotation is on it, **and** while a ``pre-drain.delete.hook.machine.cluster.x-k8s.io/*`` one is,
+  but the latter *only when the Machine has a nodeRef*: CAPI skips pre-drain hooks
+  (``isDeleteNodeAllowed`` returns ``errNilNodeRef``) for a Machine whose host runs no kubelet;
+- once nothing holds it, its host goes (its node's jobs with it) and the finalizer is removed.
+
+Hosts register a Node (the Machine gets ``status.nodeRef``) only with ``kubelet=True`` (a host with
+a kubelet or a virtual kubelet); by default they run slurmd only, as plain cloud-init hosts do.
+Two kinds of host: :class:`CapiSim` pairs Machines with the fake slurmrestd's nodes (the fast
+suite); :class:`testbed.scenarios.slurm_capi.RealCapi` boots a real slurmd per Machine (the real-Slurm
+tier). The whole-loop tier runs the real CAPI controllers instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.names import DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK
+from kubemu import Emulator
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.services import Scaling
+from testbed.framework.objects import CAPI, SLIME_NAMESPACE, config_map
+from testbed.framework.world import md_replicas, scale_mirror
+
+MD_NS, MD = "metal3", "md"
+MIRROR = "mirror-deployment"
+JWT_NS, JWT_SECRET, JWT_KEY = "slurm", "slurm-auth-jwths256", "jwt_hs256.key"
+FINALIZER = "machine.cluster.x-k8s.io"
+
+
+def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
+    options = {"slurmrestd": url, "jwtSecret": f"{JWT_NS}/{JWT_SECRET}", **extra}
+    inner = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in options.items())
+    return config_map(
+        {
+            "mappings": (
+                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+            )
+        }
+    )
+
+
+PRE_DRAIN_PREFIX = "pre-drain.delete.hook.machine.cluster.x-k8s.io"
+PRE_TERMINATE_PREFIX = "pre-terminate.delete.hook.machine.cluster.x-k8s.io"
+DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
+
+
+def held_by_a_hook(machine: dict[str, Any]) -> bool:
+    """Whether Cluster API v1.14 waits before deleting this Machine's infrastructure."""
+    keys = (machine["metadata"].get("annotations") or {}).keys()
+    if any(k.startswith(PRE_TERMINATE_PREFIX) for k in keys):
+        return True
+    has_node = bool((machine.get("status") or {}).get("nodeRef"))
+    return has_node and any(k.startswith(PRE_DRAIN_PREFIX) for k in keys)
+
+
+def deletion_order(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Which surplus Machines CAPI deletes first: marked, then without a nodeRef, then by name."""
+    return sorted(
+        live,
+        key=lambda m: (
+            DELETE_MACHINE_ANNOTATION not in (m["metadata"].get("annotations") or {}),
+            bool((m.get("status") or {}).get("nodeRef")),
+            m["metadata"]["name"],
+        ),
+    )
+
+
+@dataclass
+class MachineSetStandIn:
+    """The MachineSet and Machine controllers' deletion rules; a subclass makes and removes the hosts."""
+
+    emulator: Emulator
+    kubelet: bool = False  # the hosts register a Node (the Machines get a nodeRef)
+    counter: int = 0
+    removed: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    assigned: dict[str, str] = field(default_factory=dict)  # Machine -> its host's (Slurm node's) name
+
+    def machines(self) -> list[dict[str, Any]]:
+        return sorted(
+            (
+                m
+                for m in self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)
+                if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == MD
+            ),
+            key=lambda m: m["metadata"]["name"],
+        )
+
+    def machine(self, name: str) -> dict[str, Any] | None:
+        return self.emulator.get(f"{CAPI}/v1beta1", "Machine", MD_NS, name)
+
+    def live(self) -> list[dict[str, Any]]:
+        return [m for m in self.machines() if not m["metadata"].get("deletionTimestamp")]
+
+    def hooked(self, name: str) -> bool:
+        """SliMe's hook is on Machine ``name``."""
+        machine = self.machine(name)
+        return machine is not None and PRE_TERMINATE_HOOK in (machine["metadata"].get("annotations") or {})
+
+    def annotated(self) -> list[str]:
+        return [
+            m["metadata"]["name"]
+            for m in self.machines()
+            if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION)
+        ]
+
+    def create_machine(self, status: dict[str, Any], spec: dict[str, Any] | None = None) -> str:
+        self.counter += 1
+        name = f"{MD}-{self.counter:03d}"
+        self.emulator.create(
+            {
+                "apiVersion": f"{CAPI}/v1beta1",
+                "kind": "Machine",
+                "metadata": {
+                    "name": name,
+                    "namespace": MD_NS,
+                    "finalizers": [FINALIZER],
+                    "labels": {DEPLOYMENT_LABEL: MD, "cluster.x-k8s.io/cluster-name": "c1"},
+                },
+                "spec": {"clusterName": "c1", **(spec or {})},
+                "status": status,
+            }
+        )
+        return name
+
+    def provisioned(self, name: str, host: str, address: str, extra: dict[str, Any] | None = None) -> None:
+        """The Machine's infrastructure is ready at ``address``; with a kubelet its Node registers (nodeRef)."""
+        status: dict[str, Any] = {
+            "infrastructureReady": True,
+            "addresses": [{"type": "Hostname", "address": host}, {"type": "InternalIP", "address": address}],
+            **(extra or {}),
+        }
+        if self.kubelet:
+            status["nodeRef"] = {"apiVersion": "v1", "kind": "Node", "name": host}
+        self.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, name, {"status": status})
+
+    def add_machine(self) -> str:
+        raise NotImplementedError
+
+    def remove_host(self, machine: dict[str, Any]) -> None:
+        """The infrastructure is deleted: the host goes, whatever it runs (a subclass records violations)."""
+        raise NotImplementedError
+
+    def step(self) -> list[str]:
+        """One round of the MachineSet and Machine controllers; the Machines whose hosts went."""
+        replicas = md_replicas(self.emulator, MD_NS, MD) or 0
+        live = self.live()
+        for victim in deletion_order(live)[: max(0, len(live) - replicas)]:
+            self.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, victim["metadata"]["name"])
+        for _ in range(replicas - len(live)):
+            self.add_machine()
+        released = []
+        for machine in self.machines():
+            meta = machine["metadata"]
+            if not meta.get("deletionTimestamp") or held_by_a_hook(machine):
+                continue
+            self.remove_host(machine)
+            self.emulator.patch(f"{CAPI}/v1beta1", "Machine", MD_NS, meta["name"], {"metadata": {"finalizers": []}})
+            self.removed.append(meta["name"])
+            released.append(meta["name"])
+        return released
+
+
+@dataclass
+class CapiSim(MachineSetStandIn):
+    """The stand-in with the fake slurmrestd's nodes as hosts."""
+
+    slurm: FakeSlurmrestd | None = None
+    # The hosts' names, when they come back (BareMetalHost-named hosts): a new Machine's host is the
+    # first one no Machine has. Without them, Machine md-<n>'s host is node-<n> (never reused).
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def fake(self) -> FakeSlurmrestd:
+        assert self.slurm is not None, "CapiSim needs the fake slurmrestd"
+        return self.slurm
+
+    def add_machine(self, join: bool = True, provisioned: bool = True) -> str:
+        """A new Machine; ``provisioned``: its host is provisioned (CAPM3 reports infrastructure ready),
+        ``join``: its slurmd has joined Slurm."""
+        name = self.create_machine({"infrastructureReady": False})
+        self._host_for(name)
+        if provisioned:
+            self.provision(name, join)
+        return name
+
+    def _host_for(self, machine: str) -> str:
+        if self.hosts:
+            taken = {
+                self.assigned.get(m["metadata"]["name"]) for m in self.machines() if m["metadata"]["name"] != machine
+            }
+            self.assigned[machine] = next(h for h in self.hosts if h not in taken)
+        else:
+            self.assigned[machine] = f"node-{int(machine.rsplit('-', 1)[1]):03d}"
+        return self.assigned[machine]
+
+    def provision(self, name: str, join: bool = True) -> None:
+        """The host of Machine ``name`` finishes provisioning (and its slurmd joins)."""
+        node, address = self.assigned[name], f"10.0.0.{int(name.rsplit('-', 1)[1])}"
+        self.provisioned(name, node, address)
+        if join:
+            self.fake.add_node(node, address)
+
+    def node_of(self, machine: dict[str, Any]) -> str:
+        return self.assigned[machine["metadata"]["name"]]
+
+    def remove_host(self, machine: dict[str, Any]) -> None:
+        node = self.node_of(machine)
+        with self.fake.lock:
+            found = self.fake.nodes.get(node)
+            if found is not None and found.busy:
+                self.violations.append(f"deprovisioned {machine['metadata']['name']} while node {node} ran jobs")
+            self.fake.nodes.pop(node, None)
+
+
+@dataclass
+class Env:
+    emulator: Emulator
+    slurm: FakeSlurmrestd
+    capi: CapiSim
+    start: Callable[..., Scaling]
+
+    def scaling(self, **extra: Any) -> Scaling:
+        self.emulator.create(safe_config_map(self.slurm.url, **extra))
+        return self.start(self.emulator)
+
+    def scale(self, scaling: Scaling, replicas: int) -> None:
+        """KEDA scales the mirror through the API (the webhook admits it, the API server stores it),
+        then the reconciler acts on it (it also would on the watch event; a pass here makes it now)."""
+        scale_mirror(self.emulator, SLIME_NAMESPACE, MIRROR, replicas)
+        scaling.sees_mirror(SLIME_NAMESPACE, MIRROR, replicas)
+        scaling.service.reconcile_once()
+
+    def annotated(self) -> list[str]:
+        return self.capi.annotated()
+
+    def hooked(self, name: str) -> bool:
+        return self.capi.hooked(name)
+
+
+def demand_config(url: str, partition: str = "batch", max_replicas: int = 10) -> dict[str, Any]:
+    return config_map(
+        {
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n"
+            f"  maxReplicas: {max_replicas}\n"
+            f"  nodeDemand: {{partition: {partition}, slurmrestd: '{url}', jwtSecret: {JWT_NS}/{JWT_SECRET}}}\n"
+        }
+    )

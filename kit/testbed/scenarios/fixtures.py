@@ -1,0 +1,216 @@
+"""The kit's pytest plugin: the fixtures every suite shares, the real tiers' builds, and the session's audits.
+
+Loaded by the repository's ``conftest.py`` (``pytest_plugins``), for ``tests/`` and ``kit/tests`` alike:
+
+- **the fast suite's fixtures**: a dev PKI, kubemu emulators reached through kubeconfigs (their
+  deployments' ``/scale`` writes routed to the scaling webhooks started against them, as
+  kube-apiserver routes them), a scaling-webhook starter;
+- **the session's audits**: every log line of the session is captured through the services'
+  production formatter; at the end RBAC is audited over every API call the services made, and
+  the logs and texts the tests handed in are scanned for every key the session made;
+- **the real tiers' builds**: once the tests are collected, what the selected real tests need is
+  built in the background (:mod:`testbed.scenarios.prepare`) while the fast suite runs; each real
+  test waits for its parts before its own timeout starts (markers ``real_k8s``, ``real_loop`` with
+  ``real_parts(...)``, ``real_slurm``);
+- **the real tiers' shared components**: one plain control plane per session (the tests that use
+  an API server as it is), one chart stack per session (the story tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubemu import Emulator
+from testbed.components.controlplane import ControlPlane
+from testbed.components.serve import started_services
+from testbed.components.services import ScaleWebhookRoute, Scaling, start_scaling
+from testbed.framework.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
+from testbed.framework.objects import SLIME_NAMESPACE
+from testbed.framework.pins import SLURM_RELEASES
+from testbed.framework.pki import Pki, make_pki
+from testbed.framework.progress import progress_writer
+from testbed.framework.world import issued_secrets
+from testbed.scenarios import prepare
+from testbed.scenarios.stack import Stack, start_control_plane, start_stack
+
+AUDIT_SUMMARY: list[str] = []
+
+
+# --- the session's audits ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_audits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Capture every log line of the session; at its end, audit RBAC and scan for leaked secrets.
+
+    Log records go through the services' production JSON formatter at INFO, the services'
+    default level. The audits run whatever tests were selected, over what those tests did.
+    """
+    handler = EvidenceHandler(EVIDENCE)
+    root = logging.getLogger()
+    client_log = logging.getLogger("httpx")  # the test clients' own request lines: noise
+    saved = root.level, client_log.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    client_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        client_log.setLevel(saved[1])
+    started = started_services()
+    if not started:
+        return
+    checked = audit_rbac(RECORDED_CALLS, started, tmp_path_factory.mktemp("rbac-audit"))
+    secrets = issued_secrets()
+    found = leaks(EVIDENCE, secrets)
+    assert not found, "secrets leaked:\n" + "\n".join(found[:10])
+    assert EVIDENCE.log_lines, f"services ran ({', '.join(sorted(started))}) but no log line was captured"
+    AUDIT_SUMMARY.append(
+        "RBAC audit: "
+        + ", ".join(f"{service} {count} distinct call(s)" for service, count in sorted(checked.items()))
+        + f" allowed by the chart; secret scan: {len(secrets)} secret(s) over {len(EVIDENCE.log_lines)} log lines "
+        f"and {len(EVIDENCE.texts)} texts, 0 leaks"
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in AUDIT_SUMMARY:
+        terminalreporter.write_line(line)
+
+
+# --- the fast suite ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki")
+
+
+@pytest.fixture
+def scale_routes() -> dict[int, ScaleWebhookRoute]:
+    """Per emulator (by id): the admission route its ``deployments/scale`` writes take to scaling webhooks."""
+    return {}
+
+
+@pytest.fixture
+def emulator_factory(tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]) -> Iterator[Callable[..., Emulator]]:
+    """Start emulators (a management and a workload cluster, say); all stop after the test.
+
+    Unless a test brings its own ``admission`` hook, a mirror ``/scale`` write through the API goes to the
+    scaling webhooks started against that emulator (``scaling_factory``), as kube-apiserver sends it.
+    """
+    started: list[tuple[Emulator, bool]] = []
+
+    def start(workload: bool = False, **options: object) -> Emulator:
+        """``workload=True``: a CAPI workload cluster, whose RBAC comes from its kubeconfig, not our chart."""
+        route = ScaleWebhookRoute()
+        options.setdefault("admission", route)
+        emulator = Emulator(**options).start()  # type: ignore[arg-type]
+        scale_routes[id(emulator)] = route
+        started.append((emulator, workload))
+        return emulator
+
+    yield start
+    for emulator, workload in started:
+        emulator.stop()
+        if not workload:
+            RECORDED_CALLS.extend(emulator.requests)
+
+
+@pytest.fixture
+def emulator(emulator_factory: Callable[..., Emulator]) -> Emulator:
+    return emulator_factory()
+
+
+@pytest.fixture
+def kubeconfig(emulator: Emulator, tmp_path: Path) -> str:
+    """A kubeconfig file for ``emulator``: services load it exactly as they load a real one."""
+    return emulator.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def scaling_factory(
+    pki: Pki, tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]
+) -> Iterator[Callable[..., Scaling]]:
+    """Start scaling webhooks against an emulator (each joins its admission route); all stop after the test."""
+    started: list[Scaling] = []
+
+    def start(emulator: Emulator, wait_reconciled: bool = True, **options: Any) -> Scaling:
+        values: dict[str, Any] = {
+            "namespace": SLIME_NAMESPACE,
+            "resync_seconds": 3600,
+            "patch_timeout_seconds": 1.0,
+            "log_level": "DEBUG",
+        }
+        values.update(options)
+        kubeconfig = emulator.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}")
+        scaling = start_scaling(kubeconfig, pki, emulator=emulator, wait_reconciled=wait_reconciled, **values)
+        started.append(scaling)
+        route = scale_routes.get(id(emulator))
+        if route is not None:
+            route.add(scaling)
+        return scaling
+
+    yield start
+    for scaling in started:
+        scaling.running.stop()
+
+
+# --- the real tiers' builds -------------------------------------------------------------------------------------
+
+
+def _needs(item: pytest.Item) -> tuple[bool, list[str]]:
+    """Whether ``item`` needs the real-Kubernetes tier's parts, and which parts of :data:`prepare.PARTS`."""
+    with_stack = bool(item.get_closest_marker("real_k8s") or item.get_closest_marker("real_loop"))
+    names = [name for marker in item.iter_markers("real_parts") for name in marker.args]
+    if item.get_closest_marker("real_slurm"):
+        names += [f"slurm-{series}" for series in SLURM_RELEASES]
+    return with_stack, names
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    needs = [_needs(item) for item in session.items]
+    with_stack = any(stack for stack, _ in needs)
+    names = list(dict.fromkeys(name for _, parts in needs for name in parts))  # in the order the tests need them
+    if with_stack or names:
+        prepare.start(names, with_stack, progress_writer(session.config))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """A real test waits for its parts before its own timeout starts (the builds run while earlier tests run)."""
+    with_stack, names = _needs(item)
+    if with_stack:
+        prepare.wait_stack()
+    for name in names:
+        prepare.wait_part(name)
+    yield
+
+
+# --- the real tiers' shared components --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane for the session, with the upstream CRDs and no webhooks: for the tests that use an API server
+    as it is and leave it so (their own namespaces, their releases uninstalled)."""
+    cp = start_control_plane(tmp_path_factory.mktemp("control-plane"))
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The chart installed with helm, both webhooks as the chart's pods (:func:`~testbed.scenarios.stack.start_stack`);
+    the story tests' stack."""
+    stack = start_stack(tmp_path_factory.mktemp("stack"))
+    yield stack
+    stack.stop_webhooks()
+    stack.cp.stop()
