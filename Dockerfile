@@ -21,7 +21,6 @@ COPY pyproject.toml README.md* ./
 COPY common ./common
 COPY injection_webhook ./injection_webhook
 COPY scaling_webhook ./scaling_webhook
-COPY certs ./certs
 COPY preflight ./preflight
 RUN pip install --no-deps . \
  && python -c "import injection_webhook.main, scaling_webhook.main, preflight.main" \

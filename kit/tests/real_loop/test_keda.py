@@ -1,0 +1,120 @@
+"""KEDA + HPA + Prometheus, real (issue 15, item 2): pending jobs in real Slurm move the mirror, and the leader the
+MachineDeployment.
+
+The chart is installed with ``keda.enabled=true`` on the tier's real API server, beside real
+KEDA v2.21.0, kube-controller-manager's HPA controller, Debian's Prometheus and real Slurm 24.11
+(tests/real_loop/keda_site.py says what each is and where it stands in). Two mappings on one
+partition: ``jobs`` (the chart's PromQL query over Slurm's job counts) and ``nodes``
+(``keda.demand=nodes``: KEDA's metrics-api trigger on the scaling webhook's ``/demand/batch``).
+The scaling webhook is the chart's pod; every scale KEDA or the HPA makes goes through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from testbed.framework.objects import SLIME_NAMESPACE
+from testbed.scenarios.keda import JOBS, MAX_REPLICAS, NODES, PARTITION, Loop, loop, mirror_name, webhook_requests
+from testbed.scenarios.prepare import part
+
+pytestmark = [pytest.mark.real_loop, pytest.mark.real_parts("keda"), pytest.mark.timeout(900)]
+
+SCALE_SECONDS = 120.0  # generous: Prometheus scrapes every 1 s, KEDA polls every 2 s, the HPA syncs every 5 s
+
+
+@pytest.fixture(scope="module")
+def keda_loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
+    prepared = part("keda")
+    with loop(prepared, tmp_path_factory.mktemp("keda-loop")) as running:
+        yield running
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def test_keda_accepts_the_charts_scaled_objects_and_makes_their_hpas(keda_loop: Loop) -> None:
+    loop = keda_loop
+    for demand in (JOBS, NODES):
+        loop.wait_for(lambda d=demand: _ready(loop.scaled_object(d)), 60, f"ScaledObject {mirror_name(demand)} Ready")
+        loop.wait_for(lambda d=demand: loop.hpa(d) is not None, 60, f"KEDA's HPA for {mirror_name(demand)}")
+        hpa = loop.hpa(demand)
+        assert hpa is not None
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": mirror_name(demand),
+        }
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, MAX_REPLICAS)
+        assert hpa["spec"]["metrics"][0]["type"] == "External"
+    # KEDA's admission webhook validated both as helm created them (through kube-apiserver, by the same
+    # ExternalName routing as SliMe's webhooks), admitted both, and no call failed open.
+    admissions = loop.install_admissions
+    assert admissions.get(("CREATE", "false", "200")) == 2, admissions
+    assert all(rejected == "false" and code == "200" for _, rejected, code in admissions), (
+        admissions
+    )  # none refused, none failed open
+    triggers = {d: loop.scaled_object(d)["spec"]["triggers"][0] for d in (JOBS, NODES)}
+    assert triggers[JOBS]["type"] == "prometheus" and triggers[NODES]["type"] == "metrics-api"
+    # Nothing is pending yet: the pools stay at 0. Each mirror starts at the API server's default of 1
+    # until the scaling leader adopts its MachineDeployment's 0 (one mapping after the other, a moment
+    # after the pod starts), so wait for both adoption marks before reading the replicas.
+    for demand in (JOBS, NODES):
+        loop.wait_for(lambda d=demand: loop.adopted(d), 60, f"{mirror_name(demand)} adopted")
+    assert [loop.mirror_replicas(d) for d in (JOBS, NODES)] == [0, 0]
+    assert [loop.md_replicas(d) for d in (JOBS, NODES)] == [0, 0]
+
+
+def test_pending_jobs_in_real_slurm_move_the_mirror_and_the_machine_deployment(keda_loop: Loop) -> None:
+    loop = keda_loop
+    query = loop.scaled_object(JOBS)["spec"]["triggers"][0]["metadata"]["query"]
+    for _ in range(3):
+        loop.submit(1)
+    # Slurm -> the metrics endpoint -> Prometheus: the chart's own query says 3.
+    loop.wait_for(lambda: loop.prometheus.value(query) == 3, 60, f"Prometheus: {query} == 3")
+    # KEDA activates the ScaledObject (0 -> 1), the HPA takes it to 3; the leader follows with the MachineDeployment.
+    loop.wait_for(lambda: loop.mirror_replicas(JOBS) == 3, SCALE_SECONDS, "the jobs mirror at 3")
+    loop.wait_for(lambda: loop.md_replicas(JOBS) == 3, 60, "md-jobs at 3")
+    assert loop.external_metric(JOBS) == 3  # what the HPA controller reads through kube-apiserver's aggregator
+    # Every scale (KEDA's 0 -> 1, the HPA's 1 -> 3) went through the chart's scaling webhook, which refused none.
+    calls = webhook_requests(loop.cp, "scaling.webhook.slime")
+    assert calls.get(("UPDATE", "false", "200"), 0) >= 2 and set(calls) == {("UPDATE", "false", "200")}, calls
+    hpa = loop.hpa(JOBS)
+    assert hpa is not None and hpa["status"]["desiredReplicas"] == 3  # the HPA took it past KEDA's activation to 1
+
+
+def test_a_pending_four_node_job_makes_the_nodes_mirror_four(keda_loop: Loop) -> None:
+    loop = keda_loop
+    loop.cancel_all()
+    job = loop.submit(4)
+    loop.wait_for(lambda: loop.slurm.jobs()[job]["state_reason"] != "None", 30, f"job {job} scheduled once")
+    reason = loop.slurm.jobs()[job]["state_reason"]
+    # The scaling webhook's pod reads real slurmrestd: 4 nodes for the one pending job.
+    demand_url = f"http://127.0.0.1:{loop.release.values['scaling']['metricsPort']}/demand/{PARTITION}"
+    loop.wait_for(lambda: httpx.get(demand_url, timeout=5).json().get("nodes") == 4, 60, f"{demand_url} says 4")
+    loop.wait_for(
+        lambda: loop.mirror_replicas(NODES) == 4, SCALE_SECONDS, f"the nodes mirror at 4 (job {job}: {reason})"
+    )
+    loop.wait_for(lambda: loop.md_replicas(NODES) == 4, 60, "md-nodes at 4")
+    assert loop.external_metric(NODES) == 4
+    assert set(webhook_requests(loop.cp, "scaling.webhook.slime")) == {("UPDATE", "false", "200")}  # no scale refused
+    # The same Slurm state through the job count asks 1: the difference keda.demand=nodes makes.
+    loop.wait_for(lambda: loop.external_metric(JOBS) == 1, 60, "the jobs trigger's metric at 1")
+    # KEDA dialled the chart's URL as rendered; the port it names is the Service's metrics port (what kube-proxy
+    # forwards).
+    url = loop.scaled_object(NODES)["spec"]["triggers"][0]["metadata"]["url"]
+    service = loop.release.service_name("scaling")
+    assert (
+        url
+        == f"http://{service}.{SLIME_NAMESPACE}.svc:{loop.release.values['scaling']['metricsPort']}/demand/{PARTITION}"
+    )
+    ports = loop.api.get("v1", "Service", SLIME_NAMESPACE, service)["spec"]["ports"]  # type: ignore[index]
+    assert {"name": "metrics", "port": loop.release.values["scaling"]["metricsPort"]}.items() <= next(
+        p for p in ports if p["name"] == "metrics"
+    ).items()
