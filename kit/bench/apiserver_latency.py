@@ -27,6 +27,7 @@ import json
 import math
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,17 +40,15 @@ import yaml
 from bench.sections import measured_on, replace_section
 from common.names import CAPM3_MANAGER_USERNAME
 from testbed.components.controlplane import ControlPlane
-from testbed.components.image import build_image
-from testbed.components.pods import run_pod, run_process
-from testbed.components.release import Release, tier_values
+from testbed.components.release import tier_values
 from testbed.framework.cpu import burner
-from testbed.framework.helm import REPO_ROOT
 from testbed.framework.objects import SLIME_NAMESPACE, machine_deployment, metadata_secret
+from testbed.framework.paths import REPO_ROOT
 from testbed.framework.processes import stop_process
-from testbed.framework.world import ensure_namespace, seed_metal3
-from testbed.real.build import control_plane_binaries, crd_files
-from testbed.real.objects import RealApi
-from testbed.scenarios.tier import seed_management_cluster
+from testbed.framework.progress import to_stderr
+from testbed.framework.world import seed_metal3
+from testbed.scenarios import stack
+from testbed.scenarios.site import Site, building
 
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 OWN_METRIC = "slime_webhook_latency_seconds"
@@ -125,10 +124,10 @@ def phase(
 ) -> dict[str, Any]:
     """``admissions`` paced requests through the API server to one webhook, and what both sides measured."""
     name, kind = WEBHOOKS[component]
-    before, own_before = cp.metrics(), httpx.get(own_url, timeout=10).text
-    with cp.http() as http:
-        client_ms, late = paced(admissions, rate, functools.partial(send, http))
-    after, own_after = cp.metrics(), httpx.get(own_url, timeout=10).text
+    before, own_before = cp.api.metrics(), httpx.get(own_url, timeout=10).text
+    with cp.client(timeout=10) as api:
+        client_ms, late = paced(admissions, rate, functools.partial(send, api.http))
+    after, own_after = cp.api.metrics(), httpx.get(own_url, timeout=10).text
     first, last = (histogram(text, METRIC, f'name="{name}"', f'type="{kind}"') for text in (before, after))
     delta = {b: last.get(b, 0.0) - first.get(b, 0.0) for b in last}
     own_first, own = (histogram(text, OWN_METRIC, f'webhook="{component}"') for text in (own_before, own_after))
@@ -146,96 +145,69 @@ def phase(
 
 
 def run(admissions: int, rate: float, loads: list[int], runner: str, workdir: Path) -> dict[str, object]:
-    binaries = control_plane_binaries()
-    image = build_image() if runner == "pod" else "localhost/slime:process"
-    cp = ControlPlane(workdir / "control-plane", binaries).start()
-    pods = []
-    try:
-        cp.install_crds(crd_files())
-        api = RealApi(cp)
-        for namespace in ("metal3", "slurm"):
-            ensure_namespace(api, namespace)
-        seed_management_cluster(api)
-        api.create(machine_deployment("md-a", "metal3", replicas=1, version="v1beta2", cluster="bm-cluster", full=True))
-        release = Release(
-            cp,
-            SLIME_NAMESPACE,
-            tier_values(
-                image,
-                [
-                    {
-                        "mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE},
-                        "machineDeployment": {"name": "md-a", "namespace": "metal3"},
-                    }
-                ],
-            ),
-            workdir,
-        )
-        release.install()
-        cp.restart_apiserver(release.admission_configuration(workdir / "admission"))
-        for component in ("injection", "scaling"):
-            deployment = release.deployment(component)
-            pods.append(
-                run_pod(cp, deployment, image, workdir / "pods")
-                if runner == "pod"
-                else run_process(cp, deployment, workdir / "pods")
-            )
-        _, data = seed_metal3(api, template_labels={"slurm-controller-namespace": "slurm"})
-        cp.wait_for(
-            lambda: (
-                (api.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-a") or {})
-                .get("metadata", {})
-                .get("annotations", {})
-                .get("slime/machine-deployment")
-                == "metal3/md-a"
-            ),
-            30,
-            "the mirror's adoption",
-        )
-        webhook_metrics = {
-            component: f"http://{pod.ip}:{pod.port('metrics')}/metrics"
-            for component, pod in zip(("injection", "scaling"), pods, strict=True)
-        }
-
-        serial = itertools.count()  # Secret names stay unique across the series
-
-        def create_secret(http: httpx.Client, _: int) -> None:
-            answer = http.post(
-                "/api/v1/namespaces/metal3/secrets",
-                content=json.dumps(metadata_secret(data, machine=f"bench-{next(serial)}")),
-                headers={"Content-Type": "application/json", "Impersonate-User": CAPM3_MANAGER_USERNAME},
-            )
-            assert answer.status_code == 201, answer.text
-            assert "slurm_conf_server" in yaml.safe_load(base64.b64decode(answer.json()["data"]["metaData"]))
-
-        def scale_mirror(http: httpx.Client, i: int) -> None:
-            answer = http.patch(
-                f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-a/scale",
-                content=json.dumps({"spec": {"replicas": 2 + i % 2}}),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-            assert answer.status_code == 200, answer.text
-
+    prepared = stack.prepare(to_stderr)
+    if prepared.missing or prepared.error:
+        sys.exit(f"bench.apiserver_latency: cannot run: {prepared.missing or prepared.error}")
+    assert prepared.binaries is not None
+    with building(Site(workdir)) as (site, build):
+        build.control_plane()
+        build.namespaces("metal3", "slurm")
+        build.slinky()
+        md = machine_deployment("md-a", "metal3", replicas=1, version="v1beta2", cluster="bm-cluster", full=True)
+        site.api.create(md)
+        mapping = {"mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE}}
+        mapping["machineDeployment"] = {"name": "md-a", "namespace": "metal3"}
+        build.chart(tier_values(stack.image(), [mapping]))
+        build.authenticated_admission()
+        pods = build.webhooks(runner=runner).pods
+        _, data = seed_metal3(site.api, template_labels={"slurm-controller-namespace": "slurm"})
+        site.wait_for(lambda: _adopted(site), 30, "the mirror's adoption")
+        webhook_metrics = {c: f"http://{pod.ip}:{pod.port('metrics')}/metrics" for c, pod in pods.items()}
+        senders = _senders(data)
         results: dict[str, object] = {}
         for burners in loads:
             load = [burner(LOAD_LIMIT_SECONDS) for _ in range(burners)]
             try:
                 results[f"burners={burners}"] = {
-                    component: phase(component, send, cp, webhook_metrics[component], admissions, rate)
-                    for component, send in (("injection", create_secret), ("scaling", scale_mirror))
+                    component: phase(component, send, site.cp, webhook_metrics[component], admissions, rate)
+                    for component, send in senders.items()
                 }
             finally:
                 for process in load:
                     stop_process(process)
-        results["kube"] = subprocess.run(
-            [str(binaries.kube_apiserver), "--version"], capture_output=True, text=True
-        ).stdout.strip()
+        version = [str(prepared.binaries.kube_apiserver), "--version"]
+        results["kube"] = subprocess.run(version, capture_output=True, text=True).stdout.strip()
         results["runner"] = runner
         return results
-    finally:
-        for pod in pods:
-            pod.stop()
-        cp.stop()
+
+
+def _adopted(site: Site) -> bool:
+    mirror = site.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, "mirror-a") or {}
+    return bool(mirror.get("metadata", {}).get("annotations", {}).get("slime/machine-deployment") == "metal3/md-a")
+
+
+def _senders(data: dict[str, Any]) -> dict[str, Callable[[httpx.Client, int], None]]:
+    """Per webhook: one admission through the API server (a metaData Secret as CAPM3; a scale of the mirror)."""
+    serial = itertools.count()  # Secret names stay unique across the series
+
+    def create_secret(http: httpx.Client, _: int) -> None:
+        answer = http.post(
+            "/api/v1/namespaces/metal3/secrets",
+            content=json.dumps(metadata_secret(data, machine=f"bench-{next(serial)}")),
+            headers={"Content-Type": "application/json", "Impersonate-User": CAPM3_MANAGER_USERNAME},
+        )
+        assert answer.status_code == 201, answer.text
+        assert "slurm_conf_server" in yaml.safe_load(base64.b64decode(answer.json()["data"]["metaData"]))
+
+    def scale_mirror(http: httpx.Client, i: int) -> None:
+        answer = http.patch(
+            f"/apis/apps/v1/namespaces/{SLIME_NAMESPACE}/deployments/mirror-a/scale",
+            content=json.dumps({"spec": {"replicas": 2 + i % 2}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert answer.status_code == 200, answer.text
+
+    return {"injection": create_secret, "scaling": scale_mirror}
 
 
 TARGETS = {"injection": 0.005, "scaling": 0.010}  # issue 25: p99 as kube-apiserver measures it, at 50/s
@@ -255,7 +227,7 @@ def report(results: dict[str, object], admissions: int, rate: float, loads: list
         "",
         f"`python3 -m bench.apiserver_latency --admissions {admissions} --rate {rate:g} --burners "
         f"{','.join(map(str, loads))}` on {measured_on()}: {results['kube']}, etcd and kube-controller-manager on "
-        "127.0.0.1 (testbed/real), the "
+        "127.0.0.1 (testbed/components), the "
         f"chart installed with helm, both webhooks run {runner}, called through ExternalName Services with the "
         f"chart-generated client certificate. {admissions} metaData Secret creates (injection), then {admissions} "
         f"mirror `/scale` patches (scaling), each one at a time on a fixed schedule of {rate:g} a second; the whole "

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from testbed.framework.helm import REPO_ROOT
+from testbed.framework.paths import REPO_ROOT
 
 COMMANDS = (
     ("bench", "--duration", "5", "--latency-duration", "3", "--repeats", "3", "--no-extras", "--rss-counts",

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.sections import measured_on, replace_section
-from testbed.framework.helm import REPO_ROOT
+from testbed.framework.paths import REPO_ROOT
 from testbed.scenarios import stack, story, whole_loop
 from testbed.scenarios.timeline import PHASES, ScaleUp, plot, render
 

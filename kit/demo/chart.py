@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from testbed.framework.errors import KitError
-from testbed.framework.helm import REPO_ROOT, helm_binary
+from testbed.framework.helm import helm_binary
+from testbed.framework.paths import REPO_ROOT
 
 RELEASE = "slime"
 

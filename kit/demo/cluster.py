@@ -138,7 +138,7 @@ def apply_chart_objects(emu: Emulator, rendered: list[dict[str, Any]]) -> list[s
 
 def seed_capm3(emu: Emulator) -> None:
     """CAPM3's controller Deployment (its ServiceAccount is the identity the injection webhook allows), ready."""
-    deployment = world.capm3_deployment()
+    deployment = objects.capm3_deployment()
     world.ensure_namespace(emu, deployment["metadata"]["namespace"])
     deployment["status"] = {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1}
     emu.create(deployment)

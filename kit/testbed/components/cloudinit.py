@@ -187,9 +187,10 @@ class Node:
             )
 
         try:
-            found: dict[str, Any] = wait_for(joined, timeout, f"node {self.hostname} to join slurmctld", 0.1, why)
+            found = wait_for(joined, timeout, f"node {self.hostname} to join slurmctld", 0.1, why)
         except WaitTimeout as exc:
             raise NodeDidNotJoin(str(exc)) from None
+        assert found is not None
         return found
 
     def power_off(self, network: Network) -> None:

@@ -153,6 +153,7 @@ class Release:
                 return next((p for p in pods if _is_test(p)), None)
 
             pod = wait_for(hook_pod, timeout, "helm test to create its test Pod", interval=0.2)
+            assert pod is not None
             completed = run_hook(pod)
             output, _ = helm.communicate(timeout=timeout)
         finally:

@@ -285,6 +285,7 @@ class KubeClient:
             return answer
 
         stored = wait_for(created, "api-object", f"the default ServiceAccount of namespace {namespace}")
+        assert stored is not None
         if obj.get("status"):
             name = stored["metadata"]["name"]
             stored = self.patch(obj["apiVersion"], obj["kind"], namespace, name, {"status": obj["status"]}, "status")

@@ -46,7 +46,7 @@ def wait_for(
         try:
             value = condition()
         except retry_on as exc:
-            value, last_error = None, f"{type(exc).__name__}: {exc}"  # type: ignore[assignment]
+            value, last_error = None, f"{type(exc).__name__}: {exc}"
         if value:
             return value
         if time.monotonic() > deadline:

@@ -151,6 +151,7 @@ def metal3_pool(
     :class:`~testbed.components.slurm.SlurmConfig` fields, ``future``: FUTURE node records), the workload cluster an
     operator writes."""
     site = build.site
+    assert isinstance(site, Metal3Site)
     build.network()
     build.control_plane([*parts.capi.crds, *crds], audit_scale_steps=audit_scale_steps)
     build.metal3_install(parts.metal3)

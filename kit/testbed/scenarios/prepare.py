@@ -20,7 +20,7 @@ import pytest
 
 from testbed.components import certmanager
 from testbed.components.debian_root import prepare_root
-from testbed.framework.pins import SLURM_RELEASES
+from testbed.framework.pins import SLURM_RELEASES, SlurmRelease
 from testbed.framework.prerequisites import unavailable
 from testbed.framework.progress import Progress
 from testbed.scenarios import capi, keda, stack, whole_loop
@@ -33,8 +33,13 @@ PARTS: dict[str, Callable[[Progress], Any]] = {
     "keda": keda.prepare,  # KEDA, Debian's Prometheus, the Slurm root: test_keda.py
     "whole-loop": whole_loop.prepare,  # all of the above: test_whole_loop.py, test_demo_real.py
 }
-for _release in SLURM_RELEASES.values():  # the real-Slurm tier's roots, one per release
-    PARTS[f"slurm-{_release.series}"] = lambda progress, release=_release: prepare_root(progress, release=release)
+
+
+def _slurm_root(release: SlurmRelease) -> Callable[[Progress], Any]:
+    return lambda progress: prepare_root(progress, release=release)
+
+
+PARTS.update({f"slurm-{release.series}": _slurm_root(release) for release in SLURM_RELEASES.values()})
 
 
 @dataclass

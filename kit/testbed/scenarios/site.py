@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,17 +93,6 @@ class Site:
 
     def diagnostics(self) -> str:
         parts: list[str] = []
-        if self.has("manager"):
-            machines = [
-                (
-                    m["metadata"]["name"],
-                    (m.get("status") or {}).get("phase"),
-                    bool(m["metadata"].get("deletionTimestamp")),
-                )
-                for m in self.machines()
-            ]
-            parts += [f"MachineDeployment replicas {self.md_replicas()}, Machines {machines}"]
-            parts += [f"BareMetalHosts {self.host_states()}"]
         if self.has("slurm"):
             states = {n: sorted(s) for n, s in self.slurm.node_states().items()}
             parts += [f"Slurm nodes {json.dumps(states)}", f"slurmctld's refusals {slurmctld_refusals(self.slurm)}"]
@@ -293,16 +282,22 @@ class SiteBuilder:
         for certificate in release.certificates():
             name = certificate["metadata"]["name"]
             wait_for(
-                lambda name=name: certificate_ready(self.site.cp, SLIME_NAMESPACE, name),
+                self._ready(name),
                 120,
                 f"Certificate {name} Ready",
                 interval=0.1,
                 retry_on=TRANSIENT,
-                diagnostics=lambda: self.site.certmanager.log_tail("cert-manager-controller"),
+                diagnostics=self._cert_manager_log,
             )
         self.site.timings["install_to_all_ready"] = time.monotonic() - started
         self.site.stack = Stack(self.site.cp, release, self.site.slinky, self.site.workdir)
         return release
+
+    def _ready(self, certificate: str) -> Callable[[], bool]:
+        return lambda: certificate_ready(self.site.cp, SLIME_NAMESPACE, certificate)
+
+    def _cert_manager_log(self) -> str:
+        return self.site.certmanager.log_tail("cert-manager-controller")
 
     def authenticated_admission(self) -> None:
         """kube-apiserver restarted with the chart's client certificate for the webhooks (docs/install.md); KEDA's
@@ -314,19 +309,21 @@ class SiteBuilder:
         self.site.cp.restart_apiserver(release.admission_configuration(self.site.workdir / "admission"))
         if self.site.has("certmanager"):
             for resource in CERT_MANAGER_RESOURCES:
-                wait_for(
-                    lambda resource=resource: (
-                        self.site.api.list("cert-manager.io/v1", resource, SLIME_NAMESPACE) is not None
-                    ),
-                    60,
-                    f"cert-manager.io {resource} served again after the API server restart",
-                    interval=0.1,
-                    retry_on=TRANSIENT,
-                )
+                what = f"cert-manager.io {resource} served again after the API server restart"
+                wait_for(self._served(resource), 60, what, interval=0.1, retry_on=TRANSIENT)
 
-    def webhooks(self, kubelet_volumes: bool = False) -> Stack:
-        """Both webhooks as the chart's pods; ``kubelet_volumes``: their secret volumes refreshed as kubelet does."""
+    def _served(self, resource: str) -> Callable[[], bool]:
+        def served() -> bool:
+            self.site.api.list("cert-manager.io/v1", resource, SLIME_NAMESPACE)  # answers 429 until it is
+            return True
+
+        return served
+
+    def webhooks(self, kubelet_volumes: bool = False, runner: str = "") -> Stack:
+        """Both webhooks as the chart's pods; ``kubelet_volumes``: their secret volumes refreshed as kubelet does;
+        ``runner``: ``pod`` or ``process`` (default: ``$SLIME_REAL_RUNNER``'s)."""
         stack = self.site.stack
+        stack.runner = runner or stack.runner
         self.exits.callback(stack.stop_webhooks)
         stack.start_webhooks(**({"kubelet_volumes": True} if kubelet_volumes else {}))
         if kubelet_volumes:

@@ -127,6 +127,7 @@ class Stack:
     workdir: Path
     pods: dict[str, Pod] = field(default_factory=dict)
     contexts: dict[bool, Any] = field(default_factory=dict)  # TLS contexts, read once: the API server may be down later
+    runner: str = RUNNER
 
     def __post_init__(self) -> None:
         self.wait_for = waiter(interval=0.1, diagnostics=self.pod_tails, retry_on=TRANSIENT)
@@ -141,7 +142,7 @@ class Stack:
 
     def start_webhook(self, component: str, **options: Any) -> Pod:
         deployment = self.release.deployment(component)
-        if RUNNER == "pod":
+        if self.runner == "pod":
             pod = run_pod(self.cp, deployment, PREPARED.image, self.workdir / "pods", **options)
         else:
             pod = run_process(self.cp, deployment, self.workdir / "pods", **options)
@@ -154,7 +155,7 @@ class Stack:
 
     def run_hook(self, pod: dict[str, Any]) -> Completed:
         """A Helm hook Pod (``helm test``) run to its end, its status reported as the kubelet would."""
-        if RUNNER == "pod":
+        if self.runner == "pod":
             return run_to_completion(self.cp, pod, PREPARED.image, self.workdir / "hooks")
         return run_process_to_completion(self.cp, pod, self.workdir / "hooks")
 
