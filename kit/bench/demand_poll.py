@@ -30,8 +30,8 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
-from bench.run import REPO, say
 from bench.sections import measured_on, replace_section
+from bench.servers import REPO, say
 from common.metrics import WebhookMetrics
 from common.names import NODE_DEMAND_KEY
 from scaling_webhook.demand_poller import DemandPoller

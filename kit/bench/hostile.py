@@ -26,7 +26,6 @@ import socket
 import ssl
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -35,21 +34,9 @@ from typing import Any
 
 import httpx
 
-from bench.run import (
-    REPO,
-    injection_command,
-    injection_request,
-    review,
-    say,
-    seed_cluster,
-    start_server,
-    tcp_nodelay,
-    wait_until,
-)
 from bench.sections import replace_section
-from certs.devcerts import create_ca, issue_serving_cert
-from kubemu import Emulator
-from testbed.framework.ports import free_port
+from bench.servers import REPO, InjectionBench, injection_bench, say
+from bench.world import injection_request, review
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
@@ -116,85 +103,76 @@ def probe(
 
 
 def measure(bodies: int, tricklers: int, seconds: float) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="slime-bench-hostile-"))
-    ca = create_ca(workdir)
-    cert, key = workdir / "tls.crt", workdir / "tls.key"
-    issue_serving_cert(ca, cert, key, ["localhost"], ["127.0.0.1"])
-    context = ssl.create_default_context(cafile=str(ca.cert_file))
-    emu = Emulator().start()
-    tcp_nodelay(emu)
-    port, metrics = free_port(), free_port()
-    secret = seed_cluster(emu)
-    kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
-    command = injection_command(port, metrics, cert, key, kubeconfig, "--log-level", "WARNING")
-    server = start_server("injection (hostile)", command, f"https://127.0.0.1:{port}/mutate", workdir)
-    health = f"http://127.0.0.1:{metrics}/healthz"
-    try:
-        wait_until(
-            lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200,
-            60,
-            "readiness",
-            server,
-        )
-        normal = review({"uid": "normal", **injection_request(secret)})
-        probe(server.url, context, health, normal, 2.0)  # warm
-        alone = probe(server.url, context, health, normal, seconds)
+    with injection_bench("injection (hostile)", "slime-bench-hostile-", "--log-level", "WARNING") as bench:
+        health = f"http://127.0.0.1:{bench.metrics}/healthz"
+        normal = review({"uid": "normal", **injection_request(bench.secret)})
+        probe(bench.server.url, bench.context, health, normal, 2.0)  # warm
+        alone = probe(bench.server.url, bench.context, health, normal, seconds)
         say(f"alone: admission {summary(alone[0])}, healthz {summary(alone[1])}")
-
-        stop = threading.Event()
-        worst_ms: list[float] = []
-        answers: Counter[str] = Counter()
-        held: list[float] = []
-        hostile = worst_bodies(secret)
-
-        def attacker(index: int) -> None:
-            with httpx.Client(verify=context, timeout=60) as client:
-                sent = index
-                while not stop.is_set():
-                    body = hostile[0] if sent % 5 else hostile[1 + sent % 2]  # mostly the big one
-                    sent += 1
-                    started = time.perf_counter()
-                    response = client.post(server.url, content=body, headers={"Content-Type": "application/json"})
-                    worst_ms.append((time.perf_counter() - started) * 1000)
-                    answer = response.json()["response"]
-                    answers["patched" if "patch" in answer else str(answer.get("status", {}).get("code", 200))] += 1
-
-        def trickler() -> None:
-            raw = socket.create_connection(("127.0.0.1", port), timeout=60)
-            started = time.monotonic()
-            try:
-                with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
-                    sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
-                    while not stop.is_set():
-                        sock.sendall(b"X")
-                        time.sleep(0.5)
-            except OSError:
-                held.append(time.monotonic() - started)  # let go by the server
-
-        threads = [threading.Thread(target=attacker, args=(i,), daemon=True) for i in range(bodies)]
-        threads += [threading.Thread(target=trickler, daemon=True) for _ in range(tricklers)]
-        for thread in threads:
-            thread.start()
-        time.sleep(2.0)  # every attacker in flight
-        loaded = probe(server.url, context, health, normal, max(seconds, 12.0))
-        stop.set()
-        for thread in threads:
-            thread.join(60)
+        loaded, attack = under_attack(
+            bench, bodies, tricklers, lambda: probe(bench.server.url, bench.context, health, normal, max(seconds, 12.0))
+        )
         results = {
             "alone": {"admission": summary(alone[0]), "healthz": summary(alone[1])},
             "loaded": {"admission": summary(loaded[0]), "healthz": summary(loaded[1])},
-            "worst_body_ms": summary(worst_ms),
-            "worst_answers": dict(answers),
-            "tricklers_let_go": len(held),
-            "trickler_held_s": statistics.median(held) if held else None,
+            **attack,
             "bodies": bodies,
             "tricklers": tricklers,
         }
         say(json.dumps(results))
         return results
-    finally:
-        server.stop()
-        emu.stop()
+
+
+def under_attack(
+    bench: InjectionBench, bodies: int, tricklers: int, measure_meanwhile: Any
+) -> tuple[Any, dict[str, Any]]:
+    """``bodies`` clients sending the worst bodies and ``tricklers`` slow-header connections, while
+    ``measure_meanwhile()`` runs; what it measured, and what the attackers saw."""
+    stop = threading.Event()
+    worst_ms: list[float] = []
+    answers: Counter[str] = Counter()
+    held: list[float] = []
+    hostile = worst_bodies(bench.secret)
+
+    def attacker(index: int) -> None:
+        with httpx.Client(verify=bench.context, timeout=60) as client:
+            sent = index
+            while not stop.is_set():
+                body = hostile[0] if sent % 5 else hostile[1 + sent % 2]  # mostly the big one
+                sent += 1
+                started = time.perf_counter()
+                response = client.post(bench.server.url, content=body, headers={"Content-Type": "application/json"})
+                worst_ms.append((time.perf_counter() - started) * 1000)
+                answer = response.json()["response"]
+                answers["patched" if "patch" in answer else str(answer.get("status", {}).get("code", 200))] += 1
+
+    def trickler() -> None:
+        raw = socket.create_connection(("127.0.0.1", bench.port), timeout=60)
+        started = time.monotonic()
+        try:
+            with bench.context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
+                while not stop.is_set():
+                    sock.sendall(b"X")
+                    time.sleep(0.5)
+        except OSError:
+            held.append(time.monotonic() - started)  # let go by the server
+
+    threads = [threading.Thread(target=attacker, args=(i,), daemon=True) for i in range(bodies)]
+    threads += [threading.Thread(target=trickler, daemon=True) for _ in range(tricklers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)  # every attacker in flight
+    measured = measure_meanwhile()
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    return measured, {
+        "worst_body_ms": summary(worst_ms),
+        "worst_answers": dict(answers),
+        "tricklers_let_go": len(held),
+        "trickler_held_s": statistics.median(held) if held else None,
+    }
 
 
 def render(results: dict[str, Any], command: str) -> str:

@@ -24,7 +24,6 @@ import json
 import ssl
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,21 +31,9 @@ from typing import Any
 
 import httpx
 
-from bench.run import (
-    REPO,
-    injection_command,
-    injection_request,
-    review,
-    say,
-    seed_cluster,
-    start_server,
-    tcp_nodelay,
-    wait_until,
-)
 from bench.sections import measured_on, replace_section
-from certs.devcerts import create_ca, issue_serving_cert
-from kubemu import Emulator
-from testbed.framework.ports import free_port
+from bench.servers import REPO, injection_bench, say
+from bench.world import injection_request, review
 
 SIZES = {"256 KiB": 256 * 1024, "700 KiB": 700 * 1024, "1 MiB (a body over the cap: refused)": 1024 * 1024}
 
@@ -106,56 +93,30 @@ def round_with(url: str, context: ssl.SSLContext, big: bytes, small: bytes) -> d
 
 
 def measure(repeats: int) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="slime-bench-large-"))
-    ca = create_ca(workdir)
-    cert, key = workdir / "tls.crt", workdir / "tls.key"
-    issue_serving_cert(ca, cert, key, ["localhost"], ["127.0.0.1"])
-    context = ssl.create_default_context(cafile=str(ca.cert_file))
-    emu = Emulator().start()
-    tcp_nodelay(emu)
-    port, metrics = free_port(), free_port()
-    try:
-        secret = seed_cluster(emu)
-        kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig")
-        server = start_server(
-            "injection (large Secrets)",
-            injection_command(port, metrics, cert, key, kubeconfig, "--log-level", "WARNING"),
-            f"https://127.0.0.1:{port}/mutate",
-            workdir,
-        )
-        try:
-            wait_until(
-                lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200,
-                60,
-                "readiness",
-                server,
-            )
-            small = review({"uid": "small", **injection_request(secret)})
-            with httpx.Client(verify=context, timeout=30) as client:
-                for _ in range(50):
-                    timed_post(client, server.url, small)  # warm
-                alone = [timed_post(client, server.url, small)[0] * 1000 for _ in range(300)]
-            results: dict[str, Any] = {
-                "small_alone_p50_ms": statistics.median(alone),
-                "small_alone_max_ms": max(alone),
-                "sizes": {},
+    with injection_bench("injection (large Secrets)", "slime-bench-large-", "--log-level", "WARNING") as bench:
+        url, context = bench.server.url, bench.context
+        small = review({"uid": "small", **injection_request(bench.secret)})
+        with httpx.Client(verify=context, timeout=30) as client:
+            for _ in range(50):
+                timed_post(client, url, small)  # warm
+            alone = [timed_post(client, url, small)[0] * 1000 for _ in range(300)]
+        results: dict[str, Any] = {
+            "small_alone_p50_ms": statistics.median(alone),
+            "small_alone_max_ms": max(alone),
+            "sizes": {},
+        }
+        for label, size in SIZES.items():
+            body = big_body(bench.secret, size)
+            rounds = [round_with(url, context, body, small) for _ in range(repeats)]
+            results["sizes"][label] = {
+                "body_bytes": len(body),
+                "answer": "allowed" if rounds[0]["allowed"] else "denied",
+                "big_ms": statistics.median(r["big_ms"] for r in rounds),
+                "small_max_ms": statistics.median(r["small_max_ms"] for r in rounds),
+                "small_during": statistics.median(r["small_count"] for r in rounds),
             }
-            for label, size in SIZES.items():
-                body = big_body(secret, size)
-                rounds = [round_with(server.url, context, body, small) for _ in range(repeats)]
-                results["sizes"][label] = {
-                    "body_bytes": len(body),
-                    "answer": "allowed" if rounds[0]["allowed"] else "denied",
-                    "big_ms": statistics.median(r["big_ms"] for r in rounds),
-                    "small_max_ms": statistics.median(r["small_max_ms"] for r in rounds),
-                    "small_during": statistics.median(r["small_count"] for r in rounds),
-                }
-                say(f"{label}: {json.dumps(results['sizes'][label])}")
-        finally:
-            server.stop()
-    finally:
-        emu.stop()
-    return results
+            say(f"{label}: {json.dumps(results['sizes'][label])}")
+        return results
 
 
 def render(results: dict[str, Any], command: str) -> str:

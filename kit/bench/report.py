@@ -76,18 +76,6 @@ def render(results: dict[str, Any]) -> str:
 
     out += ["## Environment", "", "| | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in env.items()]
-    if results.get("kubemu_nodelay"):
-        out += [
-            "",
-            "**The API emulator and Nagle.** The kubemu of this run bound its listening socket with `proto=0`, so "
-            "asyncio did not turn on TCP_NODELAY for its connections. Each response went out as two writes (headers, "
-            "then body), met Nagle's algorithm and the client's delayed ACK, and every API call took about 40 ms. "
-            "kube-apiserver is written in Go, which sets TCP_NODELAY on every connection, so the bench set it on the "
-            "emulator's listening socket (accepted sockets inherit it). "
-            'The row "scaling (mapped) vs kubemu as shipped" shows the same target without it. '
-            "kubemu sets TCP_NODELAY itself since commit 48c5a41; "
-            "with that kubemu the bench has nothing to set and skips that row.",
-        ]
     settings = results["settings"]
     out += [
         "",
