@@ -5,7 +5,7 @@ from .emulator import Emulator
 from .errors import ApiError
 from .faults import Fault, FaultHandle
 from .resources import Resource, ScaleSpec, default_resources
-from .server import RecordedRequest
+from .wire import RecordedRequest
 
 __all__ = [
     "AdmissionAttributes",

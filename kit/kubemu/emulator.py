@@ -27,8 +27,9 @@ from .faults import Fault, FaultHandle, FaultSet
 from .patch import MERGE_PATCH, apply_patch
 from .resources import Registry, Resource, default_resources
 from .selectors import FieldSelector, LabelSelector
-from .server import PATCH_RETRIES, KubeApp, RecordedRequest
+from .server import KubeApp
 from .store import Obj, Store
+from .wire import PATCH_RETRIES, RecordedRequest
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public")
 

@@ -99,6 +99,62 @@ class Resource:
         return f"{self.group}/{version}" if self.group else version
 
 
+CAPI_VERSIONS = ["v1beta1", "v1beta2"]
+WORKLOAD = ("all",)
+AGE = ("Age", ".metadata.creationTimestamp", "date", 0)
+PHASE = ("Phase", ".status.phase", "string", 0)
+CLUSTER_NAME = ("Cluster", ".spec.clusterName", "string", 0)
+CLUSTER_LABEL = ("Cluster", ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", "string", 0)
+# Core events are selectable by the fields kube-apiserver's event strategy exposes (kubectl describe uses
+# involvedObject.*).
+EVENT_FIELDS = (
+    *(
+        f"involvedObject.{f}"
+        for f in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+    ),
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+)
+
+
+def _condition(name: str, type_: str, priority: int = 0) -> tuple[str, str, str, int]:
+    return (name, f'.status.conditions[?(@.type=="{type_}")].status', "string", priority)
+
+
+def _metal3_short_names(initials: str, name: str) -> tuple[str, ...]:
+    """CAPM3's short names for a kind: ``m3d``, ``m3data``, ``m3datas``, ``metal3d``, ``metal3data``."""
+    return (f"m3{initials}", f"m3{name}", f"m3{name}s", f"metal3{initials}", f"metal3{name}")
+
+
+def _cluster_api(
+    group: str, kind: str, plural: str, short_names: tuple[str, ...], *columns: Any, **extra: Any
+) -> Resource:
+    """A Cluster API or CAPM3 kind: custom, served at v1beta1 and v1beta2, in the ``cluster-api`` category."""
+    printed = crd_columns(*columns) if columns else ()
+    return Resource(
+        group,
+        CAPI_VERSIONS,
+        kind,
+        plural,
+        custom=True,
+        short_names=short_names,
+        categories=("cluster-api",),
+        columns=printed,
+        **extra,
+    )
+
+
+def _apps(kind: str, plural: str, short_name: str) -> Resource:
+    scale = ScaleSpec(selector="spec.selector")
+    return Resource("apps", ["v1"], kind, plural, scale=scale, short_names=(short_name,), categories=WORKLOAD)
+
+
+def _webhook_configuration(kind: str, plural: str) -> Resource:
+    return Resource("admissionregistration.k8s.io", ["v1"], kind, plural, namespaced=False, status=False)
+
+
 def default_resources() -> list[Resource]:
     """The resources a SliMe management or workload cluster needs.
 
@@ -106,197 +162,90 @@ def default_resources() -> list[Resource]:
     built-in kinds; for the custom resources, their CRDs' as the real tiers install them (Cluster
     API v1.14.2 at v1beta2, CAPM3 v1.12.3, BMO v0.12.4, Slinky slurm-operator v1.0.1).
     """
-    capi = ["v1beta1", "v1beta2"]
-    workload = ("all",)
+    capi, infra = "cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io"
+    pod_fields = ("status.phase", "spec.nodeName")
     return [
         Resource("", ["v1"], "Namespace", "namespaces", namespaced=False, short_names=("ns",)),
-        Resource(
-            "",
-            ["v1"],
-            "Pod",
-            "pods",
-            field_labels=("status.phase", "spec.nodeName"),
-            short_names=("po",),
-            categories=workload,
-        ),
-        Resource("", ["v1"], "Service", "services", short_names=("svc",), categories=workload),
+        Resource("", ["v1"], "Pod", "pods", field_labels=pod_fields, short_names=("po",), categories=WORKLOAD),
+        Resource("", ["v1"], "Service", "services", short_names=("svc",), categories=WORKLOAD),
         Resource("", ["v1"], "Secret", "secrets", status=False, field_labels=("type",)),
         Resource("", ["v1"], "ConfigMap", "configmaps", status=False, short_names=("cm",)),
-        # Core events are selectable by the fields kube-apiserver's event strategy exposes (kubectl
-        # describe uses involvedObject.*).
-        Resource(
-            "",
-            ["v1"],
-            "Event",
-            "events",
-            status=False,
-            field_labels=(
-                "involvedObject.kind",
-                "involvedObject.namespace",
-                "involvedObject.name",
-                "involvedObject.uid",
-                "involvedObject.apiVersion",
-                "involvedObject.resourceVersion",
-                "involvedObject.fieldPath",
-                "reason",
-                "reportingComponent",
-                "source",
-                "type",
-            ),
-            short_names=("ev",),
-        ),
-        Resource(
-            "apps",
-            ["v1"],
-            "Deployment",
-            "deployments",
-            scale=ScaleSpec(selector="spec.selector"),
-            short_names=("deploy",),
-            categories=workload,
-        ),
-        Resource(
-            "apps",
-            ["v1"],
-            "StatefulSet",
-            "statefulsets",
-            scale=ScaleSpec(selector="spec.selector"),
-            short_names=("sts",),
-            categories=workload,
-        ),
-        Resource(
-            "apps",
-            ["v1"],
-            "ReplicaSet",
-            "replicasets",
-            scale=ScaleSpec(selector="spec.selector"),
-            short_names=("rs",),
-            categories=workload,
-        ),
+        Resource("", ["v1"], "Event", "events", status=False, field_labels=EVENT_FIELDS, short_names=("ev",)),
+        _apps("Deployment", "deployments", "deploy"),
+        _apps("StatefulSet", "statefulsets", "sts"),
+        _apps("ReplicaSet", "replicasets", "rs"),
         Resource("events.k8s.io", ["v1"], "Event", "events", status=False, short_names=("ev",)),
-        Resource(
-            "admissionregistration.k8s.io",
-            ["v1"],
-            "MutatingWebhookConfiguration",
-            "mutatingwebhookconfigurations",
-            namespaced=False,
-            status=False,
-        ),
-        Resource(
-            "admissionregistration.k8s.io",
-            ["v1"],
-            "ValidatingWebhookConfiguration",
-            "validatingwebhookconfigurations",
-            namespaced=False,
-            status=False,
-        ),
+        _webhook_configuration("MutatingWebhookConfiguration", "mutatingwebhookconfigurations"),
+        _webhook_configuration("ValidatingWebhookConfiguration", "validatingwebhookconfigurations"),
         Resource("coordination.k8s.io", ["v1"], "Lease", "leases", status=False),
-        Resource(
-            "cluster.x-k8s.io",
+        _cluster_api(
             capi,
             "MachineDeployment",
             "machinedeployments",
+            ("md",),
+            CLUSTER_NAME,
+            _condition("Available", "Available"),
+            ("Desired", ".spec.replicas", "integer", 0),
+            ("Current", ".status.replicas", "integer", 0),
+            ("Ready", ".status.readyReplicas", "integer", 0),
+            ("Available", ".status.availableReplicas", "integer", 0),
+            ("Up-to-date", ".status.upToDateReplicas", "integer", 0),
+            _condition("Paused", "Paused", 10),
+            PHASE,
+            AGE,
+            ("Version", ".spec.template.spec.version", "string", 0),
             scale=True,
-            custom=True,
-            short_names=("md",),
-            categories=("cluster-api",),
-            columns=crd_columns(
-                ("Cluster", ".spec.clusterName", "string", 0),
-                ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
-                ("Desired", ".spec.replicas", "integer", 0),
-                ("Current", ".status.replicas", "integer", 0),
-                ("Ready", ".status.readyReplicas", "integer", 0),
-                ("Available", ".status.availableReplicas", "integer", 0),
-                ("Up-to-date", ".status.upToDateReplicas", "integer", 0),
-                ("Paused", '.status.conditions[?(@.type=="Paused")].status', "string", 10),
-                ("Phase", ".status.phase", "string", 0),
-                ("Age", ".metadata.creationTimestamp", "date", 0),
-                ("Version", ".spec.template.spec.version", "string", 0),
-            ),
         ),
-        Resource(
-            "cluster.x-k8s.io",
+        _cluster_api(
             capi,
             "Machine",
             "machines",
-            custom=True,
-            short_names=("ma",),
-            categories=("cluster-api",),
-            columns=crd_columns(
-                ("Cluster", ".spec.clusterName", "string", 0),
-                ("Node Name", ".status.nodeRef.name", "string", 0),
-                ("Provider ID", ".spec.providerID", "string", 10),
-                ("Ready", '.status.conditions[?(@.type=="Ready")].status', "string", 0),
-                ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
-                ("Up-to-date", '.status.conditions[?(@.type=="UpToDate")].status', "string", 0),
-                ("Internal-IP", '.status.addresses[?(@.type=="InternalIP")].address', "string", 10),
-                ("Phase", ".status.phase", "string", 0),
-                ("Age", ".metadata.creationTimestamp", "date", 0),
-                ("Version", ".spec.version", "string", 0),
-            ),
+            ("ma",),
+            CLUSTER_NAME,
+            ("Node Name", ".status.nodeRef.name", "string", 0),
+            ("Provider ID", ".spec.providerID", "string", 10),
+            _condition("Ready", "Ready"),
+            _condition("Available", "Available"),
+            _condition("Up-to-date", "UpToDate"),
+            ("Internal-IP", '.status.addresses[?(@.type=="InternalIP")].address', "string", 10),
+            PHASE,
+            AGE,
+            ("Version", ".spec.version", "string", 0),
         ),
-        Resource(
-            "cluster.x-k8s.io",
+        _cluster_api(
             capi,
             "Cluster",
             "clusters",
-            custom=True,
-            short_names=("cl",),
-            categories=("cluster-api",),
-            columns=crd_columns(
-                ("ClusterClass", ".spec.topology.classRef.name", "string", 0),
-                ("Available", '.status.conditions[?(@.type=="Available")].status', "string", 0),
-                ("Paused", '.status.conditions[?(@.type=="Paused")].status', "string", 10),
-                ("Phase", ".status.phase", "string", 0),
-                ("Age", ".metadata.creationTimestamp", "date", 0),
-                ("Version", ".spec.topology.version", "string", 0),
-            ),
+            ("cl",),
+            ("ClusterClass", ".spec.topology.classRef.name", "string", 0),
+            _condition("Available", "Available"),
+            _condition("Paused", "Paused", 10),
+            PHASE,
+            AGE,
+            ("Version", ".spec.topology.version", "string", 0),
         ),
-        Resource(
-            "infrastructure.cluster.x-k8s.io",
-            capi,
-            "Metal3Data",
-            "metal3datas",
-            custom=True,
-            short_names=("m3d", "m3data", "m3datas", "metal3d", "metal3data"),
-            categories=("cluster-api",),
-        ),
-        Resource(
-            "infrastructure.cluster.x-k8s.io",
-            capi,
+        _cluster_api(infra, "Metal3Data", "metal3datas", _metal3_short_names("d", "data")),
+        _cluster_api(
+            infra,
             "Metal3DataTemplate",
             "metal3datatemplates",
-            custom=True,
-            short_names=("m3dt", "m3datatemplate", "m3datatemplates", "metal3dt", "metal3datatemplate"),
-            categories=("cluster-api",),
-            columns=crd_columns(
-                ("Cluster", ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", "string", 0),
-                ("Age", ".metadata.creationTimestamp", "date", 0),
-            ),
+            _metal3_short_names("dt", "datatemplate"),
+            CLUSTER_LABEL,
+            AGE,
         ),
-        Resource(
-            "infrastructure.cluster.x-k8s.io",
-            capi,
+        _cluster_api(
+            infra,
             "Metal3Machine",
             "metal3machines",
-            custom=True,
-            short_names=("m3m", "m3machine", "m3machines", "metal3m", "metal3machine"),
-            categories=("cluster-api",),
-            columns=crd_columns(
-                ("Age", ".metadata.creationTimestamp", "date", 0),
-                ("ProviderID", ".spec.providerID", "string", 0),
-                ("Ready", ".status.ready", "string", 0),
-                ("Cluster", ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", "string", 0),
-                ("Phase", ".status.phase", "string", 0),
-            ),
+            _metal3_short_names("m", "machine"),
+            AGE,
+            ("ProviderID", ".spec.providerID", "string", 0),
+            ("Ready", ".status.ready", "string", 0),
+            CLUSTER_LABEL,
+            PHASE,
         ),
-        Resource(
-            "infrastructure.cluster.x-k8s.io",
-            capi,
-            "Metal3MachineTemplate",
-            "metal3machinetemplates",
-            custom=True,
-            short_names=("m3mt", "m3machinetemplate", "m3machinetemplates", "metal3mt", "metal3machinetemplate"),
-            categories=("cluster-api",),
+        _cluster_api(
+            infra, "Metal3MachineTemplate", "metal3machinetemplates", _metal3_short_names("mt", "machinetemplate")
         ),
         Resource(
             "metal3.io",
@@ -312,7 +261,7 @@ def default_resources() -> list[Resource]:
                 ("BMC", ".spec.bmc.address", "string", 1),
                 ("Online", ".spec.online", "string", 0),
                 ("Error", ".status.errorType", "string", 0),
-                ("Age", ".metadata.creationTimestamp", "date", 0),
+                AGE,
             ),
         ),
         Resource(

@@ -7,12 +7,10 @@ streams need the raw `send`/`receive`, and dropping a connection needs uvicorn's
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -22,215 +20,32 @@ from .faults import FaultSet
 from .patch import apply_patch
 from .resources import Registry, Resource
 from .selectors import FieldSelector, LabelSelector, match_labels_to_string
-from .store import Obj, Store, WatchEvent
+from .store import Obj, Store
 from .tables import table, wants_table
+from .watch import WatchStream
+from .wire import (
+    ADMIN,
+    PATCH_RETRIES,
+    VERSION_INFO,
+    Receive,
+    RecordedRequest,
+    RequestInfo,
+    Send,
+    decode,
+    fold_string_data,
+    get_path,
+    method_not_allowed,
+    not_found,
+    page_metadata,
+    paging,
+    parse_request_info,
+    set_path,
+    user_info,
+    warning_header,
+    wire_scale,
+)
 
 log = logging.getLogger("kubemu")
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-
-DEFAULT_WATCH_TIMEOUT = 1800.0  # the API server's default upper bound (30 min)
-PATCH_RETRIES = 5
-VERSION_INFO = {
-    "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-kubemu",
-    "gitCommit": "kubemu",
-    "gitTreeState": "clean",
-    "buildDate": "2024-01-01T00:00:00Z",
-    "goVersion": "go1.22",
-    "compiler": "gc",
-    "platform": "linux/amd64",
-}
-
-
-@dataclass
-class RecordedRequest:
-    """One served request, in the terms an RBAC rule uses (verb, apiGroup, resource, ...)."""
-
-    verb: str
-    api_group: str
-    version: str
-    resource: str
-    subresource: str
-    namespace: str
-    name: str
-    path: str
-    method: str
-    status_code: int  # 0 when the connection was dropped by a fault
-    user_agent: str
-    non_resource: bool = False
-    query: str = ""
-
-
-@dataclass
-class RequestInfo:
-    """Kubernetes' RequestInfo: what a URL addresses."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    verb: str
-    non_resource: bool = True
-    group: str = ""
-    version: str = ""
-    resource: str = ""
-    subresource: str = ""
-    namespace: str = ""
-    name: str = ""
-    namespace_in_path: bool = False
-    extra_parts: bool = False
-    user_info: dict[str, Any] = field(default_factory=dict)  # who asked, as admission reviews name them
-    warnings: list[str] = field(default_factory=list)  # the admission webhooks' warnings, sent as Warning headers
-
-
-ADMIN = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
-
-
-def user_info(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    """The requester as kube-apiserver would name it: kubemu's one client identity (the admin of its
-    kubeconfig), or whom an ``Impersonate-User`` header names, with ``Impersonate-Group`` groups and
-    the groups kube-apiserver adds (``system:authenticated``; a ServiceAccount's
-    ``system:serviceaccounts`` and ``system:serviceaccounts:<namespace>``)."""
-    user = ""
-    groups: list[str] = []
-    for key, value in headers:
-        name = key.decode("latin-1").lower()
-        if name == "impersonate-user":
-            user = value.decode("latin-1")
-        elif name == "impersonate-group":
-            groups.append(value.decode("latin-1"))
-    if not user:
-        return dict(ADMIN)
-    parts = user.split(":")
-    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
-        groups += ["system:serviceaccounts", f"system:serviceaccounts:{parts[2]}"]
-    return {"username": user, "groups": [*groups, "system:authenticated"]}
-
-
-def parse_request_info(method: str, path: str, query: dict[str, str]) -> RequestInfo:
-    """Split a URL the way the API server's RequestInfoResolver does."""
-    parts = [p for p in path.strip("/").split("/") if p]
-    info = RequestInfo(method=method, path=path, query=query, verb=method.lower())
-    if parts[:1] == ["api"] and len(parts) >= 3:
-        info.version, rest = parts[1], parts[2:]
-    elif parts[:1] == ["apis"] and len(parts) >= 4:
-        info.group, info.version, rest = parts[1], parts[2], parts[3:]
-    else:
-        return info  # discovery, /version, health: non-resource URLs
-    info.non_resource = False
-    if rest[0] == "namespaces" and len(rest) > 1:
-        info.namespace = rest[1]
-        if len(rest) > 2 and rest[2] not in ("status", "finalize"):
-            info.namespace_in_path = True
-            rest = rest[2:]
-    info.resource = rest[0]
-    info.name = rest[1] if len(rest) > 1 else ""
-    info.subresource = rest[2] if len(rest) > 2 else ""
-    info.extra_parts = len(rest) > 3
-    watch = query.get("watch", "").lower() in ("true", "1")
-    info.verb = {
-        "GET": "get" if info.name else ("watch" if watch else "list"),
-        "POST": "create",
-        "PUT": "update",
-        "PATCH": "patch",
-        "DELETE": "delete" if info.name else "deletecollection",
-    }.get(method, method.lower())
-    return info
-
-
-def _paging(query: dict[str, str]) -> tuple[tuple[str, str] | None, int, str]:
-    """``limit``/``continue``. The token carries the last key served and the first page's
-    resourceVersion. That is not a consistent snapshot as etcd gives, but a watch from that
-    resourceVersion replays whatever changed between pages."""
-    limit_text = query.get("limit", "")
-    if limit_text and not limit_text.isdigit():
-        raise ApiError(400, "BadRequest", f"invalid limit {limit_text!r}")
-    token = query.get("continue", "")
-    if not token:
-        return None, int(limit_text or 0), ""
-    try:
-        state = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return (str(state["after"][0]), str(state["after"][1])), int(limit_text or 0), str(state["rv"])
-    except (ValueError, KeyError, TypeError, IndexError):
-        raise ApiError(400, "BadRequest", "invalid continue token") from None
-
-
-def _page_metadata(items: list[Obj], rv: str, remaining: int) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"resourceVersion": rv}
-    if remaining:
-        metadata["remainingItemCount"] = remaining
-        state = {"after": list(_key(items[-1])), "rv": rv}
-        metadata["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
-    return metadata
-
-
-def warning_header(text: str) -> str:
-    """A ``Warning`` header value as kube-apiserver writes it: ``299 - "<text>"``, quotes and backslashes escaped."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    return f'299 - "{escaped}"'
-
-
-def _key(obj: Obj) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return meta.get("namespace", ""), meta["name"]
-
-
-def _not_found() -> ApiError:
-    return ApiError(404, "NotFound", "the server could not find the requested resource")
-
-
-def _method_not_allowed() -> ApiError:
-    return ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
-
-
-def _wire_scale(scale: Obj) -> Obj:
-    """A Scale as kube-apiserver serializes it: ``ScaleSpec.Replicas`` is an int32
-    with ``omitempty``, so 0 is left out."""
-    spec = scale.get("spec")
-    if isinstance(spec, dict) and type(spec.get("replicas")) is int and spec["replicas"] == 0:
-        del spec["replicas"]
-    return scale
-
-
-def _get_path(obj: Obj, dotted: str) -> Any:
-    cur: Any = obj
-    for part in dotted.split("."):
-        cur = cur.get(part) if isinstance(cur, dict) else None
-    return cur
-
-
-def _set_path(obj: Obj, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    cur = obj
-    for part in parents:
-        cur = cur.setdefault(part, {})
-    cur[last] = value
-
-
-def _fold_string_data(res: Resource, obj: Obj) -> None:
-    """As kube-apiserver does for a Secret, before admission:
-    stringData's entries go into data (base64), winning over data's."""
-    if res.kind != "Secret" or res.group or "stringData" not in obj:
-        return
-    string_data = obj.pop("stringData") or {}
-    if not isinstance(string_data, dict):
-        raise ApiError(422, "Invalid", "Secret.stringData must be a map of strings")
-    current = obj.get("data")
-    data: Obj = current if isinstance(current, dict) else {}
-    data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()})
-    obj["data"] = data
-
-
-def _decode(body: bytes) -> Obj:
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        raise ApiError(400, "BadRequest", f"error decoding request body: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise ApiError(400, "BadRequest", "request body must be a JSON object")
-    return obj
 
 
 class KubeApp:
@@ -352,23 +167,25 @@ class KubeApp:
             return
         res = self.registry.lookup(info.group, info.version, info.resource)
         if res is None or info.extra_parts or (info.namespace_in_path and not res.namespaced):
-            raise _not_found()
+            raise not_found()
         if info.subresource and not (
             (info.subresource == "status" and res.status) or (info.subresource == "scale" and res.scale_spec)
         ):
-            raise _not_found()
+            raise not_found()
         ns = info.namespace if res.namespaced else ""
         if res.namespaced and info.name and not ns:
-            raise _not_found()
+            raise not_found()
         dry_run = self._dry_run(info.query)
         if info.verb in ("list", "watch"):
             labels, fields = self._selectors(res, info.query)
             if info.verb == "watch":
-                await self._watch(info, res, ns, labels, fields, send, receive)
+                await WatchStream(self.store, info, res, send, self.bookmark_interval).serve(
+                    ns, labels, fields, receive
+                )
                 return
-            after, limit, first_rv = _paging(info.query)
+            after, limit, first_rv = paging(info.query)
             items, rv, remaining = self.store.list(res, ns, labels, fields, after, limit)
-            metadata = _page_metadata(items, first_rv or rv, remaining)
+            metadata = page_metadata(items, first_rv or rv, remaining)
             served = [self._out(o, res, info.version) for o in items]
             if wants_table(headers.get("accept", "")):
                 printed = table(res.columns, served, metadata["resourceVersion"], info.query.get("includeObject", ""))
@@ -394,7 +211,7 @@ class KubeApp:
             "delete": self._delete,
         }.get(info.verb)
         if handler is None or (info.verb == "create" and (info.name or (res.namespaced and not ns))):
-            raise _method_not_allowed()
+            raise method_not_allowed()
         code, obj = await handler(info, res, ns, headers, body, dry_run)
         if info.verb == "get" and not info.subresource and wants_table(headers.get("accept", "")):
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -403,7 +220,7 @@ class KubeApp:
 
     def _non_resource(self, info: RequestInfo, host: str) -> Any:
         if info.method != "GET":
-            raise _method_not_allowed()
+            raise method_not_allowed()
         parts = [p for p in info.path.strip("/").split("/") if p]
         if parts in (["healthz"], ["livez"], ["readyz"]):
             return "ok"
@@ -424,7 +241,7 @@ class KubeApp:
             doc = self.registry.api_resource_list(group, version)
             if doc is not None:
                 return doc
-        raise _not_found()
+        raise not_found()
 
     @staticmethod
     def _dry_run(query: dict[str, str]) -> bool:
@@ -504,11 +321,11 @@ class KubeApp:
             "metadata": {
                 k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
             },
-            "spec": {"replicas": _get_path(parent, spec.spec_replicas) or 0},
-            "status": {"replicas": _get_path(parent, spec.status_replicas) or 0},
+            "spec": {"replicas": get_path(parent, spec.spec_replicas) or 0},
+            "status": {"replicas": get_path(parent, spec.status_replicas) or 0},
         }
-        _wire_scale(scale)
-        selector = _get_path(parent, spec.selector)
+        wire_scale(scale)
+        selector = get_path(parent, spec.selector)
         if isinstance(selector, dict):
             selector = match_labels_to_string(selector)
         if selector:
@@ -538,7 +355,7 @@ class KubeApp:
         """The parent with the Scale's replicas, preconditioned on the Scale's resourceVersion."""
         replicas = self._check_scale(scale, name)
         new = copy.deepcopy(parent)
-        _set_path(new, res.scale_spec.spec_replicas, replicas)  # type: ignore[union-attr]
+        set_path(new, res.scale_spec.spec_replicas, replicas)  # type: ignore[union-attr]
         new["metadata"]["resourceVersion"] = (scale.get("metadata") or {}).get("resourceVersion") or ""
         return new
 
@@ -553,7 +370,7 @@ class KubeApp:
     async def _create(
         self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
     ) -> tuple[int, Obj]:
-        obj = _decode(body)
+        obj = decode(body)
         raw_meta = obj.get("metadata")
         meta: Obj = raw_meta if isinstance(raw_meta, dict) else {}
         if res.namespaced and meta.get("namespace") not in (None, "", ns):
@@ -565,7 +382,7 @@ class KubeApp:
         obj.update(apiVersion=res.api_version(info.version), kind=obj.get("kind") or res.kind)
         if res.namespaced:
             obj["metadata"] = {**meta, "namespace": ns}
-        _fold_string_data(res, obj)
+        fold_string_data(res, obj)
         admitted = await self._admit("CREATE", info, res, ns, meta.get("name", ""), obj, None, dry_run)
         created = self.store.create(res, admitted or {}, ns, dry_run=dry_run)
         return 201, self._out(created, res, info.version)
@@ -573,15 +390,15 @@ class KubeApp:
     async def _update(
         self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
     ) -> tuple[int, Obj]:
-        obj = _decode(body)
+        obj = decode(body)
         old = self.store.get(res, ns, info.name)
         if info.subresource == "scale":
             old_scale = self._scale_of(res, old)
             self._check_scale(obj, info.name)
-            scale = await self._admit("UPDATE", info, res, ns, info.name, _wire_scale(obj), old_scale, dry_run) or obj
+            scale = await self._admit("UPDATE", info, res, ns, info.name, wire_scale(obj), old_scale, dry_run) or obj
             obj = self._scaled_parent(res, old, scale, info.name)
         else:
-            _fold_string_data(res, obj)
+            fold_string_data(res, obj)
             obj = await self._admit("UPDATE", info, res, ns, info.name, obj, old, dry_run) or obj
         mode = "status" if info.subresource == "status" else "main"
         updated = self.store.update(res, obj, ns, info.name, mode=mode, dry_run=dry_run)
@@ -601,13 +418,13 @@ class KubeApp:
                 scale = apply_patch(old_scale, content_type, body, res.custom)
                 self._check_scale(scale, info.name)
                 scale = (
-                    await self._admit("UPDATE", info, res, ns, info.name, _wire_scale(scale), old_scale, dry_run)
+                    await self._admit("UPDATE", info, res, ns, info.name, wire_scale(scale), old_scale, dry_run)
                     or scale
                 )
                 new = self._scaled_parent(res, old, scale, info.name)
             else:
                 new = apply_patch(old, content_type, body, res.custom)
-                _fold_string_data(res, new)
+                fold_string_data(res, new)
                 new = await self._admit("UPDATE", info, res, ns, info.name, new, old, dry_run) or new
             pinned = new["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]
             try:
@@ -623,8 +440,8 @@ class KubeApp:
         self, info: RequestInfo, res: Resource, ns: str, headers: dict[str, str], body: bytes, dry_run: bool
     ) -> tuple[int, Obj]:
         if info.subresource:
-            raise _method_not_allowed()
-        options = _decode(body) if body.strip() else {}
+            raise method_not_allowed()
+        options = decode(body) if body.strip() else {}
         dry_run = dry_run or "All" in (options.get("dryRun") or [])
         old = self.store.get(res, ns, info.name)
         await self._admit("DELETE", info, res, ns, info.name, None, old, dry_run)
@@ -632,95 +449,3 @@ class KubeApp:
             res, ns, info.name, dry_run=dry_run, preconditions=options.get("preconditions")
         )
         return (200 if removed else 202), self._out(obj, res, info.version)
-
-    # --- watch ---------------------------------------------------------------------------
-
-    async def _watch(
-        self,
-        info: RequestInfo,
-        res: Resource,
-        ns: str,
-        labels: LabelSelector,
-        fields: FieldSelector,
-        send: Send,
-        receive: Receive,
-    ) -> None:
-        """Stream newline-delimited watch events until timeoutSeconds, disconnect or stop."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
-
-        def deliver(event: WatchEvent | None) -> None:  # called under the store lock, any thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:
-                pass  # loop already closed: the server has stopped
-
-        try:
-            timeout = float(info.query.get("timeoutSeconds") or 0) or DEFAULT_WATCH_TIMEOUT  # 0: no explicit timeout
-        except ValueError as exc:
-            raise ApiError(400, "BadRequest", f"invalid timeoutSeconds: {exc}") from exc
-        bookmarks = info.query.get("allowWatchBookmarks", "").lower() in ("true", "1")
-
-        async def write(type_: str, obj: Obj) -> None:
-            line = json.dumps({"type": type_, "object": obj}).encode() + b"\n"
-            await send({"type": "http.response.body", "body": line, "more_body": True})
-
-        async def write_event(event: WatchEvent) -> None:
-            type_, obj = event
-            if type_ == "BOOKMARK":
-                obj = {"kind": res.kind, "apiVersion": res.api_version(info.version), "metadata": obj["metadata"]}
-            else:
-                obj = self._out(obj, res, info.version)
-            await write(type_, obj)
-
-        start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
-        try:
-            initial, watcher = self.store.watch(res, ns, labels, fields, info.query.get("resourceVersion"), deliver)
-        except ApiError as err:
-            if err.code != 410:
-                raise
-            await send(start)  # like the API server: 200, then an ERROR event with the 410 Status
-            await write("ERROR", err.status())
-            await send({"type": "http.response.body", "body": b""})
-            return
-        disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
-        try:
-            await send(start)
-            for first in initial:
-                await write_event(first)
-            deadline = loop.time() + timeout
-            next_bookmark = loop.time() + self.bookmark_interval
-            while (remaining := deadline - loop.time()) > 0:
-                getter = asyncio.ensure_future(queue.get())
-                wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
-                done, _ = await asyncio.wait(
-                    {getter, disconnected}, timeout=max(wait, 0), return_when=asyncio.FIRST_COMPLETED
-                )
-                if getter not in done:
-                    getter.cancel()
-                if disconnected in done:
-                    return
-                if getter in done:
-                    event = getter.result()
-                    if event is None:
-                        break
-                    await write_event(event)
-                elif bookmarks and loop.time() >= next_bookmark:
-                    self.store.bookmark(watcher)
-                    next_bookmark = loop.time() + self.bookmark_interval
-            else:
-                if bookmarks:  # a last bookmark lets the client resume exactly where this watch ends
-                    self.store.bookmark(watcher)
-                    while (event := await queue.get()) is not None:
-                        await write_event(event)
-                        if event[0] == "BOOKMARK":
-                            break
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            self.store.unwatch(watcher)
-            disconnected.cancel()
-
-    @staticmethod
-    async def _wait_disconnect(receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
