@@ -16,7 +16,7 @@ import pytest
 
 from kubemu import AdmissionAttributes, Emulator
 from testbed.components.controlplane import ControlPlane
-from testbed.framework.objects import machine_deployment
+from testbed.framework.objects import machine_deployment, mirror
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.timeout(300)]
 NS = "conformance"
@@ -102,23 +102,7 @@ def test_string_data_is_folded_into_data_before_admission(
 
 def test_scale_subresources(targets: dict[str, Target]) -> None:
     def case(send: Target) -> Any:
-        send(
-            "POST",
-            f"/apis/apps/v1/namespaces/{NS}/deployments",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "mirror"},
-                "spec": {
-                    "replicas": 2,
-                    "selector": {"matchLabels": {"app": "mirror"}},
-                    "template": {
-                        "metadata": {"labels": {"app": "mirror"}},
-                        "spec": {"containers": [{"name": "c", "image": "pause"}]},
-                    },
-                },
-            },
-        )
+        send("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", mirror("mirror", NS, replicas=2))
         md = machine_deployment("md", NS, replicas=4, version="v1beta2", cluster="c1", full=True)
         status = md.pop("status")
         base = f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{NS}/machinedeployments"
@@ -151,23 +135,7 @@ def test_a_scale_at_zero_is_served_without_spec_replicas(targets: dict[str, Targ
     # serves and in the AdmissionReview's object and oldObject (the scaling webhook once refused every scale from or
     # to 0).
     def case(send: Target) -> Any:
-        send(
-            "POST",
-            f"/apis/apps/v1/namespaces/{NS}/deployments",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "zero"},
-                "spec": {
-                    "replicas": 1,
-                    "selector": {"matchLabels": {"app": "zero"}},
-                    "template": {
-                        "metadata": {"labels": {"app": "zero"}},
-                        "spec": {"containers": [{"name": "c", "image": "pause"}]},
-                    },
-                },
-            },
-        )
+        send("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", mirror("zero", NS, replicas=1))
         path = f"/apis/apps/v1/namespaces/{NS}/deployments/zero/scale"
         code, patched = send("PATCH", path, {"spec": {"replicas": 0}}, "application/merge-patch+json")
         out: list[Any] = [(code, patched["spec"]), send("GET", path)[1]["spec"]]
