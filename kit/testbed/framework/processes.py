@@ -19,11 +19,15 @@ from pathlib import Path
 from testbed.framework.errors import ComponentFailed, WaitTimeout
 from testbed.framework.wait import wait_for
 
+BUILDS: set[subprocess.Popen[bytes]] = set()  # what run_logged runs now
+_ENDING: list[bool] = []  # once stop_builds() ran: run_logged starts nothing more
+
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}  # every process spawn() started and stop() has not stopped yet
 
 
 @atexit.register
 def _stop_leftovers() -> None:
+    stop_builds()
     for proc in list(_LIVE.values()):
         stop_process(proc, 2.0)
 
@@ -169,12 +173,39 @@ def run_logged(
     """Run a long command (a build, debootstrap) to its end, its output appended to ``log``; a progress line every
     :data:`PROGRESS_SECONDS` (with ``counting``: how many lines of output so far, e.g. packages compiled). A failure
     or a ``timeout`` raises ``failure`` with the end of the log."""
+    if _ENDING:
+        raise failure(f"{what}: not started, the process is ending")
     started = time.monotonic()
     before = _lines(log)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd
+        proc = subprocess.Popen(  # its own process group: stop_builds() ends the whole command
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
         )
+    BUILDS.add(proc)
+    try:
+        _follow(proc, argv, log, what, progress, timeout, counting, failure, started, before)
+    finally:
+        BUILDS.discard(proc)
+
+
+def _follow(
+    proc: subprocess.Popen[bytes],
+    argv: Sequence[str],
+    log: Path,
+    what: str,
+    progress: Callable[[str], None],
+    timeout: float | None,
+    counting: str,
+    failure: type[ComponentFailed],
+    started: float,
+    before: int,
+) -> None:
     while True:
         try:
             code = proc.wait(timeout=PROGRESS_SECONDS)
@@ -182,14 +213,27 @@ def run_logged(
         except subprocess.TimeoutExpired:
             elapsed = time.monotonic() - started
             if timeout is not None and elapsed > timeout:
-                proc.kill()
-                proc.wait(10)
+                _kill_group(proc)
                 raise failure(f"{what} took more than {timeout:g} s; log {log}:\n{tail(log, 25)}") from None
             counted = f", {_lines(log) - before} {counting} so far" if counting else ""
             progress(f"{what}: {elapsed:.0f} s{counted}")
     if code != 0:
         raise failure(f"{what} failed (exit {code}): {' '.join(argv)}\nlog {log}:\n{tail(log, 25)}")
     progress(f"{what}: done in {time.monotonic() - started:.0f} s")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group run_logged made for it: the command and its children
+    proc.wait(10)
+
+
+def stop_builds() -> None:
+    """End every command :func:`run_logged` is running (the session ends while a background build runs: its
+    debootstrap or go build must not outlive it and write on into the cache)."""
+    _ENDING.append(True)
+    for proc in list(BUILDS):
+        _kill_group(proc)
 
 
 def _lines(path: Path) -> int:

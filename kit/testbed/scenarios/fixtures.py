@@ -179,7 +179,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     needs = [_needs(item) for item in session.items]
     with_stack = any(stack for stack, _ in needs)
     names = list(dict.fromkeys(name for _, parts in needs for name in parts))  # in the order the tests need them
-    if with_stack or names:
+    if (with_stack or names) and not session.config.option.collectonly:
         prepare.start(names, with_stack, progress_writer(session.config))
 
 
