@@ -1,12 +1,11 @@
 """The fake slurmrestd answers as real slurmrestd does, for each Slurm release the tier runs (26.05 and 24.11).
 
-tests/scalein/fake_slurmrestd.py stands in for slurmrestd in the fast suites. Here one sequence
+testbed/components/fake_slurmrestd.py stands in for slurmrestd in the fast suites. Here one sequence
 of requests (what SliMe's client sends, and the errors it must understand) goes to the fake and
 to a real slurmrestd with two real dynamic nodes; each answer is reduced to what a client can
 rely on (status, content type, error entries, the node fields SliMe reads, the job and partition
-fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own
-client
-(``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
+fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed.
+Then SliMe's own client (``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
 each release's newest data parser is proven against real Slurm here (24.11: ``v0.0.42``, of the
 v0.0.40 to v0.0.42 it serves; 26.05: ``v0.0.45``, of v0.0.42 to v0.0.45).
 
@@ -18,15 +17,10 @@ partition), a busy node or one already FUTURE be refused, and the host's next ``
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
-import jwt
 import pytest
 
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
@@ -42,42 +36,10 @@ from testbed.framework.ports import free_port
 from testbed.framework.wait import wait_for
 from testbed.framework.world import make_jwt_key, make_slurm_key
 
+from .conversation import BUSY, IDLE, Target, conversation, unserved
+
 pytestmark = [pytest.mark.real_slurm, pytest.mark.timeout(600)]
 SLURM_RELEASES = ("26.05", "24.11")  # each release against the fake playing it (conftest.py)
-IDLE, BUSY = "node-a", "node-b"
-NODE_FIELDS = ("name", "hostname", "address", "state", "reason", "reason_set_by_user")
-# What node demand (scaling_webhook/demand.py) and the Slurm metrics stand-in read of a job record.
-JOB_FIELDS = (
-    "job_id",
-    "job_state",
-    "partition",
-    "state_reason",
-    "node_count",
-    "nodes",
-    "hold",
-    "eligible_time",
-    "array_task_string",
-    "array_max_tasks",
-)
-
-
-@dataclass
-class Target:
-    name: str
-    url: str
-    key: bytes = field(repr=False)  # a failure's report never shows the signing key
-    make_busy: Callable[[str], None]
-    addresses: dict[str, str]
-    partition: str  # the one partition, over every node
-    queue: Callable[[int], None]  # submit a job asking this many nodes, which cannot start now (it pends)
-    unqueue: Callable[[], None]  # cancel it
-    reboot: Callable[[str], None]  # the node's host powers off and boots again: its slurmd -Z registers anew
-    version: str  # the newest data parser the release serves
-    unserved: tuple[str, ...]  # newer versions it does not serve
-
-
-def unserved(version: str) -> tuple[str, ...]:
-    return tuple(v for v in ("v0.0.43", "v0.0.44", "v0.0.45", "v0.0.46") if v > version)
 
 
 @pytest.fixture
@@ -175,195 +137,6 @@ def fake(slurm_release: SlurmRelease) -> Iterator[Target]:
         unserved(version),
     )
     server.stop()
-
-
-def _token(key: bytes, **claims: Any) -> str:
-    now = int(time.time())
-    return jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60, **claims}, key, algorithm="HS256")
-
-
-def _reduce(target: Target, response: httpx.Response) -> dict[str, Any]:
-    """What a client can rely on in an answer (addresses replaced by the node they belong to)."""
-    kind = (response.headers.get("content-type") or "").split(";")[0]
-    out: dict[str, Any] = {"status": response.status_code, "type": kind}
-    if kind != "application/json":
-        out["text"] = response.text
-        return out
-    body = response.json()
-    out["errors"] = body.get("errors")
-    out["keys"] = sorted(k for k in body if k in ("errors", "warnings", "meta", "nodes", "pings", "jobs", "partitions"))
-    if "jobs" in body:  # last_update: the listing's time; unset (or 0) on a "no change since update_time" answer
-        last_update = body.get("last_update") or {}
-        out["last_update_set"] = bool(last_update.get("set")) and last_update.get("number", 0) > 0
-        out["warnings"] = [w["description"].split("update_time")[0] for w in body.get("warnings") or []]
-    if "nodes" in body:
-        nodes = {}
-        for node in body["nodes"]:
-            missing = [f for f in NODE_FIELDS if f not in node]
-            assert not missing, f"{target.name}: node {node.get('name')} lacks {missing}"
-            nodes[node["name"]] = {
-                "state": node["state"],
-                "reason": node["reason"],
-                "reason_set_by_user": node["reason_set_by_user"],
-                "address_is_the_nodes": node["address"] == target.addresses.get(node["name"]),
-                "hostname": node["hostname"],
-            }
-        out["nodes"] = nodes
-    if "pings" in body:  # (24.11 also says "pinged": UP/DOWN, 26.05 "status")
-        out["pings"] = [{k: p[k] for k in ("responding", "pinged", "status") if k in p} for p in body["pings"]]
-    if "jobs" in body:
-        jobs = []
-        for job in body["jobs"]:
-            missing = [f for f in JOB_FIELDS if f not in job]
-            assert not missing, f"{target.name}: job {job.get('job_id')} lacks {missing}"
-            eligible = job["eligible_time"]
-            jobs.append(
-                {
-                    "state": job["job_state"],
-                    "reason": job["state_reason"],
-                    "partition_is_the_one": job["partition"] == target.partition,
-                    "node_count": job["node_count"],
-                    "nodes": job["nodes"],
-                    "hold": job["hold"],
-                    "eligible_time": {
-                        "keys": sorted(eligible),
-                        "set": eligible["set"],
-                        "past": eligible["number"] <= time.time(),
-                    },
-                    "array_task_string": job["array_task_string"],
-                    "array_max_tasks": job["array_max_tasks"],
-                    "no_begin_time": "begin_time" not in job,
-                }
-            )
-        out["jobs"] = sorted(jobs, key=lambda j: json.dumps(j, sort_keys=True))
-    if "partitions" in body:
-        out["partitions"] = [
-            {
-                "is_the_one": p["name"] == target.partition,
-                "max_nodes": p["maximums"]["nodes"],
-                "total": p["nodes"]["total"],
-            }
-            for p in body["partitions"]
-        ]
-    return out
-
-
-def _settled_nodes(target: Target, client: httpx.Client) -> httpx.Response:
-    """GET nodes once no node is NOT_RESPONDING: real slurmctld re-pings a node ~0.5 s after an UNDRAIN (a transient
-    the fake leaves out)."""
-    V = target.version
-    response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
-    deadline = time.monotonic() + 10
-    while any("NOT_RESPONDING" in n["state"] for n in response.json().get("nodes", [])) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        response = client.get(f"/slurm/{V}/nodes/", headers={"X-SLURM-USER-TOKEN": _token(target.key)})
-    return response
-
-
-def _quiet_last_update(target: Target, client: httpx.Client) -> int:
-    """The last_update of a job listing slurmctld then calls unchanged. slurmctld reports a change made in the
-    same second as the listing, and its scheduler touches a new job once: list again (bounded) until quiet."""
-    V, headers = target.version, {"X-SLURM-USER-TOKEN": _token(target.key)}
-    for _ in range(15):
-        since = client.get(f"/slurm/{V}/jobs/", headers=headers).json()["last_update"]["number"]
-        if not client.get(f"/slurm/{V}/jobs/?update_time={since}", headers=headers).json()["jobs"]:
-            return int(since)
-        time.sleep(1.0)
-    raise AssertionError(f"{target.name}: a job changed on every listing for 15 s")
-
-
-def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
-    """The same requests, in the same order, to one slurmrestd; each answer reduced."""
-    V = target.version
-    answers: list[tuple[str, dict[str, Any]]] = []
-    other_key = make_jwt_key()
-    with httpx.Client(base_url=target.url, timeout=15) as client:
-
-        def send(
-            what: str, method: str, path: str, body: Any = None, token: str | None = "good", json_type: bool = True
-        ) -> None:
-            headers = {}
-            if token is not None:
-                headers["X-SLURM-USER-TOKEN"] = _token(target.key) if token == "good" else token
-            content = None if body is None else json.dumps(body).encode()
-            if content is not None and json_type:
-                headers["Content-Type"] = "application/json"
-            answers.append((what, _reduce(target, client.request(method, path, content=content, headers=headers))))
-
-        send("list nodes", "GET", f"/slurm/{V}/nodes/")
-        send("ping", "GET", f"/slurm/{V}/ping/")
-        for version in target.unserved:
-            send(f"list nodes {version} (not served)", "GET", f"/slurm/{version}/nodes/")
-            send(f"ping {version} (not served)", "GET", f"/slurm/{version}/ping")
-        send("no token", "GET", f"/slurm/{V}/nodes/", token=None)
-        send("token signed with another key", "GET", f"/slurm/{V}/nodes/", token=_token(other_key))
-        send(
-            "expired token",
-            "GET",
-            f"/slurm/{V}/nodes/",
-            token=_token(target.key, iat=int(time.time()) - 300, exp=int(time.time()) - 100),
-        )
-        send(
-            "token without sun",
-            "GET",
-            f"/slurm/{V}/nodes/",
-            token=jwt.encode({"iat": int(time.time()), "exp": int(time.time()) + 60}, target.key, algorithm="HS256"),
-        )
-        send("ping with a bad token", "GET", f"/slurm/{V}/ping/", token=_token(other_key))
-        send(
-            "drain, bad token",
-            "POST",
-            f"/slurm/{V}/node/{IDLE}",
-            {"state": ["DRAIN"], "reason": "x"},
-            token=_token(other_key),
-        )
-        send("delete, bad token", "DELETE", f"/slurm/{V}/node/{IDLE}", token=_token(other_key))
-        send("delete, no token", "DELETE", f"/slurm/{V}/node/{IDLE}", token=None)
-        send("drain idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
-        send("after drain", "GET", f"/slurm/{V}/nodes/")
-        send(
-            "drain without Content-Type",
-            "POST",
-            f"/slurm/{V}/node/{IDLE}",
-            {"state": ["DRAIN"], "reason": "y"},
-            json_type=False,
-        )
-        send("undrain", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["UNDRAIN"]})
-        answers.append(("after undrain", _reduce(target, _settled_nodes(target, client))))
-        target.make_busy(BUSY)
-        send("busy node", "GET", f"/slurm/{V}/nodes/")
-        target.queue(2)  # both nodes: one is busy, so it pends
-        send("list jobs", "GET", f"/slurm/{V}/jobs/")
-        since = _quiet_last_update(target, client)
-        send("jobs unchanged since a listing", "GET", f"/slurm/{V}/jobs/?update_time={since}")
-        send("list partitions", "GET", f"/slurm/{V}/partitions/")
-        target.unqueue()
-        send("delete busy node", "DELETE", f"/slurm/{V}/node/{BUSY}")
-        send("drain busy node", "POST", f"/slurm/{V}/node/{BUSY}", {"state": ["DRAIN"], "reason": "slime: scale-in"})
-        send("busy and drained", "GET", f"/slurm/{V}/nodes/")
-        send("delete busy drained node", "DELETE", f"/slurm/{V}/node/{BUSY}")
-        send("drain unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["DRAIN"], "reason": "slime: scale-in"})
-        send("undrain unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["UNDRAIN"]})
-        send("delete unknown node", "DELETE", f"/slurm/{V}/node/nosuch")
-        # The release: back to FUTURE (the idle node's slurmd still runs, as before its host is deprovisioned).
-        send("FUTURE busy node", "POST", f"/slurm/{V}/node/{BUSY}", {"state": ["FUTURE"]})
-        send("FUTURE unknown node", "POST", f"/slurm/{V}/node/nosuch", {"state": ["FUTURE"]})
-        send(
-            "drain idle node again",
-            "POST",
-            f"/slurm/{V}/node/{IDLE}",
-            {"state": ["DRAIN"], "reason": "slime: scale-in"},
-        )
-        send("FUTURE drained idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
-        send("after FUTURE", "GET", f"/slurm/{V}/nodes/")
-        send("partitions after FUTURE", "GET", f"/slurm/{V}/partitions/")
-        send("FUTURE again", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
-        target.reboot(IDLE)
-        answers.append(("after its host boots again", _reduce(target, _settled_nodes(target, client))))
-        send("delete idle node", "DELETE", f"/slurm/{V}/node/{IDLE}")
-        send("delete it again (gone)", "DELETE", f"/slurm/{V}/node/{IDLE}")
-        send("after delete", "GET", f"/slurm/{V}/nodes/")
-    return answers
 
 
 def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target, slurm_release: SlurmRelease) -> None:
