@@ -88,8 +88,8 @@ def files_users_can_read_with_the_key(s: CapiSite) -> list[str]:
     return found
 
 
-def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_one(capi_site: CapiSite) -> None:
-    s = capi_site
+def scale_up_from_zero(s: CapiSite) -> list[dict[str, Any]]:
+    """The mirror 0 -> 2 through kube-apiserver; two Machines Provisioned, both nodes joined: the Machines."""
     assert s.md_replicas() == 0 and s.machines() == []
     # KEDA's part, by hand: the mirror through kube-apiserver; the scaling webhook's leader moves the MachineDeployment.
     s.wait_for(
@@ -108,7 +108,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     followed = time.monotonic()
     # CAPI: a MachineSet, two Machines, two Metal3Machines; CAPM3 claims two hosts and creates their metaData
     # Secrets; BMO provisions the hosts; each boots with cloud-init. No kubelet: Provisioned, no nodeRef.
-    running = s.wait_for(lambda: s.provisioned_exactly(2), 300, "2 Machines Provisioned")
+    running: list[dict[str, Any]] = s.wait_for(lambda: s.provisioned_exactly(2), 300, "2 Machines Provisioned")
     names = [slurm_node(s, m) for m in running]
     # What the injection is for: both hosts' slurmd join slurmctld with the join data cloud-init found on the drive.
     states = s.wait_for(lambda: s.idle_nodes(names), 120, "both nodes to join slurmctld")
@@ -123,46 +123,40 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     )
     assert {m["metadata"]["labels"]["cluster.x-k8s.io/deployment-name"] for m in running} == {SPEC.pool}
     assert s.api.list("v1", "nodes") == [], "no host runs a kubelet"
-    for machine in running:
-        name = machine["metadata"]["name"]
-        assert machine["spec"]["providerID"].startswith(f"metal3://{SPEC.namespace}/host-")
-        assert not (machine.get("status") or {}).get("nodeRef"), "a host without a kubelet has no Node"
-        metadata = s.metadata(name)
-        assert set(metadata) >= JOIN_KEYS, sorted(metadata)
-        assert metadata["slurm_conf_server"] == s.slurm.conf_server  # injected by the chart's webhook, as stored
-        assert base64.b64decode(metadata["slurm_key_base64"]) == s.slinky.key, (
-            "the injected key is not Slinky's slurm.key"
-        )
-        # CAPM3 created the Secret under its own identity (the one the webhook gives join data to).
-        created = [
-            (e["user"]["username"], e["responseStatus"]["code"]) for e in audited(s, "create", f"{name}-metadata")
-        ]
-        assert [c for c in created if c[1] == 201] == [(CAPM3_MANAGER_USERNAME, 201)], created
-        assert {user for user, _ in created} == {CAPM3_MANAGER_USERNAME}, created
-        # BMO read the host's metaData Secret (its secret manager labels it, with an UPDATE): admitted, nothing changed.
-        claimed = [(before, after) for secret, before, after in s.booter.claims if secret == f"{name}-metadata"]
-        assert len(claimed) == 1 and claimed[0][0] == claimed[0][1], f"BMO's UPDATE of {name}-metadata changed its data"
-        updated = [
-            (e["user"]["username"], e["responseStatus"]["code"]) for e in audited(s, "update", f"{name}-metadata")
-        ]
-        assert updated == [(BMO_USERNAME, 200)], updated
-    for machine in running:  # SliMe's pre-terminate hook is on every Machine of the opted-in pool before any deletion
-        s.wait_for(
-            lambda m=machine: (
-                PRE_TERMINATE in (s.machine(m["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {})
-            ),
-            60,
-            f"SliMe's pre-terminate hook on {machine['metadata']['name']}",
-        )
-    # A real job on one node; the other stays idle.
-    busy, idle = names
-    job = s.job_on(busy, "release-busy")
+    return running
 
-    # Scale-in by one: SliMe drains the idle node, marks its Machine delete-machine, lowers the MachineDeployment;
-    # CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-terminate hook holds it
-    # until SliMe returned the node to FUTURE in Slurm (its record kept for the host); then the host is deprovisioned.
-    idle_host = next(m for m in running if m["metadata"]["name"] == idle)["spec"]["providerID"].split("/")[-2]
-    busy_host = next(m for m in running if m["metadata"]["name"] == busy)["spec"]["providerID"].split("/")[-2]
+
+def check_injected(s: CapiSite, machine: dict[str, Any]) -> None:
+    """A provisioned Machine: no Node, its metaData Secret created by CAPM3, completed by the injection webhook, read
+    (not changed) by BMO."""
+    name = machine["metadata"]["name"]
+    assert machine["spec"]["providerID"].startswith(f"metal3://{SPEC.namespace}/host-")
+    assert not (machine.get("status") or {}).get("nodeRef"), "a host without a kubelet has no Node"
+    metadata = s.metadata(name)
+    assert set(metadata) >= JOIN_KEYS, sorted(metadata)
+    assert metadata["slurm_conf_server"] == s.slurm.conf_server  # injected by the chart's webhook, as stored
+    assert base64.b64decode(metadata["slurm_key_base64"]) == s.slinky.key, "the injected key is not Slinky's slurm.key"
+    # CAPM3 created the Secret under its own identity (the one the webhook gives join data to).
+    created = [(e["user"]["username"], e["responseStatus"]["code"]) for e in audited(s, "create", f"{name}-metadata")]
+    assert [c for c in created if c[1] == 201] == [(CAPM3_MANAGER_USERNAME, 201)], created
+    assert {user for user, _ in created} == {CAPM3_MANAGER_USERNAME}, created
+    # BMO read the host's metaData Secret (its secret manager labels it, with an UPDATE): admitted, nothing changed.
+    claimed = [(before, after) for secret, before, after in s.booter.claims if secret == f"{name}-metadata"]
+    assert len(claimed) == 1 and claimed[0][0] == claimed[0][1], f"BMO's UPDATE of {name}-metadata changed its data"
+    updated = [(e["user"]["username"], e["responseStatus"]["code"]) for e in audited(s, "update", f"{name}-metadata")]
+    assert updated == [(BMO_USERNAME, 200)], updated
+
+
+def host_of(running: list[dict[str, Any]], name: str) -> str:
+    return str(next(m for m in running if m["metadata"]["name"] == name)["spec"]["providerID"].split("/")[-2])
+
+
+def scale_in_takes_the_idle_node(s: CapiSite, running: list[dict[str, Any]], busy: str, idle: str, job: int) -> None:
+    """Scale-in by one: SliMe drains the idle node, marks its Machine delete-machine, lowers the MachineDeployment;
+    CAPI's MachineSet deletes exactly that Machine (the annotation's priority), the pre-terminate hook holds it
+    until SliMe returned the node to FUTURE in Slurm (its record kept for the host); then the host is
+    deprovisioned."""
+    idle_host = host_of(running, idle)
     s.scale_mirror(1)
     s.wait_for(lambda: s.md_replicas() == 1, 60, "the MachineDeployment to follow the mirror to 1")
     s.wait_for(lambda: s.machine(idle) is None, 180, f"Machine {idle} (the idle node's) to be deleted and gone")
@@ -188,9 +182,11 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     assert len(s.events("SlurmNodeReturnedToFuture")) >= 1
     assert s.booter.violations == []
 
-    # An operator deletes the busy Machine: CAPI waits for SliMe's pre-terminate hook, SliMe drains the node in
-    # Slurm and holds it while the job runs. CAPI's MachineSet counts a deleting Machine (cluster-api#3434):
-    # no replacement until it is gone.
+
+def deleting_the_busy_machine_waits_for_its_job(s: CapiSite, busy_host: str, busy: str, job: int) -> None:
+    """An operator deletes the busy Machine: CAPI waits for SliMe's pre-terminate hook, SliMe drains the node in
+    Slurm and holds it while the job runs. CAPI's MachineSet counts a deleting Machine (cluster-api#3434): no
+    replacement until it is gone."""
     s.cp.kubectl("-n", SPEC.namespace, "delete", "machine", busy, "--wait=false")
 
     def held() -> bool:
@@ -210,9 +206,7 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
         and PRE_TERMINATE in line
         for line in s.manager.log.read_text(errors="replace").splitlines()
     ), "CAPI's own log says it waits for SliMe's hook"
-    watched_until = (
-        time.monotonic() + 5
-    )  # it stays so while the job runs (CAPI and SliMe reconcile on every Machine change)
+    watched_until = time.monotonic() + 5  # it stays so while the job runs (CAPI and SliMe reconcile on every change)
     while time.monotonic() < watched_until:
         time.sleep(0.5)
         machine = s.machine(busy)
@@ -229,6 +223,26 @@ def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_on
     assert s.slurm.jobs()[job]["job_state"] == ["COMPLETED"], "no job was killed"
     assert busy not in s.slurm.nodes()
     assert s.booter.violations == [], s.booter.violations
+
+
+def test_scale_up_from_zero_joins_real_nodes_and_safe_scale_in_keeps_the_busy_one(capi_site: CapiSite) -> None:
+    s = capi_site
+    running = scale_up_from_zero(s)
+    for machine in running:
+        check_injected(s, machine)
+    for machine in running:  # SliMe's pre-terminate hook is on every Machine of the opted-in pool before any deletion
+        s.wait_for(
+            lambda m=machine: (
+                PRE_TERMINATE in (s.machine(m["metadata"]["name"]) or {}).get("metadata", {}).get("annotations", {})
+            ),
+            60,
+            f"SliMe's pre-terminate hook on {machine['metadata']['name']}",
+        )
+    # A real job on one node; the other stays idle.
+    busy, idle = (slurm_node(s, m) for m in running)
+    job = s.job_on(busy, "release-busy")
+    scale_in_takes_the_idle_node(s, running, busy, idle, job)
+    deleting_the_busy_machine_waits_for_its_job(s, host_of(running, busy), busy, job)
     # Now the MachineSet replaces it, on a freed host, and the new node joins with injected data.
     replacement = s.wait_for(lambda: s.provisioned_exactly(1), 300, "the MachineSet's replacement Machine")
     new_node = slurm_node(s, replacement[0])
