@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
+
+from bench.report_targets import calls as _calls
+from bench.report_targets import median as _median
+from bench.report_targets import targets_section
 
 INTRO = """\
 # Performance
@@ -46,18 +49,6 @@ def _fmt(value: float, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _median(runs: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in runs]
-    return statistics.median(values) if values else float("nan")
-
-
-def _calls(target: dict[str, Any]) -> dict[str, float]:
-    runs = target["throughput"] + target["latency"]
-    total = sum(r["requests"] for r in runs) or 1
-    keys = sorted({k for r in runs for k in r["api_calls"]})
-    return {k: sum(r["api_calls"].get(k, 0) for r in runs) / total for k in keys}
-
-
 def _calls_text(calls: dict[str, float]) -> str:
     hot = {k: v for k, v in calls.items() if not k.startswith("create events")}
     events = sum(v for k, v in calls.items() if k.startswith("create events"))
@@ -68,14 +59,21 @@ def _calls_text(calls: dict[str, float]) -> str:
 
 
 def render(results: dict[str, Any]) -> str:
-    env = results["environment"]
     targets = {t["name"]: t for t in results["targets"]}
     measured = {name: t for name, t in targets.items() if not t["skipped"]}
     rps = {name: _median(t["throughput"], "rps") for name, t in measured.items()}
     out = [INTRO]
+    out += _environment(results)
+    out += _end_to_end(targets, measured, rps)
+    out += _handlers(results["handlers"])
+    out += _memory(results["rss"])
+    out += targets_section(results, measured, rps)
+    return "\n".join(out)
 
-    out += ["## Environment", "", "| | |", "|---|---|"]
-    out += [f"| {k} | {v} |" for k, v in env.items()]
+
+def _environment(results: dict[str, Any]) -> list[str]:
+    out = ["## Environment", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in results["environment"].items()]
     settings = results["settings"]
     out += [
         "",
@@ -94,10 +92,12 @@ def render(results: dict[str, Any]) -> str:
         "prints two saved runs side by side, with each figure's after/before ratio.",
         "",
     ]
+    return out
 
-    # --- end to end -------------------------------------------------------------------------
+
+def _end_to_end(targets: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> list[str]:
     base = {k: rps.get(k) for k in ("raw ASGI", "bare FastAPI", "kopf")}
-    out += [
+    out = [
         "## End to end over TLS",
         "",
         "| target | req/s | p50 / p99 ms (8 conns) | p50 / p99 ms (1 conn) | CPU µs/req | API calls per admission "
@@ -133,31 +133,34 @@ def render(results: dict[str, Any]) -> str:
                 f"{r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_request']:.0f} |"
             )
     out += ["", "</details>", ""]
+    return out
 
-    # --- handlers ---------------------------------------------------------------------------
-    h = results["handlers"]
-    out += ["## Handler only (no HTTP, warm caches)", "", "| code path | median µs | p99 µs |", "|---|---:|---:|"]
-    labels = {
-        "injection": (
-            "injection: `select` + `resolver.resolve` (warm) + `respond` (full mutation: YAML edit, base64, JSONPatch)"
-        ),
-        "injection + envelope": "the same + `decode_review` of the body + `encode_review` of the answer",
-        "metaData merge": (
-            "in the injection: the metaData merge alone (`merged_metadata`: base64, YAML check and parse, the new "
-            "lines, the verification parse of the result, base64)"
-        ),
-        "verification parse": (
-            "in the merge: the verification parse alone (`yaml.load` of the result, which must read back as the old "
-            "map plus the join data before it is sent)"
-        ),
-        "scaling": "scaling: `scale_intent` + `respond` (mapped; the PATCH round trip excluded)",
-        "scaling unmapped": "scaling: `scale_intent` of an unmapped Deployment",
-        "log line": (
-            "one INFO admission log line (`common.logs.JsonFormatter` to a file), written for every patched or "
-            "denied admission"
-        ),
-    }
-    for key, label in labels.items():
+
+HANDLER_LABELS = {
+    "injection": (
+        "injection: `select` + `resolver.resolve` (warm) + `respond` (full mutation: YAML edit, base64, JSONPatch)"
+    ),
+    "injection + envelope": "the same + `decode_review` of the body + `encode_review` of the answer",
+    "metaData merge": (
+        "in the injection: the metaData merge alone (`merged_metadata`: base64, YAML check and parse, the new "
+        "lines, the verification parse of the result, base64)"
+    ),
+    "verification parse": (
+        "in the merge: the verification parse alone (`yaml.load` of the result, which must read back as the old "
+        "map plus the join data before it is sent)"
+    ),
+    "scaling": "scaling: `scale_intent` + `respond` (mapped; the PATCH round trip excluded)",
+    "scaling unmapped": "scaling: `scale_intent` of an unmapped Deployment",
+    "log line": (
+        "one INFO admission log line (`common.logs.JsonFormatter` to a file), written for every patched or "
+        "denied admission"
+    ),
+}
+
+
+def _handlers(h: dict[str, Any]) -> list[str]:
+    out = ["## Handler only (no HTTP, warm caches)", "", "| code path | median µs | p99 µs |", "|---|---:|---:|"]
+    for key, label in HANDLER_LABELS.items():
         if key in h:
             out.append(f"| {label} | {h[key]['median_us']:.1f} | {h[key]['p99_us']:.1f} |")
     out += [
@@ -165,10 +168,11 @@ def render(results: dict[str, Any]) -> str:
         f"API calls made by {h['injection']['calls']:,} warm injection resolutions: **{h['injection_api_calls']}**.",
         "",
     ]
+    return out
 
-    # --- memory -----------------------------------------------------------------------------
-    rss = results["rss"]
-    out += [
+
+def _memory(rss: list[dict[str, Any]]) -> list[str]:
+    out = [
         "## Memory of the injection service",
         "",
         'RSS and peak RSS (`VmRSS`, `VmHWM`) are read from the service process once it is ready. "Held by the '
@@ -194,246 +198,4 @@ def render(results: dict[str, Any]) -> str:
             f"MiB, about {growth * 1024 * 1024 / max(objects, 1):,.0f} bytes per cached object.",
             "",
         ]
-
-    # --- targets ----------------------------------------------------------------------------
-    out += ["## Targets (issues #2, #3, #5)", "", "| target | goal | measured | |", "|---|---|---|---|"]
-    checks = _targets(results, measured, rps)
-    for goal, target, measured_text, met, _name in checks:
-        out.append(
-            f"| {goal} | {target} | {measured_text} | {'met' if met else '**missed**' if met is False else '–'} |"
-        )
-    missed = [c for c in checks if c[3] is False]
-    out += ["", "### Missed targets: what was measured and why", ""]
-    if not missed:
-        out.append("None.")
-    for goal, _target, _measured, _met, name in missed:
-        out.append(f"- **{goal}**: {_why(goal, name, results, measured, rps)}")
-    out.append("")
-    return "\n".join(out)
-
-
-def _targets(
-    results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]
-) -> list[tuple[str, str, str, bool | None, str]]:
-    h = results["handlers"]
-    checks: list[tuple[str, str, str, bool | None, str]] = [
-        (
-            "injection handler median",
-            "< 50 µs",
-            f"{h['injection']['median_us']:.1f} µs",
-            h["injection"]["median_us"] < 50,
-            "",
-        ),
-        (
-            "scaling handler median",
-            "< 25 µs",
-            f"{h['scaling']['median_us']:.1f} µs",
-            h["scaling"]["median_us"] < 25,
-            "",
-        ),
-    ]
-    fastapi, kopf = rps.get("bare FastAPI"), rps.get("kopf")
-    for name in ("injection (warm, patched)", "scaling (unmapped)", "scaling (mapped)"):
-        if name not in rps:
-            continue
-        # Issue #2 sets the throughput targets for the injection webhook; issue #3 sets none for scaling,
-        # so the scaling ratios are shown against the same bars, for information.
-        judged = name.startswith("injection")
-        label = "" if judged else " (informative: #3 sets no throughput target)"
-        if fastapi:
-            ratio = rps[name] / fastapi
-            checks.append(
-                (
-                    f"{name}: throughput vs bare FastAPI{label}",
-                    "≥ 0.5×",
-                    f"{ratio:.2f}× ({rps[name]:,.0f} vs {fastapi:,.0f} req/s)",
-                    (ratio >= 0.5) if judged else None,
-                    name,
-                )
-            )
-        if kopf:
-            ratio = rps[name] / kopf
-            checks.append(
-                (
-                    f"{name}: throughput vs kopf{label}",
-                    "≥ 2×",
-                    f"{ratio:.2f}× ({rps[name]:,.0f} vs {kopf:,.0f} req/s)",
-                    (ratio >= 2) if judged else None,
-                    name,
-                )
-            )
-    if "kopf" not in rps:
-        checks.append(("throughput vs kopf", "≥ 2×", "kopf not measured (see its row)", None, ""))
-    injection = measured.get("injection (warm, patched)")
-    if injection:
-        calls = _calls(injection)
-        total = sum(calls.values())
-        checks.append(
-            (
-                "API calls per warm injection admission",
-                "0",
-                f"{total:.4f} (HTTP runs) and {h['injection_api_calls']} (handler loop)",
-                total == 0 and h["injection_api_calls"] == 0,
-                "injection (warm, patched)",
-            )
-        )
-    scaling = measured.get("scaling (mapped)")
-    if scaling:
-        p99 = _median(scaling["latency"], "p99_ms")
-        checks.append(
-            (
-                "mapped scaling admission p99 (1 conn)",
-                "≤ 10 ms",
-                f"{p99:.2f} ms",
-                p99 <= 10,
-                "scaling (mapped)",
-            )
-        )
-        hot = sum(v for k, v in _calls(scaling).items() if not k.startswith("create events"))
-        checks.append(
-            (
-                "API calls per mapped scaling admission (hot path: the caches, one writer afterwards)",
-                "0",
-                f"{hot:.3f}",
-                hot < 0.01,
-                "scaling (mapped)",
-            )
-        )
-    rss = {r["metal3data"]: r for r in results["rss"] if r["templates"] == r["metal3data"]}
-    if 10_000 in rss:
-        checks.append(
-            (
-                "injection RSS with 10,000 Metal3Data (+ 10,000 templates)",
-                "≤ 100 MB",
-                f"{rss[10_000]['rss_mib']:.1f} MiB",
-                rss[10_000]["rss_mib"] * 1.048576 <= 100,
-                "",
-            )
-        )
-    return checks
-
-
-def _why(goal: str, name: str, results: dict[str, Any], measured: dict[str, Any], rps: dict[str, float]) -> str:
-    """A data-backed explanation for a missed target (every number comes from this run)."""
-    h = results["handlers"]
-    if "throughput" in goal:
-        ours = measured[name]
-        ref = "bare FastAPI" if "FastAPI" in goal else "kopf"
-        if ref not in measured:
-            return "the reference was not measured."
-        cpu_ours = _median(ours["throughput"], "cpu_us_per_request")
-        cpu_ref = _median(measured[ref]["throughput"], "cpu_us_per_request")
-        text = (
-            f"the server is CPU-bound on its one core, so throughput follows CPU per request: {cpu_ours:,.0f} µs for "
-            f"{name} against {cpu_ref:,.0f} µs for {ref}. "
-        )
-        if name.startswith("injection"):
-            parts = [
-                (
-                    "the decision (select + resolve + respond: YAML edit, base64, JSONPatch)",
-                    h["injection"]["median_us"],
-                ),
-                (
-                    "the JSON decode of the review and encode of the answer",
-                    h["injection + envelope"]["median_us"] - h["injection"]["median_us"],
-                ),
-            ]
-            if "log line" in h:
-                parts.append(
-                    (
-                        "the INFO log line every patched admission writes (JsonFormatter + stream write)",
-                        h["log line"]["median_us"],
-                    )
-                )
-            known = sum(v for _, v in parts)
-            text += (
-                "Measured separately in this run: "
-                + "; ".join(f"{label} {v:,.0f} µs" for label, v in parts)
-                + f". Together about {known:,.0f} µs"
-            )
-            if ref == "bare FastAPI":
-                rest = cpu_ours - cpu_ref - known
-                text += (
-                    f", and about {max(rest, 0):,.0f} µs remain for the rest of the shared transport (body read loop, "
-                    "Prometheus histogram, counters and in-flight gauge, the larger response). "
-                )
-            else:
-                text += ". "
-            if ref == "bare FastAPI":
-                text += "Bare FastAPI does none of this: it returns a fixed answer without parsing the body. "
-                if "metaData merge" in h:
-                    text += (
-                        "Within 50 µs of it would leave 50 µs for all of the work above, while the metaData merge "
-                        f"alone takes {h['metaData merge']['median_us']:,.0f} µs, "
-                        f"{h['verification parse']['median_us']:,.0f} µs of it the parse that proves the edited "
-                        "YAML reads back as the old map plus the join data (kept: an edit is never sent unverified)."
-                    )
-            else:
-                need = cpu_ref / 2
-                text += (
-                    f"kopf parses the review and runs its handler machinery ({cpu_ref:,.0f} µs per request) for a "
-                    f"handler that allows without reading the object; ours does the full mutation in {cpu_ours:,.0f} "
-                    f"µs. To be 2× kopf, the injection path would have to fit in about {need:,.0f} µs per request, "
-                    "which is near the bare FastAPI floor measured here "
-                    f"({_median(measured['bare FastAPI']['throughput'], 'cpu_us_per_request'):,.0f} µs) plus the "
-                    f"{known:,.0f} µs of work listed above."
-                    if "bare FastAPI" in measured
-                    else ""
-                )
-        elif "mapped" in name:
-            text += (
-                "A mapped admission is decided from the watch caches with no API call (the leader writes the "
-                "MachineDeployment after the admission, not in it); beyond the unmapped path it decodes the whole "
-                "review, reads the mirror and the MachineDeployment from the caches and writes an INFO log line."
-            )
-        else:
-            text += (
-                "The unmapped path does no API call; the difference is the shared transport (JSON decode/encode, "
-                "metrics, logging at debug)."
-            )
-        return text
-    if "handler" in goal:
-        return "see the handler-only table; the figure is the median of individually timed calls on this machine."
-    if "RSS" in goal:
-        rss = [r for r in results["rss"] if r["templates"] == r["metal3data"]]
-        base, top = rss[0], rss[-1]
-        objects = 2 * (top["metal3data"] - base["metal3data"])
-        per_rss = (top["rss_mib"] - base["rss_mib"]) * 2**20 / max(1, objects)
-        text = (
-            f"the process already uses {base['rss_mib']:.0f} MiB with {base['metal3data']} objects: Python, "
-            "FastAPI/Starlette, uvicorn, the `kubernetes` client, cryptography and prometheus_client are loaded "
-            f"before anything is cached. With {top['metal3data']:,} Metal3Data and as many templates, RSS grows by "
-            f"{top['rss_mib'] - base['rss_mib']:.0f} MiB (about {per_rss:,.0f} bytes per object)."
-        )
-        if "traced_mib" in top and "traced_mib" in base:
-            held = top["traced_mib"] - base["traced_mib"]
-            text += (
-                f" Of that, the resolver holds {held:.0f} MiB (tracemalloc: about "
-                f"{held * 2**20 / max(1, objects):,.0f} bytes per object, slim dicts of name, namespace, labels, "
-                "owner references, resourceVersion and the template name). The rest is allocator memory left over "
-                f"from decoding the initial lists (peak RSS {top['peak_rss_mib']:.0f} MiB), which CPython's allocator "
-                "and glibc keep rather than return to the system."
-            )
-        realistic = [r for r in results["rss"] if r["templates"] != r["metal3data"]]
-        if realistic:
-            r = realistic[-1]
-            text += (
-                (
-                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} "
-                    f"templates) RSS is {r['rss_mib']:.0f} MiB, which also misses the 100 MB budget."
-                )
-                if r["rss_mib"] * 1.048576 > 100
-                else (
-                    f" With a more realistic spread ({r['metal3data']:,} Metal3Data over {r['templates']:,} "
-                    f"templates) RSS is {r['rss_mib']:.0f} MiB, within the budget."
-                )
-            )
-        return text
-    if "p99" in goal:
-        scaling = measured[name]
-        return (
-            f"with one connection the p50 is {_median(scaling['latency'], 'p50_ms'):.2f} ms and the p99 "
-            f"{_median(scaling['latency'], 'p99_ms'):.2f} ms; the tail comes from the emulator's PATCH and the noisy "
-            "shared CPU."
-        )
-    return "see the tables above."
+    return out
