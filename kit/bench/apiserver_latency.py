@@ -210,7 +210,7 @@ def _senders(data: dict[str, Any]) -> dict[str, Callable[[httpx.Client, int], No
     return {"injection": create_secret, "scaling": scale_mirror}
 
 
-TARGETS = {"injection": 0.005, "scaling": 0.010}  # issue 25: p99 as kube-apiserver measures it, at 50/s
+TARGETS = {"injection": 0.005, "scaling": 0.010}  # p99 as kube-apiserver measures it, at 50/s
 
 
 def _quantile_cells(quantiles: dict[float, tuple[float, float, float]]) -> list[str]:
@@ -223,7 +223,7 @@ def _quantile_cells(quantiles: dict[float, tuple[float, float, float]]) -> list[
 def report(results: dict[str, object], admissions: int, rate: float, loads: list[int]) -> str:
     runner = "from the image as the chart pods (podman)" if results["runner"] == "pod" else "as local processes"
     lines = [
-        "## Admission latency measured by kube-apiserver (issues 12, 25)",
+        "## Admission latency measured by kube-apiserver",
         "",
         f"`python3 -m bench.apiserver_latency --admissions {admissions} --rate {rate:g} --burners "
         f"{','.join(map(str, loads))}` on {measured_on()}: {results['kube']}, etcd and kube-controller-manager on "

@@ -180,7 +180,7 @@ def render(results: dict[str, Any], command: str) -> str:
     rows = [
         "## Hostile load",
         "",
-        f"`{command}` (issue 20; the machine is shared and noisy, so read the ratios). The real `injection-webhook`",
+        f"`{command}` (the machine is shared and noisy, so read the ratios). The real `injection-webhook`",
         f"process, first alone, then with {results['bodies']} clients keeping worst-case bodies in flight (a review",
         "just under the 1 MiB body cap whose metaData is 900 keys of 700 KiB, sent as CAPM3 with the real uid, so",
         "each goes the whole way; one in five an alias bomb or a 5000-digit number) and",

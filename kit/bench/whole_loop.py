@@ -85,7 +85,7 @@ def report(stories: list[story.Story]) -> str:
         for scale_up in told.scale_ups:
             kinds.setdefault(scale_up.label, []).append(scale_up)
     lines = [
-        "## The whole scale-up, job submitted to job started (issue 15)",
+        "## The whole scale-up, job submitted to job started",
         "",
         f"`python3 -m bench.whole_loop --stories {len(stories)}` on {measured_on()}: the whole loop of "
         "`tests/real_loop/test_whole_loop.py` (real kube-apiserver/etcd/kube-controller-manager v1.36.4 with the HPA "
@@ -175,7 +175,7 @@ def webhook_phase(stories: list[story.Story]) -> list[str]:
     ]
     verdict = "met" if p99 <= WEBHOOK_PHASE_TARGET_SECONDS else "**missed**"
     lines = [
-        f"**The scaling webhook phase against its target** (issue 25: the mirror's `/scale` admitted → the "
+        f"**The scaling webhook phase against its target** (the mirror's `/scale` admitted → the "
         f"MachineDeployment written, p99 ≤ {WEBHOOK_PHASE_TARGET_SECONDS * 1000:.0f} ms): {spread(whole)}, p99 "
         f"{_seconds(p99)} over {len(whole)} scale-ups (with fewer than 100, the p99 is the slowest): {verdict}.",
         "",

@@ -1,4 +1,4 @@
-"""``python -m demo.busy``: the demo passes on a machine kept busy by CPU-bound processes (issue 23).
+"""``python -m demo.busy``: the demo passes on a machine kept busy by CPU-bound processes.
 
 The full proof is ten runs beside two burners (``python -m demo.busy --runs 10 --burners 2``,
 its last result in docs/testing.md); this keeps the command working with two runs. Nothing is

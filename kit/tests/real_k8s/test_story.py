@@ -133,7 +133,7 @@ def test_a_denied_injection_surfaces_in_kubectls_error(stack: Stack) -> None:
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run=server", "create"])
 def test_no_key_for_anyone_but_capm3_and_never_in_a_dry_run(stack: Stack, dry_run: bool) -> None:
-    """Issue 20: a tenant who may create Secrets asks for one owned by a real Metal3Data (real uid)."""
+    """A tenant who may create Secrets asks for one owned by a real Metal3Data (real uid)."""
     _, data = seed_metal3(stack.api, template_labels=OPT_IN, index=11 if dry_run else 12)
     secret = metadata_secret(data, machine="m3m-probe-dry" if dry_run else "m3m-probe")
     stack.cp.kubectl("create", "namespace", "tenant", check=False)

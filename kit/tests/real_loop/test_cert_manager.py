@@ -1,4 +1,4 @@
-"""cert-manager for real (issue 15, item 1): the chart's PKI issued by cert-manager's own controllers, renewed under
+"""cert-manager for real: the chart's PKI issued by cert-manager's own controllers, renewed under
 load.
 
 cert-manager's controller and cainjector (built from the Go module proxy, ``stack/certmanager``)

@@ -1,4 +1,4 @@
-"""KEDA + HPA + Prometheus, real (issue 15, item 2): pending jobs in real Slurm move the mirror, and the leader the
+"""KEDA + HPA + Prometheus, real: pending jobs in real Slurm move the mirror, and the leader the
 MachineDeployment.
 
 The chart is installed with ``keda.enabled=true`` on the tier's real API server, beside real

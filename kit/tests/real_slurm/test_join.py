@@ -1,4 +1,4 @@
-"""Injected join data boots real slurmd processes into a real slurmctld (issue 13, part 2).
+"""Injected join data boots real slurmd processes into a real slurmctld.
 
 The scenario (:func:`join`): for each host, CAPM3's metaData Secret is created through the API,
 the injection webhook adds the join data at admission, the host boots from the Secret as stored

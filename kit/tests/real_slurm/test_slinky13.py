@@ -1,4 +1,4 @@
-"""Real Slurm 26.05 configured as Slinky v1.3 configures it (issue 24): the controller named by cluster DNS,
+"""Real Slurm 26.05 configured as Slinky v1.3 configures it: the controller named by cluster DNS,
 partitions built from NodeSets by feature, a bare-metal node that joins only through what the webhook injects.
 
 slurm.conf here says ``SlurmctldHost=slurm-controller-0.slurm-controller-internal.slurm`` and
