@@ -109,3 +109,33 @@ def part(name: str, with_stack: bool = True) -> Any:
     if name in PREPARED.failed:
         pytest.fail(f"preparing {name} failed: {PREPARED.failed[name]}", pytrace=False)
     return PREPARED.ready[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m testbed.scenarios.prepare [PART...]``: build (or find in the cache) the real-Kubernetes tier's
+    parts and the named parts (default: every part), printing progress; 1 when one could not be had."""
+    import argparse
+
+    from testbed.framework.progress import to_stderr
+
+    parser = argparse.ArgumentParser(
+        prog="python3 -m testbed.scenarios.prepare",
+        description="Build (or find in the cache) what the real tiers need: the real-Kubernetes tier's parts and "
+        "the named parts (default: every part).",
+    )
+    parser.add_argument("parts", nargs="*", metavar="PART", help="one of: " + ", ".join(PARTS))
+    names = parser.parse_args(argv).parts or list(PARTS)
+    unknown = sorted(set(names) - set(PARTS))
+    if unknown:
+        parser.error(f"no part {', '.join(unknown)}; the parts: {', '.join(PARTS)}")
+    _build(names, True, to_stderr)
+    problems = {**PREPARED.missing, **PREPARED.failed}
+    if stack.PREPARED.missing or stack.PREPARED.error:
+        problems["stack"] = stack.PREPARED.missing or stack.PREPARED.error
+    for name, problem in problems.items():
+        to_stderr(f"{name}: {problem}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
