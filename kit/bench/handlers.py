@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from bench.servers import wait_until
 from bench.world import injection_request, review, scale_request
 from testbed.framework import objects
+from testbed.framework.wait import wait_for
 
 
 def per_call(fn: Callable[[], Any], calls: int, warm: int = 2000) -> dict[str, float]:
@@ -56,7 +56,7 @@ def injection_figures(emu: Any, workdir: Path, secret: dict[str, Any], calls: in
     resolver = InjectionResolver(local_client(kubeconfig), selector, 3.0)
     resolver.start()
     try:
-        wait_until(lambda: resolver.not_ready_reason() is None, 30, "the resolver caches")
+        wait_for(lambda: resolver.not_ready_reason() is None, 30, "the resolver caches", 0.1)
         request = injection_request(secret)
         selected = select(request)
         assert selected is not None

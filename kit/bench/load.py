@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from bench.servers import LOAD_CPU, Server, cpu_seconds, pin, say, start_server, wait_until
+from bench.servers import LOAD_CPU, Server, cpu_seconds, pin, running, say, start_server
 from testbed.framework.errors import KitError
 from testbed.framework.ports import free_port
 from testbed.framework.wait import wait_for
@@ -132,7 +132,7 @@ def run_target(
     body_file = workdir / f"body-{port}.json"
     body_file.write_bytes(target.body)
     try:
-        wait_until(lambda: target.ready(server), 60, f"{target.name} to be ready", server)
+        wait_for(running(server, lambda: target.ready(server)), 60, f"{target.name} to be ready", 0.1)
         # Ready is not yet right: the scaling webhook answers 503 until its watches of the mapped
         # mirror and MachineDeployment have listed. Ask (bounded) until the answer is the expected one.
         answers: list[dict[str, Any]] = []

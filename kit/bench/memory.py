@@ -8,9 +8,10 @@ from typing import Any
 
 import httpx
 
-from bench.servers import injection_command, memory, start_server, wait_until
+from bench.servers import injection_command, memory, running, start_server
 from testbed.framework import world
 from testbed.framework.ports import free_port
+from testbed.framework.wait import wait_for
 
 
 def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | None = None) -> dict[str, Any]:
@@ -35,11 +36,11 @@ def rss_for(count: int, workdir: Path, cert: Path, key: Path, templates: int | N
         )
         try:
             started = time.monotonic()
-            wait_until(
-                lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=5).status_code == 200,
+            wait_for(
+                running(server, lambda: httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=5).status_code == 200),
                 120,
                 f"the injection service with {count} Metal3Data",
-                server,
+                0.1,
             )
             ready_after = time.monotonic() - started
             time.sleep(1.0)
@@ -80,7 +81,7 @@ def retained_by_caches(kubeconfig: str) -> tuple[float, float]:
     )
     resolver.start()
     try:
-        wait_until(lambda: resolver.not_ready_reason() is None, 300, "the in-process resolver caches")
+        wait_for(lambda: resolver.not_ready_reason() is None, 300, "the in-process resolver caches", 0.1)
         gc.collect()
         current, peak = tracemalloc.get_traced_memory()
     finally:

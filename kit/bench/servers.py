@@ -148,22 +148,19 @@ def start_server(name: str, command: list[str], url: str, workdir: Path, env: di
     return Server(name, process, url, log)
 
 
-def wait_until(condition: Callable[[], object], timeout: float, what: str, server: Server | None = None) -> None:
-    """Until ``condition()`` holds (errors mean "not yet"); at once when ``server`` exited."""
+def running(server: Server, condition: Callable[[], object]) -> Callable[[], object]:
+    """``condition`` for :func:`~testbed.framework.wait.wait_for`: its errors mean "not yet", but a server that
+    exited fails the wait at once."""
 
     def holds() -> object:
-        if server is not None and server.process.poll() is not None:
-            raise ComponentFailed(f"{what}: the process exited ({server.process.returncode}); see {server.log}")
-        return condition()
+        if server.process.poll() is not None:
+            raise ComponentFailed(f"{server.name}: the process exited ({server.process.returncode}); see {server.log}")
+        try:
+            return condition()
+        except Exception:  # noqa: BLE001 - not listening yet, not ready yet
+            return None
 
-    wait_for(
-        holds,
-        timeout,
-        what,
-        interval=0.1,
-        retry_on=(Exception,),
-        diagnostics=lambda: f"see {server.log}" if server else "",
-    )
+    return holds
 
 
 @dataclass
@@ -195,7 +192,7 @@ def injection_bench(name: str, prefix: str, *extra: str) -> Iterator[InjectionBe
         server = start_server(name, command, f"https://127.0.0.1:{port}/mutate", workdir)
         try:
             ready = f"http://127.0.0.1:{metrics}/readyz"
-            wait_until(lambda: httpx.get(ready, timeout=2).status_code == 200, 60, "readiness", server)
+            wait_for(running(server, lambda: httpx.get(ready, timeout=2).status_code == 200), 60, "readiness", 0.1)
             yield InjectionBench(server, secret, context, port, metrics, workdir)
         finally:
             server.stop()
