@@ -26,7 +26,7 @@ from pathlib import Path
 
 from testbed.framework.debian import ensure_commands
 from testbed.framework.errors import ComponentFailed
-from testbed.framework.paths import REPO_ROOT, cache_root
+from testbed.framework.paths import REPO_ROOT, cache_root, locked
 from testbed.framework.pins import BASE_IMAGE_SUITE, DEBIAN_MIRROR
 from testbed.framework.progress import Progress, to_stderr
 
@@ -111,6 +111,13 @@ def ensure_base_image(progress: Progress = to_stderr) -> str:
     """``localhost/slime-python-base:bookworm``: a debootstrap'd Debian 12 with python3 and venv."""
     if _image_exists(BASE_IMAGE):
         return BASE_IMAGE
+    with locked("image-base"):  # another session may be making it: wait, then find it
+        if _image_exists(BASE_IMAGE):
+            return BASE_IMAGE
+        return _make_base_image(progress)
+
+
+def _make_base_image(progress: Progress) -> str:
     started = time.monotonic()
     progress(f"making the base image {BASE_IMAGE} with debootstrap (first use, about a minute)")
     with tempfile.TemporaryDirectory(prefix="slime-rootfs-", dir=cache_root()) as tmp:
@@ -164,6 +171,13 @@ def build_image(progress: Progress = to_stderr) -> str:
     if _image_exists(ref):
         return ref
     base = ensure_base_image(progress)
+    with locked(f"image-{ref.rsplit(':', 1)[1]}"):  # another session may be building it: wait, find it
+        if not _image_exists(ref):
+            _build(ref, base, progress)
+    return ref
+
+
+def _build(ref: str, base: str, progress: Progress) -> None:
     started = time.monotonic()
     progress(f"building {ref} from the Dockerfile with podman (about a minute)")
     args = [
@@ -181,4 +195,3 @@ def build_image(progress: Progress = to_stderr) -> str:
         args += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
     podman(*args, str(REPO_ROOT), timeout=1800)
     progress(f"image built in {time.monotonic() - started:.0f} s")
-    return ref
