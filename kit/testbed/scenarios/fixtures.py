@@ -35,11 +35,8 @@ from testbed.framework.pins import SLURM_RELEASES
 from testbed.framework.pki import Pki, make_pki
 from testbed.framework.progress import progress_writer
 from testbed.framework.world import issued_secrets
-from testbed.scenarios import prepare
+from testbed.scenarios import distribution, prepare, summary
 from testbed.scenarios.stack import Stack, start_control_plane, start_stack
-
-AUDIT_SUMMARY: list[str] = []
-
 
 # --- the session's audits ---------------------------------------------------------------------------------------
 
@@ -72,17 +69,13 @@ def session_audits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     found = leaks(EVIDENCE, secrets)
     assert not found, "secrets leaked:\n" + "\n".join(found[:10])
     assert EVIDENCE.log_lines, f"services ran ({', '.join(sorted(started))}) but no log line was captured"
-    AUDIT_SUMMARY.append(
+    summary.line(
+        "audits",
         "RBAC audit: "
         + ", ".join(f"{service} {count} distinct call(s)" for service, count in sorted(checked.items()))
         + f" allowed by the chart; secret scan: {len(secrets)} secret(s) over {len(EVIDENCE.log_lines)} log lines "
-        f"and {len(EVIDENCE.texts)} texts, 0 leaks"
+        f"and {len(EVIDENCE.texts)} texts, 0 leaks",
     )
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for line in AUDIT_SUMMARY:
-        terminalreporter.write_line(line)
 
 
 # --- the fast suite ---------------------------------------------------------------------------------------------
@@ -165,6 +158,8 @@ def scaling_factory(
 
 # --- the real tiers' builds -------------------------------------------------------------------------------------
 
+_GROUP_NEEDS: dict[str, tuple[bool, list[str]]] = {}  # an xdist unit -> what its tests need, in the order they need it
+
 
 def _needs(item: pytest.Item) -> tuple[bool, list[str]]:
     """Whether ``item`` needs the real-Kubernetes tier's parts, and which parts of :data:`prepare.PARTS`."""
@@ -175,23 +170,76 @@ def _needs(item: pytest.Item) -> tuple[bool, list[str]]:
     return with_stack, names
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    needs = [_needs(item) for item in session.items]
-    with_stack = any(stack for stack, _ in needs)
+def _group(item: pytest.Item) -> str:
+    return distribution.group_of(item.nodeid)
+
+
+def _combined(needs: list[tuple[bool, list[str]]]) -> tuple[bool, list[str]]:
     names = list(dict.fromkeys(name for _, parts in needs for name in parts))  # in the order the tests need them
-    if (with_stack or names) and not session.config.option.collectonly:
+    return any(stack for stack, _ in needs), names
+
+
+def _worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each real tier as one unit on one worker (:mod:`testbed.scenarios.distribution`)."""
+    return distribution.make_scheduler(config, log)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Begin building what the selected real tests need. Alone, at once; on an xdist worker, once the worker runs a
+    tier's first test (it then runs the whole tier: :mod:`testbed.scenarios.distribution`), what that tier needs."""
+    if session.config.option.collectonly:
+        return
+    by_group: dict[str, list[tuple[bool, list[str]]]] = {}
+    for item in session.items:
+        if group := _group(item):
+            by_group.setdefault(group, []).append(_needs(item))
+    _GROUP_NEEDS.update({group: _combined(needs) for group, needs in by_group.items()})
+    if by_group and not _worker(session.config):
+        with_stack, names = _combined([need for needs in by_group.values() for need in needs])
         prepare.start(names, with_stack, progress_writer(session.config))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """A real test waits for its parts before its own timeout starts (the builds run while earlier tests run)."""
+    group = _group(item)
+    if group and _worker(item.config):
+        group_stack, group_names = _GROUP_NEEDS.get(group, _needs(item))
+        prepare.start(group_names, group_stack, _worker_progress)
     with_stack, names = _needs(item)
     if with_stack:
-        prepare.wait_stack()
+        prepare.ensure_stack()
     for name in names:
-        prepare.wait_part(name)
+        prepare.ensure(name)
     yield
+
+
+def _worker_progress(text: str) -> None:
+    """An xdist worker's output is not shown: its progress lines go to the run's summary."""
+    summary.line("real components", text)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _worker(session.config):
+        session.config.workeroutput[summary.KEY] = summary.worker_output()  # type: ignore[attr-defined]
+    else:
+        summary.write_figure_files()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller: a worker ended; add its figures and lines to the run's summary."""
+    summary.merge(getattr(node, "workeroutput", {}).get(summary.KEY, {}))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    summary.report(terminalreporter)
 
 
 # --- the real tiers' shared components --------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """What the real tiers build or fetch, once per session, before their tests need it.
 
-:func:`start` begins the session's builds in a background thread as soon as the tests are
-collected, in the order the tests will need them: the real-Kubernetes tier's parts first
-(control plane, CRDs, helm, the image: :func:`testbed.scenarios.stack.prepare`), then each scenario's
-parts of :data:`PARTS`. The fast suite runs meanwhile. A test that needs a part waits for it
-(:func:`part`; outside its own timeout, which only starts with the test's call); a missing
-prerequisite is its one-line skip reason locally and its failure under ``CI=true``.
+:func:`start` begins the session's builds in a background thread, in the order the tests will
+need them: the real-Kubernetes tier's parts first (control plane, CRDs, helm, the image:
+:func:`testbed.scenarios.stack.prepare`), then each scenario's parts of :data:`PARTS`. Other tests
+run meanwhile. A test that needs a part waits for it (:func:`part`, :func:`ensure`; outside its
+own timeout, which only starts with the test's call); a part the thread has not begun is built at
+once by the test that needs it. A missing prerequisite is its one-line skip reason locally and
+its failure under ``CI=true``. Every build is cached by version under a file lock, so two
+processes (two xdist workers, two sessions) never build one thing twice.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from testbed.components import certmanager
 from testbed.components.debian_root import prepare_root
 from testbed.framework.pins import SLURM_RELEASES, SlurmRelease
 from testbed.framework.prerequisites import unavailable
-from testbed.framework.progress import Progress
+from testbed.framework.progress import Progress, quiet
 from testbed.scenarios import capi, keda, stack, whole_loop
 
 # name -> build(progress) -> what the tests need of it (binaries, a root...). A build raises a
@@ -48,26 +50,42 @@ class Prepared:
     missing: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     done: dict[str, threading.Event] = field(default_factory=lambda: {name: threading.Event() for name in PARTS})
+    claimed: set[str] = field(default_factory=set)  # begun, by the thread or by a test
+    lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
+    progress: Progress = quiet
 
 
 PREPARED = Prepared()
+
+
+def _claim(name: str) -> bool:
+    with PREPARED.lock:
+        if name in PREPARED.claimed:
+            return False
+        PREPARED.claimed.add(name)
+        return True
+
+
+def _build_part(name: str, progress: Progress) -> None:
+    started = time.monotonic()
+    try:
+        PREPARED.ready[name] = PARTS[name](progress)
+    except Exception as exc:  # noqa: BLE001 - reported by every test that needs it
+        unavailable_class = type(exc).__name__.endswith("Unavailable")
+        (PREPARED.missing if unavailable_class else PREPARED.failed)[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        PREPARED.done[name].set()
+    state = "ready" if name in PREPARED.ready else "NOT ready"
+    progress(f"{name}: {state} after {time.monotonic() - started:.0f} s")
 
 
 def _build(names: list[str], with_stack: bool, progress: Progress) -> None:
     if with_stack:
         stack.prepare(progress)
     for name in names:
-        started = time.monotonic()
-        try:
-            PREPARED.ready[name] = PARTS[name](progress)
-        except Exception as exc:  # noqa: BLE001 - reported by every test that needs it
-            unavailable_class = type(exc).__name__.endswith("Unavailable")
-            (PREPARED.missing if unavailable_class else PREPARED.failed)[name] = f"{type(exc).__name__}: {exc}"
-        finally:
-            PREPARED.done[name].set()
-        state = "ready" if name in PREPARED.ready else "NOT ready"
-        progress(f"{name}: {state} after {time.monotonic() - started:.0f} s")
+        if _claim(name):
+            _build_part(name, progress)
 
 
 def start(names: list[str], with_stack: bool, progress: Progress) -> None:
@@ -75,35 +93,33 @@ def start(names: list[str], with_stack: bool, progress: Progress) -> None:
     once."""
     if PREPARED.thread is not None:
         return
-    for name in set(PARTS) - set(names):
-        PREPARED.done[name].set()  # not needed this session
+    PREPARED.progress = progress
     thread = threading.Thread(target=_build, args=(names, with_stack, progress), name="slime-prepare", daemon=True)
     PREPARED.thread = thread
     thread.start()
 
 
-def wait_stack() -> None:
-    """Until the real-Kubernetes tier's parts are built (their outcome: :data:`testbed.scenarios.stack.PREPARED`)."""
-    while PREPARED.thread is not None and not stack.PREPARED.done and PREPARED.thread.is_alive():
-        PREPARED.thread.join(1.0)
-
-
-def wait_part(name: str) -> None:
-    """Until ``name`` is built (or could not be)."""
-    if PREPARED.thread is not None:
+def ensure(name: str) -> None:
+    """Until ``name`` is built (or could not be): by the thread when it has begun it, else here and now."""
+    if _claim(name):
+        _build_part(name, PREPARED.progress)
+    else:
         PREPARED.done[name].wait()
+
+
+def ensure_stack() -> None:
+    """Until the real-Kubernetes tier's parts are built (their outcome: :data:`testbed.scenarios.stack.PREPARED`)."""
+    stack.prepare(PREPARED.progress)
 
 
 def part(name: str, with_stack: bool = True) -> Any:
     """What ``name``'s build returned (waiting for it); skip (locally) or fail (CI) the test when it could not be had.
     ``with_stack``: the real-Kubernetes tier's parts are needed too."""
     assert name in PARTS, f"{name} is not in testbed/scenarios/prepare.py PARTS"
-    if PREPARED.thread is None:  # a session that did not collect the test (a person's run of one module)
-        start([name], with_stack, lambda line: None)
     if with_stack:
-        wait_stack()
+        ensure_stack()
         stack.prepared()
-    wait_part(name)
+    ensure(name)
     if name in PREPARED.missing:
         unavailable(PREPARED.missing[name])
     if name in PREPARED.failed:

@@ -18,10 +18,12 @@ from testbed.framework.audit import EVIDENCE
 from testbed.framework.objects import SLIME_NAMESPACE, config_map, machine_deployment, mirror
 from testbed.framework.pki import Pki
 from testbed.framework.world import SlurmCluster, seed_metal3, seed_nodeport, seed_slinky
+from testbed.scenarios import summary
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
-# Figures of the run (counts, latencies, pickup times): printed at the end, quoted by docs/reliability.md.
-FIGURES: dict[str, Any] = {}
+# Figures of the run (counts, latencies, pickup times): printed at the end and written to $SLIME_RELIABILITY_FIGURES
+# (testbed.scenarios.summary, from every xdist worker), quoted by docs/reliability.md.
+FIGURES: dict[str, Any] = summary.figures("reliability figures", env="SLIME_RELIABILITY_FIGURES")
 
 
 # --- seeding ------------------------------------------------------------------------------------

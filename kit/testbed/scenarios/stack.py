@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -64,10 +65,19 @@ class Prepared:
 PREPARED = Prepared()
 
 
+_PREPARING = threading.Lock()
+
+
 def prepare(progress: Progress) -> Prepared:
-    """Build or fetch what a real tier needs (once per process); never raises, the outcome is in the result."""
-    if PREPARED.done:
-        return PREPARED
+    """Build or fetch what a real tier needs (once per process; a second caller waits for the first); never raises,
+    the outcome is in the result."""
+    with _PREPARING:
+        if not PREPARED.done:
+            _prepare(progress)
+    return PREPARED
+
+
+def _prepare(progress: Progress) -> None:
     started = time.monotonic()
     try:
         PREPARED.binaries = binaries(progress)
@@ -83,7 +93,6 @@ def prepare(progress: Progress) -> Prepared:
     state = PREPARED.missing or PREPARED.error or "ready"
     source = PREPARED.binaries.source if PREPARED.binaries else "no control plane"
     progress(f"prerequisites {state} after {PREPARED.seconds:.0f} s ({source}; runner {RUNNER})")
-    return PREPARED
 
 
 def prepared() -> Prepared:

@@ -3,13 +3,12 @@
 Without root (or another prerequisite) each test of the tier is skipped with a one-line reason,
 and fails under ``CI=true`` (:func:`testbed.framework.prerequisites.unavailable`). The figures of the
 scale-in simulation are printed at the end of the run ("real Slurm figures") and written as JSON
-to ``$SLIME_REAL_SLURM_FIGURES`` when that is set; ``docs/reliability.md`` quotes them.
+to ``$SLIME_REAL_SLURM_FIGURES`` when that is set (:mod:`testbed.scenarios.summary`);
+``docs/reliability.md`` quotes them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from testbed.components.netns import Network
 from testbed.components.services import ScaleWebhookRoute, Scaling
 from testbed.framework.pins import DEFAULT_SLURM, SLURM_RELEASES, SlurmRelease
 from testbed.framework.pki import Pki
+from testbed.scenarios import summary
 from testbed.scenarios.prepare import part
 from testbed.scenarios.slurm_pool import Pool, make_pool
 from testbed.scenarios.slurm_site import Admission, SlurmSite, slurm_site
@@ -38,22 +38,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("slurm_release", releases, indirect=True)
 
 
-FIGURES: dict[str, Any] = {}
+FIGURES: dict[str, Any] = summary.figures("real Slurm figures", env="SLIME_REAL_SLURM_FIGURES")
 
 
 @pytest.fixture
-def figures() -> Iterator[dict[str, Any]]:
-    yield FIGURES
-    target = os.environ.get("SLIME_REAL_SLURM_FIGURES")
-    if target and FIGURES:
-        Path(target).write_text(json.dumps(FIGURES, indent=2, sort_keys=True) + "\n")
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if FIGURES:
-        terminalreporter.section("real Slurm figures")
-        for name in sorted(FIGURES):
-            terminalreporter.write_line(f"{name}: {json.dumps(FIGURES[name], sort_keys=True)}")
+def figures() -> dict[str, Any]:
+    return FIGURES
 
 
 @pytest.fixture
