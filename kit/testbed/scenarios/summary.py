@@ -36,13 +36,14 @@ def line(section: str, text: str) -> None:
 
 
 def worker_output() -> dict[str, Any]:
-    return {"figures": FIGURES, "lines": LINES}
+    return {"figures": FIGURES, "files": FIGURE_FILES, "lines": LINES}
 
 
 def merge(output: dict[str, Any]) -> None:
     """Add what a worker gathered to this process's summary."""
     for group, named in output.get("figures", {}).items():
         FIGURES.setdefault(group, {}).update(named)
+    FIGURE_FILES.update(output.get("files", {}))
     for section, texts in output.get("lines", {}).items():
         LINES.setdefault(section, []).extend(texts)
 
