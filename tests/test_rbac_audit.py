@@ -13,19 +13,12 @@ from pathlib import Path
 import pytest
 
 from kubemu import Emulator, RecordedRequest
-from testbed.audit import audit_rbac
-from testbed.pki import Pki
-from testbed.reviews import scale_request, secret_request
-from testbed.services import Scaling, start_injection
-from testbed.world import (
-    SLIME_NAMESPACE,
-    config_map,
-    machine_deployment,
-    metadata_secret,
-    mirror,
-    seed_metal3,
-    seed_slinky,
-)
+from testbed.components.services import Scaling, start_injection
+from testbed.framework.audit import audit_rbac
+from testbed.framework.objects import SLIME_NAMESPACE, config_map, machine_deployment, metadata_secret, mirror
+from testbed.framework.pki import Pki
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.world import seed_metal3, seed_slinky
 
 
 def test_rbac_audit_covers_a_story_of_both_services(

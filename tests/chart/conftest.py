@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.chart_values import CHART, CRD_APIS, KUBE_VERSION, NAMESPACE, RELEASE, YAML_LOADER, run_helm
-from testbed.helm import HelmUnavailable, helm_binary
+from testbed.framework.chart import CRD_APIS, NAMESPACE, RELEASE, YAML_LOADER, run_helm
+from testbed.framework.helm import HelmUnavailable, helm_binary
+from testbed.framework.paths import CHART
+from testbed.framework.pins import KUBE_VERSION
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.chart_values import CHART, NAMESPACE, RELEASE, by_kind, one
-from testbed.helm import REPO_ROOT
+from testbed.framework.chart import NAMESPACE, RELEASE, by_kind, one
+from testbed.framework.paths import CHART, REPO_ROOT
 
 INJ = f"{RELEASE}-injection-webhook"
 SCL = f"{RELEASE}-scaling-webhook"

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from testbed.helm import REPO_ROOT
+from testbed.framework.paths import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 

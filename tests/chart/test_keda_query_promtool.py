@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from testbed.chart_values import by_kind, mapping
-from testbed.real import slurm_metrics
-from testbed.real.debian import PackagesUnavailable
-from testbed.real.prometheus import promtool as find_promtool
+from testbed.components import slurm_metrics
+from testbed.components.prometheus import promtool as find_promtool
+from testbed.framework.chart import by_kind, mapping
+from testbed.framework.debian import PackagesUnavailable
 
 PARTITION = "batch"
 RUNNING, PENDING = "slurm_partition_jobs_running", "slurm_partition_jobs_pending"

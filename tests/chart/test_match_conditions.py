@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from demo.cel import MatchConditionError, evaluate_match_conditions
-from testbed.chart_values import NAMESPACE, TWO_MAPPINGS, one
+from testbed.framework.chart import NAMESPACE, TWO_MAPPINGS, one
 
 
 def _secret_request(owner_refs=None, data=None, operation="CREATE"):

@@ -12,10 +12,10 @@ import re
 
 import pytest
 
-from testbed.chart_values import NAMESPACE, RELEASE, mapping
-from testbed.helm import REPO_ROOT
-from testbed.rbac import ApiRequest as R
-from testbed.rbac import assert_rbac_covers, rbac_allows
+from testbed.framework.chart import NAMESPACE, RELEASE, mapping
+from testbed.framework.paths import REPO_ROOT
+from testbed.framework.rbac import ApiRequest as R
+from testbed.framework.rbac import assert_rbac_covers, rbac_allows
 
 INJ_SA = f"{RELEASE}-injection-webhook"
 SCL_SA = f"{RELEASE}-scaling-webhook"
@@ -209,7 +209,8 @@ def test_extra_namespaces_grant_unrestricted_names(render):
 
 
 def test_no_wildcards_and_every_rule_commented(render):
-    from testbed.chart_values import CHART, COMBOS
+    from testbed.framework.chart import COMBOS
+    from testbed.framework.paths import CHART
 
     for combo in [*COMBOS.values(), SCALING_VALUES]:
         for obj in render(combo):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.rbac import ApiRequest as R
-from testbed.rbac import assert_rbac_covers, rbac_allows
+from testbed.framework.rbac import ApiRequest as R
+from testbed.framework.rbac import assert_rbac_covers, rbac_allows
 
 RBAC = "rbac.authorization.k8s.io/v1"
 SA, NS = "hook", "sys"

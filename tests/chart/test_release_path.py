@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.chart_values import CHART, NAMESPACE, RELEASE, HelmError
+from testbed.framework.chart import NAMESPACE, RELEASE, HelmError
+from testbed.framework.paths import CHART
 
 Render = Callable[..., list[dict[str, Any]]]
 CHART_YAML = yaml.safe_load((CHART / "Chart.yaml").read_text())

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from testbed.chart_values import COMBOS, NAMESPACE, RELEASE, TWO_MAPPINGS, by_kind, mapping, one
+from testbed.framework.chart import COMBOS, NAMESPACE, RELEASE, TWO_MAPPINGS, by_kind, mapping, one
 
 INJ = f"{RELEASE}-injection-webhook"
 SCL = f"{RELEASE}-scaling-webhook"

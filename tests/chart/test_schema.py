@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from testbed.chart_values import CHART, HelmError, mapping
+from testbed.framework.chart import HelmError, mapping
+from testbed.framework.paths import CHART
 
 BAD = {
     "keda-demand-enum": ({"keda": {"demand": "pods"}}, "/keda/demand"),

@@ -11,7 +11,7 @@ import pytest
 from common.cache import LIST_PAGE_SIZE, Informer, InformerSet, object_key, strip_noise
 from common.kube import KubeClient, local_client
 from kubemu import Emulator, Fault
-from testbed.wait import wait_for
+from testbed.framework.wait import wait_for
 
 NS = "default"
 CONFIG_MAPS = f"/api/v1/namespaces/{NS}/configmaps"

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from certs.devcerts import CertificateAuthority, create_ca, issue_client_cert
-from testbed.harness import echo_allow, serve_handler
-from testbed.pki import Pki
-from testbed.serve import RunningService
-from testbed.wait import wait_for
+from testbed.components.harness import echo_allow, serve_handler
+from testbed.components.serve import RunningService
+from testbed.framework.pki import Pki
+from testbed.framework.wait import wait_for
 
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u-1"}}
 

@@ -20,8 +20,8 @@ import pytest
 
 from injection_webhook.main import main as injection_main
 from scaling_webhook.main import main as scaling_main
-from testbed.pki import Pki, make_pki
-from testbed.ports import free_port
+from testbed.framework.pki import Pki, make_pki
+from testbed.framework.ports import free_port
 
 ENV = (
     "SLIME_PORT",

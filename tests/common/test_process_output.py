@@ -21,10 +21,11 @@ import httpx
 from certs.devcerts import main as dev_certs
 from common.logs import configure_logging
 from kubemu import Emulator
-from testbed.ports import free_port
-from testbed.reviews import secret_request
-from testbed.wait import wait_for
-from testbed.world import metadata_secret, seed_metal3, seed_nodeport, seed_slinky
+from testbed.framework.objects import metadata_secret
+from testbed.framework.ports import free_port
+from testbed.framework.reviews import secret_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import seed_metal3, seed_nodeport, seed_slinky
 
 
 def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Emulator, tmp_path: Path) -> None:

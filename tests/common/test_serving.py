@@ -11,8 +11,15 @@ import httpx
 import pytest
 
 from certs.devcerts import issue_serving_cert
-from testbed.harness import Load, echo_allow, fingerprint_of, kubelet_volume, serve_handler, served_fingerprint
-from testbed.pki import Pki, make_pki
+from testbed.components.harness import (
+    Load,
+    echo_allow,
+    fingerprint_of,
+    kubelet_volume,
+    serve_handler,
+    served_fingerprint,
+)
+from testbed.framework.pki import Pki, make_pki
 
 
 def test_certificate_rotation_under_load_drops_nothing(tmp_path: Path) -> None:

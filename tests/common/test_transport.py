@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from common.admission import AdmissionResponse, patch_response
-from testbed.harness import echo_allow, serve_handler
-from testbed.pki import Pki
-from testbed.serve import RunningService
+from testbed.components.harness import echo_allow, serve_handler
+from testbed.components.serve import RunningService
+from testbed.framework.pki import Pki
 
 LIMIT = 64 * 1024
 

@@ -11,11 +11,11 @@ from common.kube import local_client
 from injection_webhook.resolver import InjectionResolver
 from injection_webhook.settings import DEFAULT_CONTROLLER_SELECTOR
 from kubemu import Emulator
-from testbed.pki import Pki
-from testbed.serve import RunningService
-from testbed.services import StartInjection
-from testbed.services import start_injection as start_injection_service
-from testbed.wait import wait_for
+from testbed.components.serve import RunningService
+from testbed.components.services import StartInjection
+from testbed.components.services import start_injection as start_injection_service
+from testbed.framework.pki import Pki
+from testbed.framework.wait import wait_for
 
 
 @pytest.fixture

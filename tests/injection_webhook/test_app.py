@@ -7,7 +7,7 @@ import asyncio
 from injection_webhook.app import CacheChanges
 from injection_webhook.resolver import InjectionResolver
 from kubemu import Emulator
-from testbed.world import seed_metal3
+from testbed.framework.world import seed_metal3
 
 from .test_resolver import review_of
 

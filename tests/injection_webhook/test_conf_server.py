@@ -18,17 +18,15 @@ import pytest
 
 from common.logs import REDACTED, JsonFormatter, redactor
 from kubemu import Emulator
-from testbed.audit import EVIDENCE
-from testbed.reviews import secret_request
-from testbed.serve import RunningService
-from testbed.services import StartInjection
-from testbed.wait import wait_for
-from testbed.world import (
+from testbed.components.serve import RunningService
+from testbed.components.services import StartInjection
+from testbed.framework.audit import EVIDENCE
+from testbed.framework.objects import b64, decoded_metadata, metadata_secret
+from testbed.framework.reviews import secret_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import (
     SlurmCluster,
     assign_ingress,
-    b64,
-    decoded_metadata,
-    metadata_secret,
     move_slurmctld,
     seed_loadbalancer,
     seed_metal3,

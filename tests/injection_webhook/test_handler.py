@@ -10,8 +10,8 @@ import yaml
 
 from injection_webhook.handler import JoinInfo, NotOptedIn, Unresolved, Unverified, respond, select, withheld, withhold
 from injection_webhook.metadata import JOIN_KEYS, MetaDataError, join_entries, merged_metadata
-from testbed.reviews import secret_request
-from testbed.world import b64
+from testbed.framework.objects import b64
+from testbed.framework.reviews import secret_request
 
 OWNER = {
     "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",

@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from kubemu import Emulator
-from testbed.reviews import secret_request
-from testbed.serve import RunningService
-from testbed.services import StartInjection
-from testbed.world import b64, decoded_metadata, metadata_secret, seed_metal3, seed_nodeport, seed_slinky
+from testbed.components.serve import RunningService
+from testbed.components.services import StartInjection
+from testbed.framework.objects import b64, decoded_metadata, metadata_secret
+from testbed.framework.reviews import secret_request
+from testbed.framework.world import seed_metal3, seed_nodeport, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 
@@ -336,7 +337,7 @@ def test_certificate_rotation_while_serving(emulator: Emulator, start_injection:
     seed_slinky(emulator)
     _, data = seed_metal3(emulator, template_labels=OPT_IN)
     service = start_injection(emulator)
-    from testbed.harness import fingerprint_of, served_fingerprint
+    from testbed.components.harness import fingerprint_of, served_fingerprint
 
     new = pki.issue()
     started = time.monotonic()

@@ -12,7 +12,7 @@ import yaml
 
 from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved, respond
 from injection_webhook.large import INLINE_METADATA_BYTES, respond_off_loop
-from testbed.world import b64, decoded_metadata
+from testbed.framework.objects import b64, decoded_metadata
 
 JOIN = JoinInfo(
     host="192.0.2.10", port=6817, key_base64=b64(b"k" * 64), source="Controller slurm/slurm in cluster local"

@@ -13,8 +13,9 @@ from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Unre
 from injection_webhook.resolver import InjectionResolver, NeedsWait
 from injection_webhook.settings import DEFAULT_CONTROLLER_SELECTOR
 from kubemu import Emulator, Fault
-from testbed.wait import wait_for
-from testbed.world import SlurmCluster, b64, seed_metal3, seed_slinky
+from testbed.framework.objects import b64
+from testbed.framework.wait import wait_for
+from testbed.framework.world import SlurmCluster, seed_metal3, seed_slinky
 
 M3 = "infrastructure.cluster.x-k8s.io/v1beta1"
 

@@ -11,19 +11,12 @@ from typing import Any
 import pytest
 
 from kubemu import Emulator
-from testbed.reviews import secret_request
-from testbed.serve import RunningService
-from testbed.services import StartInjection
-from testbed.wait import wait_for
-from testbed.world import (
-    assign_ingress,
-    decoded_metadata,
-    fail_over,
-    metadata_secret,
-    seed_loadbalancer,
-    seed_metal3,
-    seed_slinky,
-)
+from testbed.components.serve import RunningService
+from testbed.components.services import StartInjection
+from testbed.framework.objects import decoded_metadata, metadata_secret
+from testbed.framework.reviews import secret_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import assign_ingress, fail_over, seed_loadbalancer, seed_metal3, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 PREFIX = "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: "

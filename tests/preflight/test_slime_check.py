@@ -26,8 +26,8 @@ from common.names import CONF_SERVER_ANNOTATION
 from demo import cluster
 from demo.environment import DemoEnvironment
 from preflight.main import run
-from testbed.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler
-from testbed.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.framework.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler
 
 NS = cluster.SLIME_NAMESPACE
 

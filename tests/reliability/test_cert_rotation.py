@@ -19,12 +19,12 @@ import httpx
 import pytest
 
 from kubemu import Emulator
-from testbed.harness import Load, fingerprint_of, kubelet_volume, served_fingerprint
-from testbed.pki import Pki, make_pki
-from testbed.reliability import Services, seed_injection_cluster
-from testbed.reviews import secret_request
-from testbed.serve import RunningService
-from testbed.world import metadata_secret
+from testbed.components.harness import Load, fingerprint_of, kubelet_volume, served_fingerprint
+from testbed.components.serve import RunningService
+from testbed.framework.objects import metadata_secret
+from testbed.framework.pki import Pki, make_pki
+from testbed.framework.reviews import secret_request
+from testbed.scenarios.reliability import Services, seed_injection_cluster
 
 ROTATIONS = 10
 PICKUP_LIMIT_SECONDS = 15.0

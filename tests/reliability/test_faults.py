@@ -21,10 +21,11 @@ import httpx
 import pytest
 
 from kubemu import Emulator, Fault
-from testbed.reliability import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster, timed
-from testbed.reviews import scale_request, secret_request
-from testbed.wait import wait_for
-from testbed.world import SLIME_NAMESPACE, metadata_secret
+from testbed.framework.audit import EVIDENCE
+from testbed.framework.objects import SLIME_NAMESPACE, metadata_secret
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.wait import wait_for
+from testbed.scenarios.reliability import Services, md_replicas, seed_injection_cluster, seed_scaling_cluster, timed
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 PATCH_BUDGET = 1.0  # --patch-timeout-seconds of the service under test

@@ -23,11 +23,12 @@ import pytest
 
 from common.webhook import LARGE_BODY_BYTES
 from kubemu import Emulator
-from testbed.malformed import Case, generate
-from testbed.reliability import EVIDENCE, Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
-from testbed.reviews import scale_request, secret_request
-from testbed.serve import RunningService
-from testbed.world import SLIME_NAMESPACE, metadata_secret
+from testbed.components.serve import RunningService
+from testbed.framework.audit import EVIDENCE
+from testbed.framework.malformed import Case, generate
+from testbed.framework.objects import SLIME_NAMESPACE, metadata_secret
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.scenarios.reliability import Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
 
 SEED = int(os.environ.get("SLIME_RELIABILITY_SEED", "20250601"))
 BODIES = int(os.environ.get("SLIME_RELIABILITY_BODIES", "10000"))

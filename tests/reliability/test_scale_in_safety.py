@@ -24,12 +24,13 @@ import pytest
 
 from common.names import DELETE_MACHINE_ANNOTATION
 from kubemu import Emulator, Fault
-from testbed.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, safe_config_map
-from testbed.fake_slurmrestd import FakeSlurmrestd
-from testbed.reliability import Services
-from testbed.services import ScaleWebhookRoute, Scaling
-from testbed.wait import wait_for
-from testbed.world import SLIME_NAMESPACE, machine_deployment, make_jwt_key, md_replicas, mirror, scale_mirror
+from testbed.components.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, safe_config_map
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.services import ScaleWebhookRoute, Scaling
+from testbed.framework.objects import SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.framework.wait import wait_for
+from testbed.framework.world import make_jwt_key, md_replicas, scale_mirror
+from testbed.scenarios.reliability import Services
 
 QUICK_LEASE = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "lease_retry_seconds": 0.5}
 

@@ -31,12 +31,15 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubemu import Emulator, Fault
-from testbed.pki import Pki
-from testbed.ports import free_port
-from testbed.reliability import EVIDENCE, REPO_ROOT, Services, md_replicas, mirror_replicas, seed_scaling_cluster
-from testbed.reviews import scale_request
-from testbed.wait import wait_for
-from testbed.world import SLIME_NAMESPACE, scale_mirror
+from testbed.framework.audit import EVIDENCE
+from testbed.framework.objects import SLIME_NAMESPACE
+from testbed.framework.paths import REPO_ROOT
+from testbed.framework.pki import Pki
+from testbed.framework.ports import free_port
+from testbed.framework.reviews import scale_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import scale_mirror
+from testbed.scenarios.reliability import Services, md_replicas, mirror_replicas, seed_scaling_cluster
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 QUICK_LEASE = {"lease_duration_seconds": 3, "lease_renew_deadline_seconds": 2, "lease_retry_seconds": 0.5}
@@ -157,7 +160,7 @@ def test_a_second_writer_is_undone_on_its_watch_event(
 def test_two_replicas_racing_leave_one_writer_and_the_same_end_state(
     emulator_factory: Any, services: Services, figures: dict[str, Any]
 ) -> None:
-    from testbed.services import ScaleWebhookRoute
+    from testbed.components.services import ScaleWebhookRoute
 
     route = ScaleWebhookRoute()
     emulator = seed_scaling_cluster(emulator_factory(admission=route))

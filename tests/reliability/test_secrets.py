@@ -18,11 +18,12 @@ from typing import Any
 import yaml
 
 from kubemu import Emulator
-from testbed.audit import EVIDENCE, leaks
-from testbed.pki import Pki
-from testbed.reliability import Services, seed_injection_cluster, seed_scaling_cluster
-from testbed.reviews import scale_request, secret_request
-from testbed.world import SLIME_NAMESPACE, b64, issued_secrets, metadata_secret, seed_metal3
+from testbed.framework.audit import EVIDENCE, leaks
+from testbed.framework.objects import SLIME_NAMESPACE, b64, metadata_secret
+from testbed.framework.pki import Pki
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.world import issued_secrets, seed_metal3
+from testbed.scenarios.reliability import Services, seed_injection_cluster, seed_scaling_cluster
 
 
 def _review(service: Any, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:

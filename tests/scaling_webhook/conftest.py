@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kubemu import Emulator
-from testbed.fake_slurmrestd import DEFAULT_RELEASE, FakeSlurmrestd
-from testbed.services import Scaling
-from testbed.world import config_map, machine_deployment, make_jwt_key, mirror
+from testbed.components.fake_slurmrestd import DEFAULT_RELEASE, FakeSlurmrestd
+from testbed.components.services import Scaling
+from testbed.framework.objects import config_map, machine_deployment, mirror
+from testbed.framework.world import make_jwt_key
 
 
 @pytest.fixture

@@ -10,20 +10,18 @@ import pytest
 
 from kubemu import Emulator
 from scaling_webhook.capacity import Capacity, CapacityUnknown, HostSelector, count, host_is_free
-from testbed.services import Scaling
-from testbed.wait import wait_for
-from testbed.world import (
+from testbed.components.services import Scaling
+from testbed.framework.objects import (
     CAPI,
     SLIME_NAMESPACE,
     baremetal_host,
     config_map,
     machine_deployment,
-    md_events,
-    md_replicas,
     metal3_machine_template,
     mirror,
-    scale_mirror,
 )
+from testbed.framework.wait import wait_for
+from testbed.framework.world import md_events, md_replicas, scale_mirror
 
 NS, MD = "metal3", "workers"
 POOL = {"pool": "workers"}

@@ -17,8 +17,8 @@ from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingTable, parse_mappings
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.watches import MappedObjects
-from testbed.reviews import scale_request
-from testbed.world import SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.framework.objects import SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.framework.reviews import scale_request
 
 KEDA = "system:serviceaccount:keda:keda-operator"
 

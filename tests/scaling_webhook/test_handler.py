@@ -25,8 +25,8 @@ from scaling_webhook.handler import (
     target_replicas,
 )
 from scaling_webhook.mappings import Mapping, parse_mappings
-from testbed.reviews import scale_request
-from testbed.world import machine_deployment, mirror
+from testbed.framework.objects import machine_deployment, mirror
+from testbed.framework.reviews import scale_request
 
 TABLE = parse_mappings(
     {

@@ -11,8 +11,8 @@ import pytest
 from common.kube import KubeClient, local_client
 from kubemu import Emulator, Fault
 from scaling_webhook.leader import LeaderElector, NotLeader
-from testbed.wait import wait_for
-from testbed.world import SLIME_NAMESPACE
+from testbed.framework.objects import SLIME_NAMESPACE
+from testbed.framework.wait import wait_for
 
 LEASE = "slime-scaling-leader"
 MakeElector = Callable[..., LeaderElector]

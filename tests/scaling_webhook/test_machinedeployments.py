@@ -11,7 +11,8 @@ from common.kube import local_client
 from kubemu import Emulator, Fault
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
-from testbed.world import CAPI, SLIME_NAMESPACE, machine_deployment, md_replicas, mirror
+from testbed.framework.objects import CAPI, SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.framework.world import md_replicas
 
 MakeScaler = Callable[[Emulator], MachineDeploymentScaler]
 

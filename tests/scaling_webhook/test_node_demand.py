@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from kubemu import Emulator
-from testbed.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, demand_config
-from testbed.fake_slurmrestd import FakeSlurmrestd
-from testbed.services import Scaling
-from testbed.wait import wait_for
-from testbed.world import SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.components.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, demand_config
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.services import Scaling
+from testbed.framework.objects import SLIME_NAMESPACE, machine_deployment, mirror
+from testbed.framework.wait import wait_for
 
 INTERVAL = {"demand_interval_seconds": 0.2}
 

@@ -12,19 +12,11 @@ from kubernetes.client.exceptions import ApiException
 
 from common.names import ADOPTED_ANNOTATION
 from kubemu import Emulator, Fault
-from testbed.reviews import scale_request
-from testbed.services import Scaling
-from testbed.wait import wait_for
-from testbed.world import (
-    CAPI,
-    SLIME_NAMESPACE,
-    config_map,
-    machine_deployment,
-    md_events,
-    md_replicas,
-    mirror,
-    scale_mirror,
-)
+from testbed.components.services import Scaling
+from testbed.framework.objects import CAPI, SLIME_NAMESPACE, config_map, machine_deployment, mirror
+from testbed.framework.reviews import scale_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import md_events, md_replicas, scale_mirror
 
 THESIS_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
 MD_REF = "metal3/md"

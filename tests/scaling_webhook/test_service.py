@@ -16,19 +16,11 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubemu import Emulator, Fault
-from testbed.reviews import scale_request
-from testbed.services import Scaling
-from testbed.wait import wait_for
-from testbed.world import (
-    CAPI,
-    SLIME_NAMESPACE,
-    config_map,
-    machine_deployment,
-    md_events,
-    md_replicas,
-    mirror,
-    scale_mirror,
-)
+from testbed.components.services import Scaling
+from testbed.framework.objects import CAPI, SLIME_NAMESPACE, config_map, machine_deployment, mirror
+from testbed.framework.reviews import scale_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import md_events, md_replicas, scale_mirror
 
 MD_SCALE = r"/machinedeployments/[^/]+/scale$"
 
@@ -448,7 +440,7 @@ def test_bad_review_is_errored_with_no_call(scaling: Scaling, seeded: Emulator) 
 def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from scaling_webhook.main import build
     from scaling_webhook.settings import ScalingSettings
-    from testbed.serve import serve_in_thread
+    from testbed.components.serve import serve_in_thread
 
     fault = emulator.add_fault(Fault(method="GET", path_regex=r"/configmaps$", status=500))
     settings = ScalingSettings(

@@ -15,8 +15,8 @@ from scaling_webhook.capacity import CapacityUnknown
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingTable, parse_mappings
 from scaling_webhook.watches import MappedObjects
-from testbed.wait import wait_for
-from testbed.world import CAPI, machine_deployment, mirror
+from testbed.framework.objects import CAPI, machine_deployment, mirror
+from testbed.framework.wait import wait_for
 
 MakeObjects = Callable[[Emulator], MappedObjects]
 CLUSTER = {"apiVersion": f"{CAPI}/v1beta1", "kind": "Cluster", "metadata": {"name": "c1", "namespace": "metal3"}}

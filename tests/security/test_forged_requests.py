@@ -20,21 +20,12 @@ import pytest
 
 from certs.devcerts import CertificateAuthority, create_ca, issue_client_cert
 from kubemu import Emulator
-from testbed.pki import Pki
-from testbed.reviews import scale_request, secret_request
-from testbed.serve import RunningService
-from testbed.services import Scaling, start_injection
-from testbed.world import (
-    SLIME_NAMESPACE,
-    SlurmCluster,
-    config_map,
-    machine_deployment,
-    md_replicas,
-    metadata_secret,
-    mirror,
-    seed_metal3,
-    seed_slinky,
-)
+from testbed.components.serve import RunningService
+from testbed.components.services import Scaling, start_injection
+from testbed.framework.objects import SLIME_NAMESPACE, config_map, machine_deployment, metadata_secret, mirror
+from testbed.framework.pki import Pki
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.world import SlurmCluster, md_replicas, seed_metal3, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 

@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from kubemu import Emulator
-from testbed.pki import Pki
-from testbed.reviews import scale_request, secret_request
-from testbed.serve import RunningService
-from testbed.services import Scaling, start_injection
-from testbed.world import config_map, machine_deployment, metadata_secret, mirror, seed_metal3, seed_slinky
+from testbed.components.serve import RunningService
+from testbed.components.services import Scaling, start_injection
+from testbed.framework.objects import config_map, machine_deployment, metadata_secret, mirror
+from testbed.framework.pki import Pki
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.world import seed_metal3, seed_slinky
 
 SETTINGS = settings(max_examples=250, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 

@@ -21,12 +21,13 @@ import pytest
 
 from common.admission import AdmissionResponse, allow
 from kubemu import Emulator
-from testbed.harness import echo_allow, serve_handler
-from testbed.pki import Pki
-from testbed.reviews import secret_request
-from testbed.serve import RunningService
-from testbed.services import start_injection
-from testbed.world import b64, metadata_secret, seed_metal3, seed_slinky
+from testbed.components.harness import echo_allow, serve_handler
+from testbed.components.serve import RunningService
+from testbed.components.services import start_injection
+from testbed.framework.objects import b64, metadata_secret
+from testbed.framework.pki import Pki
+from testbed.framework.reviews import secret_request
+from testbed.framework.world import seed_metal3, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 

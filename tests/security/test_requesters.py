@@ -22,21 +22,13 @@ from kubernetes import client
 
 from common.names import CAPM3_MANAGER_USERNAME
 from kubemu import Emulator
-from testbed.pki import Pki
-from testbed.reviews import scale_request, secret_request
-from testbed.serve import RunningService
-from testbed.services import InjectionRoute, Scaling, start_injection
-from testbed.wait import wait_for
-from testbed.world import (
-    SlurmCluster,
-    config_map,
-    impersonating,
-    machine_deployment,
-    metadata_secret,
-    mirror,
-    seed_metal3,
-    seed_slinky,
-)
+from testbed.components.serve import RunningService
+from testbed.components.services import InjectionRoute, Scaling, start_injection
+from testbed.framework.objects import config_map, machine_deployment, metadata_secret, mirror
+from testbed.framework.pki import Pki
+from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.wait import wait_for
+from testbed.framework.world import SlurmCluster, impersonating, seed_metal3, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 TENANT = "system:serviceaccount:team-a:ci-robot"

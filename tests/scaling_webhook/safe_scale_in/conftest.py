@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from kubemu import Emulator
-from testbed.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, Env
-from testbed.fake_slurmrestd import FakeSlurmrestd
-from testbed.services import Scaling
-from testbed.world import machine_deployment, mirror
+from testbed.components.capi_sim import JWT_KEY, JWT_NS, JWT_SECRET, MD, MD_NS, MIRROR, CapiSim, Env
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.services import Scaling
+from testbed.framework.objects import machine_deployment, mirror
 
 
 @pytest.fixture

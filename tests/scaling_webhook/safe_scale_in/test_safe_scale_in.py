@@ -34,10 +34,11 @@ from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS
 from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
-from testbed.capi_sim import MD, MD_NS, Env, safe_config_map
-from testbed.fake_slurmrestd import DIALECTS, SERVED, FakeSlurmrestd
-from testbed.wait import wait_for
-from testbed.world import CAPI, SLIME_NAMESPACE, md_events, md_replicas
+from testbed.components.capi_sim import MD, MD_NS, Env, safe_config_map
+from testbed.components.fake_slurmrestd import DIALECTS, SERVED, FakeSlurmrestd
+from testbed.framework.objects import CAPI, SLIME_NAMESPACE
+from testbed.framework.wait import wait_for
+from testbed.framework.world import md_events, md_replicas
 
 IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
 

@@ -18,8 +18,9 @@ from scaling_webhook.safe_scale_in.slurmrestd import (
     _timestamp,
     parse_node,
 )
-from testbed.fake_slurmrestd import FakeSlurmrestd
-from testbed.world import b64, make_jwt_key
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.framework.objects import b64
+from testbed.framework.world import make_jwt_key
 
 JWT_NS, JWT_NAME = "slurm", "slurm-jwt"
 
