@@ -2,7 +2,7 @@
 
     python3 -m bench.apiserver_latency [--admissions 300] [--rate 50] [--runner pod|process] [--no-write]
 
-Starts the real-Kubernetes tier's stack (testbed/real: etcd, kube-apiserver, kube-controller-manager,
+Starts the real-Kubernetes tier's stack (testbed.scenarios.stack: etcd, kube-apiserver, kube-controller-manager,
 the chart installed with helm, both webhooks run from the image as the chart's pods, client
 certificate admission), then makes N admissions of each webhook through the API server: N
 CAPM3-shaped metaData Secret creates (injection, mutating) and N ``/scale`` patches of the mapped

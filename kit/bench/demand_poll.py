@@ -113,7 +113,7 @@ def render(results: list[dict[str, Any]], command: str) -> str:
         "## Node demand at a long queue",
         "",
         f"`{command}` (bench/demand_poll.py) on {measured_on()}: the real `DemandPoller` against the fake "
-        "slurmrestd (held to real Slurm 24.11 and 26.05 by tests/real_slurm/test_conformance.py), medians. *Full*: "
+        "slurmrestd (held to real Slurm 24.11 and 26.05 by kit/tests/real_slurm/test_conformance.py), medians. *Full*: "
         "the first poll and every",
         "poll after a job changed (every job listed and parsed); *unchanged*: asked with `update_time`, slurmctld",
         "sends no jobs and the poller re-evaluates the jobs it kept. CPU is the poller's thread only (the fake",

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.sections import measured_on, replace_section
 from testbed.framework.paths import REPO_ROOT
+from testbed.framework.pins import CAPI, CERT_MANAGER, DEFAULT_SLURM, KEDA, KUBE_VERSION
 from testbed.scenarios import stack, story, whole_loop
 from testbed.scenarios.timeline import PHASES, ScaleUp, plot, render
 
@@ -88,9 +89,10 @@ def report(stories: list[story.Story]) -> str:
         "## The whole scale-up, job submitted to job started",
         "",
         f"`python3 -m bench.whole_loop --stories {len(stories)}` on {measured_on()}: the whole loop of "
-        "`tests/real_loop/test_whole_loop.py` (real kube-apiserver/etcd/kube-controller-manager v1.36.4 with the HPA "
-        f"controller, cert-manager v1.21.2, KEDA v2.21.0 polling every {KEDA_POLLING} s on the node demand, "
-        f"Prometheus, Cluster API v1.14.2, Slurm 24.11, the chart's pods), its story run {len(stories)} times on one "
+        f"`kit/tests/real_loop/test_whole_loop.py` (real kube-apiserver/etcd/kube-controller-manager {KUBE_VERSION} "
+        f"with the HPA controller, cert-manager {CERT_MANAGER.version}, KEDA {KEDA.version} polling every "
+        f"{KEDA_POLLING} s on the node demand, Prometheus, Cluster API {CAPI.version}, Slurm {DEFAULT_SLURM.series}, "
+        f"the chart's pods), its story run {len(stories)} times on one "
         f"loop. Medians over the {len(stories)} scale-ups of each kind; the share is the phase's median over the "
         "whole's median, both from this run.",
         "",
@@ -110,7 +112,7 @@ def report(stories: list[story.Story]) -> str:
         "",
         "![the phases of the median story's three scale-ups](images/whole-loop-timeline.png)",
         "",
-        "What each phase is, from the timeline's steps (`testbed/real/timeline.py`):",
+        "What each phase is, from the timeline's steps (`testbed/scenarios/timeline.py`):",
         "",
         "- **KEDA reaction**: the job submitted (`sbatch`) → the scaling webhook admitted KEDA's (0 → n) or the HPA's "
         f"`/scale` of the mirror. Bounded by KEDA's polling ({KEDA_POLLING} s here) and, for the HPA, its 5 s sync: "
@@ -125,7 +127,7 @@ def report(stories: list[story.Story]) -> str:
         "- **provisioning (Metal3, cloud-init)**: the Machine → its slurmd registered: CAPM3 claims a host and "
         "creates the metaData Secret (the injection webhook completes it), BMO takes the host through provisioning "
         "(its test mode's fixture answers for Ironic in fixed 10 s steps), the host boots its config drive with real "
-        "cloud-init (testbed/real/machines.py, host.py), which runs `slurmd -Z`. None of a real server's POST, PXE "
+        "cloud-init (testbed/components/ironic.py, host.py), which runs `slurmd -Z`. None of a real server's POST, PXE "
         "and image write.",
         "- **Slurm scheduling**: the last slurmd registered → the job `RUNNING`.",
         "",

@@ -6,7 +6,7 @@ ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node 
 down (connection refused).
 
 It answers as real slurmrestd 26.05 or 24.11 does (``release``; checked against both: the
-conformance test sends the same requests to each, tests/real_slurm/test_conformance.py), serving
+conformance test sends the same requests to each, kit/tests/real_slurm/test_conformance.py), serving
 the data parsers of the release it plays (:data:`SERVED`). Both: a request without a token gets
 401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
 one 2016 on DELETE (node errors name ``_update_node`` for a POST, ``op_handler_node`` for a

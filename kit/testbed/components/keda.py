@@ -15,7 +15,7 @@ except:
 - the three Services become ``ExternalName: localhost`` whose ports are the processes' ports, and
   the APIService and the webhook configuration name those ports: kube-apiserver dials
   ``<externalName>:<service port>`` for an APIService as for a webhook (the chart's webhooks are
-  routed the same way, ``testbed/real/release.py``); ``--enable-aggregator-routing`` would dial
+  routed the same way, ``testbed/components/release.py``); ``--enable-aggregator-routing`` would dial
   Endpoints, which cannot hold loopback addresses;
 - TLS: certificates of our own for the three Services' names (KEDA's ``getDNSNames``: ``<svc>``,
   ``<svc>.keda``, ``<svc>.keda.svc``, ``<svc>.keda.svc.cluster.local``) in one ``--cert-dir``, as

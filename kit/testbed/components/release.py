@@ -16,7 +16,7 @@ dial the ClusterIP: fine with nothing calling the webhooks, not under load. A re
 ``routed_at_render=True`` is routed by a Helm 4 post-renderer plugin instead (:func:`route_rendered`,
 ``python -m testbed.components.release``, installed in a plugin directory of the work directory): Helm
 stores and applies the webhook Services already in their ExternalName form, so an upgrade never
-turns them back (the upgrade test, ``tests/real_k8s/test_upgrade.py``).
+turns them back (the upgrade test, ``kit/tests/real_k8s/test_upgrade.py``).
 
 **Authenticated admission.** With ``admissionAuth.enabled`` the chart generates the client CA and
 certificate (``<fullname>-apiserver-client``); :meth:`Release.admission_configuration` writes the

@@ -91,7 +91,7 @@ class SlurmConfig:
 def slurm_conf(config: SlurmConfig) -> str:
     """A ``slurm.conf`` shaped like the one Slinky's operator writes, for bare-metal dynamic nodes."""
     lines = [
-        "# Written by testbed/real/slurm.py, after the slurm.conf of SchedMD's Slinky slurm-operator.",
+        "# Written by testbed/components/slurm.py, after the slurm.conf of SchedMD's Slinky slurm-operator.",
         f"ClusterName={config.cluster}",
         "SlurmUser=slurm",
         *(

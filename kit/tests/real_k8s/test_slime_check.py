@@ -1,6 +1,6 @@
 """``slime-check`` on a real install: green as installed, each check broken once with its line, and ``helm test``.
 
-The module's own stack (:func:`testbed.real.story.start_stack`: kube-apiserver v1.36.4, the chart
+The module's own stack (:func:`testbed.scenarios.stack.start_stack`: kube-apiserver v1.36.4, the chart
 installed with ``helm``, both webhooks as the chart's pods with the client certificate enforced)
 plus what an operator's management cluster has: CAPM3's Deployment (labelled as clusterctl
 labels it), an opted-in Metal3DataTemplate with a Metal3Data, Slinky's Controller, slurmctld and

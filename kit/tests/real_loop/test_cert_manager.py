@@ -5,11 +5,11 @@ cert-manager's controller and cainjector (built from the Go module proxy, ``stac
 run out of cluster against the tier's kube-apiserver; ``helm install`` uses
 ``certManager.enabled=true`` (and ``admissionAuth``, so the client certificate kube-apiserver
 presents is cert-manager's too). The webhooks run as the chart's pods, their secret volumes laid
-out and refreshed the way kubelet does (``testbed.real.pods.VolumeSync``). Everything answers
+out and refreshed the way kubelet does (``testbed.components.pods.VolumeSync``). Everything answers
 on 127.0.0.1 only.
 
 The renewal is what ``cmctl renew`` does (the ``Issuing=True`` condition), RENEWALS times in a row on both serving
-certificates at once, while a bounded loop of admissions (``testbed.real.load.Load``: creates of a CAPM3 metaData
+certificates at once, while a bounded loop of admissions (``testbed.components.load.Load``: creates of a CAPM3 metaData
 Secret for the injection webhook, stored as CAPM3's manager and removed again; dry-run scales of the mirror for the
 scaling webhook) goes
 through kube-apiserver. Acceptance: no admission fails (as the client sees it, and as

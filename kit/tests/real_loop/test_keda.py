@@ -2,8 +2,8 @@
 MachineDeployment.
 
 The chart is installed with ``keda.enabled=true`` on the tier's real API server, beside real
-KEDA v2.21.0, kube-controller-manager's HPA controller, Debian's Prometheus and real Slurm 24.11
-(tests/real_loop/keda_site.py says what each is and where it stands in). Two mappings on one
+KEDA v2.21.0, kube-controller-manager's HPA controller, Debian's Prometheus and real Slurm 26.05
+(testbed/scenarios/keda.py says what each is and where it stands in). Two mappings on one
 partition: ``jobs`` (the chart's PromQL query over Slurm's job counts) and ``nodes``
 (``keda.demand=nodes``: KEDA's metrics-api trigger on the scaling webhook's ``/demand/batch``).
 The scaling webhook is the chart's pod; every scale KEDA or the HPA makes goes through it.
