@@ -183,6 +183,13 @@ def _worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An xdist worker collects in the order the units are dealt (:func:`distribution.dealing_order`)."""
+    if _worker(config):
+        order = distribution.dealing_order([item.nodeid for item in items])
+        items[:] = [items[i] for i in order]
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Each real tier as one unit on one worker (:mod:`testbed.scenarios.distribution`)."""
@@ -190,8 +197,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Begin building what the selected real tests need. Alone, at once; on an xdist worker, once the worker runs a
-    tier's first test (it then runs the whole tier: :mod:`testbed.scenarios.distribution`), what that tier needs."""
+    """Begin building what the selected real tests need. Alone, at once; on an xdist worker, once the worker starts a
+    real tier (it runs the whole tier: :mod:`testbed.scenarios.distribution`): that tier's parts first."""
     if session.config.option.collectonly:
         return
     by_group: dict[str, list[tuple[bool, list[str]]]] = {}
@@ -208,9 +215,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """A real test waits for its parts before its own timeout starts (the builds run while earlier tests run)."""
     group = _group(item)
-    if group and _worker(item.config):
-        group_stack, group_names = _GROUP_NEEDS.get(group, _needs(item))
-        prepare.start(group_names, group_stack, _worker_progress)
+    if group and _worker(item.config):  # this unit's parts first, then every other real unit's (this worker may
+        # be dealt another unit next; the cache's locks keep the other worker from building one thing again)
+        own = _GROUP_NEEDS.get(group, _needs(item))
+        with_stack, names = _combined([own, *_GROUP_NEEDS.values()])
+        prepare.start(names, with_stack, _worker_progress)
     with_stack, names = _needs(item)
     if with_stack:
         prepare.ensure_stack()

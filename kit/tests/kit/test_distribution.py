@@ -1,9 +1,9 @@
 """The suite's distribution over xdist workers and the run's summary, in a real pytest session with two workers.
 
 A throwaway tree with the repository's layout (``kit/tests/real_*`` beside ``tests/``) runs under
-``-n 2`` with the kit's plugin: each real tier's tests run on one worker in their order, and the
-figures tests add on either worker are printed once and written, merged, to the file their
-variable names.
+``-n 2`` with the kit's plugin: each real tier's tests run on one worker in their order, the two
+longest tiers dealt first (one to each worker), and the figures tests add on either worker are
+printed once and written, merged, to the file their variable names.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed.scenarios.distribution import group_of
+from testbed.scenarios.distribution import dealing_order, group_of
 
 RECORD = """
 import os
@@ -30,12 +30,17 @@ def record(name):
 """
 
 
-def test_real_tiers_are_units_and_everything_else_a_test_of_its_own() -> None:
-    assert group_of("kit/tests/real_k8s/test_chart.py::test_x") == "real-kubernetes"
-    assert group_of("kit/tests/real_loop/test_capi.py::test_x") == "real-kubernetes"
-    assert group_of("kit/tests/real_slurm/test_join.py::test_x[26.05]") == "real-slurm"
-    assert group_of("tests/reliability/test_faults.py::test_x") == ""
-    assert group_of("kit/tests/kubemu/test_crud.py::test_x") == ""
+def test_real_tiers_are_units_dealt_first_and_everything_else_a_test_of_its_own() -> None:
+    nodeids = [
+        "tests/reliability/test_faults.py::test_x",
+        "kit/tests/kubemu/test_crud.py::test_x",
+        "kit/tests/real_k8s/test_chart.py::test_x",
+        "kit/tests/real_loop/test_capi.py::test_x",
+        "kit/tests/real_slurm/test_join.py::test_x[26.05]",
+        "kit/tests/real_loop/test_keda.py::test_x",
+    ]
+    assert [group_of(n) for n in nodeids] == ["", "", "real-k8s", "real-loop", "real-slurm", "real-loop"]
+    assert dealing_order(nodeids) == [3, 5, 4, 2, 0, 1]
 
 
 def _module(path: Path, prefix: str, count: int) -> None:
@@ -61,11 +66,12 @@ def test_each_tier_runs_on_one_worker_in_order_and_the_figures_of_both_workers_a
     ran = [line.split() for line in log.read_text().splitlines()]
     worker = {name: who for who, name in ran}
     order = [name for _, name in ran]
-    kube = [f"k8s_{i}" for i in range(4)] + [f"loop_{i}" for i in range(3)]
-    slurm = [f"slurm_{i}" for i in range(5)]
-    assert len({worker[name] for name in kube}) == 1 and len({worker[name] for name in slurm}) == 1, ran
-    assert worker[kube[0]] != worker[slurm[0]], "the two tiers start on the two workers"
-    assert [name for name in order if name in kube] == kube and [name for name in order if name in slurm] == slurm
+    units = {"loop": 3, "slurm": 5, "k8s": 4}
+    for unit, count in units.items():
+        tests = [f"{unit}_{i}" for i in range(count)]
+        assert len({worker[name] for name in tests}) == 1, f"{unit} ran on both workers: {ran}"
+        assert [name for name in order if name in tests] == tests, f"{unit} out of order: {ran}"
+    assert worker["loop_0"] != worker["slurm_0"], "the two longest tiers are dealt first, one to each worker"
     assert len(ran) == 24 and {worker[f"fast_{i}"] for i in range(12)} <= {"gw0", "gw1"}
     assert json.loads(figures.read_text()) == {name: 1 for name in order}, "every worker's figures, merged"
     assert result.stdout.count("tried figures") == 1, result.stdout
