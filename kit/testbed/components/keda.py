@@ -1,10 +1,11 @@
 """KEDA for the whole-loop tier: built from the Go module proxy, installed from its own manifests, run out of cluster.
 
 **Build.** ``stack/keda`` is a small module of ours that requires ``github.com/kedacore/keda/v2``
-:data:`KEDA_VERSION` (with the ``replace`` and ``exclude`` of KEDA's own ``go.mod``, which a
-consumer module does not inherit); :func:`build` compiles the operator, the metrics adapter and
-the admission webhooks from it once into the cache (:func:`testbed.framework.gobuild.go_build`: one
-heavy build at a time on the machine, progress lines, keyed by version and module hash).
+at the version of :data:`testbed.framework.pins.KEDA` (with the ``replace`` and ``exclude`` of
+KEDA's own ``go.mod``, which a consumer module does not inherit); :func:`build` compiles the
+operator, the metrics adapter and the admission webhooks from it once into the cache
+(:func:`testbed.framework.gobuild.go_build`: one heavy build at a time on the machine, progress
+lines, keyed by version and module hash).
 
 **Manifests.** KEDA's own install (:mod:`testbed.components.keda_install`), applied as rendered
 except:
