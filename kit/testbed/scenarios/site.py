@@ -102,7 +102,8 @@ class Site:
         if self.has("manager"):
             parts += ["--- CAPI manager ---\n" + self.manager.tail(15), self.metal3.tail(15)]
         if self.has("keda"):
-            parts += [f"--- KEDA {name} ---\n" + _tail(text, 8) for name, text in self.keda.logs().items()]
+            parts += [f"KEDA restarts {self.keda.restarts()}"]
+            parts += [f"--- KEDA {name} ---\n" + _tail(text, 12) for name, text in self.keda.logs().items()]
         if self.has("stack"):
             parts.append(self.stack.pod_tails(10))
         return "\n".join(parts)
