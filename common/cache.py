@@ -9,6 +9,7 @@ after a disconnect. That is the staleness bound documented in the README.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -249,3 +250,41 @@ class InformerSet:
     def stop(self) -> None:
         for informer in self.all():
             informer.stop()
+
+
+class CacheChanges:
+    """Lets an admission on the event loop sleep until any cache changes (an informer thread says so).
+
+    A review whose object the cache does not hold yet waits for the watch event that brings it,
+    not for a polling tick, so the wait lasts as long as the watch takes and no longer. Informer
+    threads call :meth:`changed`; it costs nothing while no admission waits."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: list[asyncio.Future[None]] = []
+
+    def arm(self) -> asyncio.Future[None]:
+        """A future done at the next change from now on: arm it before reading the caches, so no change is missed."""
+        self._loop = asyncio.get_running_loop()
+        changed = self._loop.create_future()
+        self._waiting.append(changed)
+        return changed
+
+    async def wait(self, changed: asyncio.Future[None], timeout: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(changed), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if changed in self._waiting:
+                self._waiting.remove(changed)
+
+    def changed(self) -> None:
+        if self._waiting and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for changed in waiting:
+            if not changed.done():
+                changed.set_result(None)

@@ -20,9 +20,10 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from common.certificates import CertificateFileError, check_certificate_files
 from common.kube import KubeConfigError
 from common.logs import configure_logging
-from common.serving import CertificateFileError, Listeners, ServiceRunner, check_certificate_files
+from common.serving import Listeners, ServiceRunner
 from common.settings import ServiceSettings
 
 S = TypeVar("S", bound=ServiceSettings)

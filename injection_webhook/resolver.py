@@ -68,7 +68,7 @@ from injection_webhook.confserver import (
     service_endpoint,
     shown,
 )
-from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved
+from injection_webhook.decision import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved
 
 log = logging.getLogger("slime.injection.resolver")
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from common.kube import KubeError
 from common.names import METADATA_KEY, METAL3_GROUP
-from injection_webhook.handler import DRY_RUN_WARNING
+from injection_webhook.decision import DRY_RUN_WARNING
 from injection_webhook.resolver import METAL3_VERSIONS
 from preflight import tls
 from preflight.context import DEPLOYMENTS, INSTALL, SECRETS, SERVICES, Context, annotations_of, metadata_of
 from preflight.install import Component, forbidden
 from preflight.report import Finding, fail, ok, skip, warn
-from scaling_webhook.handler import DRY_RUN_WARNING_PREFIX, replicas_of
+from scaling_webhook.decision import DRY_RUN_WARNING_PREFIX, replicas_of
 
 
 def webhooks(ctx: Context) -> Iterator[Finding]:

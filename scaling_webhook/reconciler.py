@@ -50,8 +50,8 @@ from common.names import (
     REASON_SCALED,
 )
 from scaling_webhook.capacity import CapacityUnknown
+from scaling_webhook.decision import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.leader import LeaderElector, NotLeader
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingSource, MappingTable, Ref
@@ -82,6 +82,28 @@ def _version(obj: dict[str, Any] | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
+class Wakeup:
+    """Asks the reconciler for a pass soon. Made first and handed to every part whose changes matter
+    (the watches, the mapping source, the elector), so none needs the reconciler itself; any thread may
+    call it, with any arguments (each part passes what its callback carries)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def __call__(self, *_: object) -> None:
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(event.set)
+
+    def attach(self) -> asyncio.Event:
+        """The event the running loop's reconciler waits on (called once, from that loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        return self._event
+
+
 class Reconciler:
     def __init__(
         self,
@@ -91,6 +113,7 @@ class Reconciler:
         events: EventRecorder,
         metrics: ScalingMetrics,
         resync_seconds: float,
+        wakeup: Wakeup,
         leader: LeaderElector | None = None,
         safe: SafeScaleIn | None = None,
     ) -> None:
@@ -103,8 +126,7 @@ class Reconciler:
         self.leader = leader
         self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
         self._lock = threading.Lock()  # one pass at a time in this process
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self.wakeup = wakeup
         self._applied: dict[Ref, int] = {}  # MachineDeployment -> the replicas this process last set
         self._told: dict[tuple[Ref, str], str] = {}  # (MachineDeployment, reason) -> message last recorded
         self._followed = MappingTable()
@@ -375,22 +397,14 @@ class Reconciler:
 
     # --- the loop ---------------------------------------------------------------------------------
 
-    def trigger(self) -> None:
-        """Ask for a pass soon (thread-safe; watches, the mapping source and the elector call it)."""
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closing
-                loop.call_soon_threadsafe(wake.set)
-
     async def run(self, stop: asyncio.Event) -> None:
-        """A ServiceRunner background task: a pass at start, on triggers and every resync period."""
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        """A ServiceRunner background task: a pass at start, on every wake-up and every resync period."""
+        woken = self.wakeup.attach()
         while not stop.is_set() and not self.source.loaded:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
         while not stop.is_set():
-            self._wake.clear()
+            woken.clear()
             try:
                 await asyncio.to_thread(self._discover_and_reconcile)
             except Exception:
@@ -400,7 +414,7 @@ class Reconciler:
                 self._retry_in = min(self._retry_in * 2, RETRY_SECONDS[1])
             else:
                 pause, self._retry_in = self.resync_seconds, RETRY_SECONDS[0]
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(woken.wait())]
             try:
                 await asyncio.wait(waiters, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -412,13 +412,13 @@ def per_call(fn: Callable[[], Any], calls: int, warm: int = 2000) -> dict[str, f
 def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) -> dict[str, Any]:
     from common.admission import decode_review, encode_review
     from common.kube import local_client
-    from injection_webhook.handler import JoinInfo, join_data, select
-    from injection_webhook.handler import respond as injection_respond
+    from injection_webhook.decision import JoinInfo, join_data, select
+    from injection_webhook.decision import respond as injection_respond
     from injection_webhook.metadata import merged_metadata
     from injection_webhook.resolver import InjectionResolver
     from injection_webhook.settings import InjectionSettings
-    from scaling_webhook.handler import Observed, decide, scale_target
-    from scaling_webhook.handler import respond as scaling_respond
+    from scaling_webhook.decision import Observed, decide, scale_target
+    from scaling_webhook.decision import respond as scaling_respond
     from scaling_webhook.mappings import parse_mappings
 
     resolver = InjectionResolver(

@@ -20,7 +20,7 @@ from demo import chart, cluster
 from demo.admission_chain import AdmissionChain, point_to_local
 from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
-from scaling_webhook.main import ScalingService
+from scaling_webhook.app import ScalingService
 from testbed.errors import KitError
 from testbed.pki import ServingPair
 from testbed.ports import free_port

@@ -14,8 +14,10 @@ from typing import Any
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from common.admission import AdmissionResponse
+from common.certificates import ServingCertificate
+from common.health import Readiness
 from common.metrics import WebhookMetrics
-from common.serving import Readiness, ServiceRunner, ServingCertificate
+from common.serving import ServiceRunner
 from common.webhook import AdmissionEndpoint, AdmissionHandler, admission_app
 from testbed.pki import Pki
 from testbed.serve import RunningService, serve_in_thread

@@ -17,10 +17,10 @@ import httpx
 import jsonpatch
 
 from common.names import METADATA_KEY, METAL3_GROUP
-from injection_webhook.main import build as build_injection
+from injection_webhook.app import build as build_injection
 from injection_webhook.settings import InjectionSettings
 from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, RecordedRequest
-from scaling_webhook.main import ScalingService, build_service
+from scaling_webhook.app import ScalingService, build_service
 from scaling_webhook.settings import ScalingSettings
 from testbed.serve import RunningService, serve_in_thread
 from testbed.wait import wait_for

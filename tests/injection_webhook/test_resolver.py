@@ -9,7 +9,7 @@ import pytest
 
 from common.kube import local_client
 from common.names import CLUSTER_OVERRIDE_LABEL, OPT_IN_LABEL
-from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Unresolved
+from injection_webhook.decision import JoinInfo, MetaDataSecret, NotOptedIn, Unresolved
 from injection_webhook.resolver import InjectionResolver, NeedsWait
 from injection_webhook.settings import DEFAULT_CONTROLLER_SELECTOR
 from kubemu import Emulator, Fault

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-import injection_webhook.handler
+import injection_webhook.decision
 from testbed.helm import REPO_ROOT
 from testbed.real.cloudinit import MISSING, USER_DATA, NodeDidNotJoin, boot_script, render_user_data
 from testbed.real.slurm import SlurmRoot
@@ -172,13 +172,13 @@ def test_a_broken_injection_makes_the_join_scenario_fail(
     site: Site, monkeypatch: pytest.MonkeyPatch, broken: Callable[[dict[str, str]], None]
 ) -> None:
     """The join scenario is only as good as what it can catch: break what the webhook injects, and it fails."""
-    original = injection_webhook.handler.join_entries
+    original = injection_webhook.decision.join_entries
 
     def join_entries(*args: Any, **kwargs: Any) -> dict[str, str]:
         entries = dict(original(*args, **kwargs))
         broken(entries)
         return entries
 
-    monkeypatch.setattr(injection_webhook.handler, "join_entries", join_entries)
+    monkeypatch.setattr(injection_webhook.decision, "join_entries", join_entries)
     with pytest.raises(NodeDidNotJoin):
         join(site, 1, timeout=6)

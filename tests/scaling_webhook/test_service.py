@@ -446,7 +446,7 @@ def test_bad_review_is_errored_with_no_call(scaling: Scaling, seeded: Emulator) 
 
 
 def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from scaling_webhook.main import build
+    from scaling_webhook.app import build
     from scaling_webhook.settings import ScalingSettings
     from testbed.serve import serve_in_thread
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from common.admission import encode_review
-from scaling_webhook.handler import (
+from scaling_webhook.decision import (
     Accepted,
     DryRun,
     Invalid,

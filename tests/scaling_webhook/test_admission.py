@@ -12,7 +12,7 @@ from common.admission import AdmissionResponse
 from common.kube import local_client
 from common.metrics import WebhookMetrics
 from kubemu import Emulator, Fault
-from scaling_webhook.flow import ScaleAdmission
+from scaling_webhook.admission import ScaleAdmission
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingTable, parse_mappings
 from scaling_webhook.metrics import ScalingMetrics
