@@ -37,21 +37,11 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-_METAVARS = {
-    "host": "ADDRESS",
-    "log_level": "LEVEL",
-    "namespace": "NAME",
-    "config_map": "NAME",
-    "controller_selector": "SELECTOR",
-    "conf_server_policy": "POLICY",
-    "conf_server_node_addresses": "ADDRESSES",
-    "extra_join_data": "ITEMS",
-}
-
-
 def _metavar(name: str, info: FieldInfo) -> str:
-    if name in _METAVARS:
-        return _METAVARS[name]
+    """A field's own ``metavar`` (``json_schema_extra``), else one read off its name and type."""
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("metavar"), str):
+        return str(extra["metavar"])
     kind = info.annotation
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.apis import EVENTS
+from common.kube import KubeClient, KubeError
 
 log = logging.getLogger("slime.events")
 
-EVENTS = ResourcePath("", "v1", "events")
 QUEUE_SIZE = 1000
 
 

@@ -25,6 +25,7 @@ CAPM3_MANAGER_USERNAME: Final = "system:serviceaccount:capm3-system:capm3-manage
 
 # --- upstream names the product relies on -----------------------------------------------------
 METAL3_GROUP: Final = "infrastructure.cluster.x-k8s.io"
+BAREMETAL_GROUP: Final = "metal3.io"  # the baremetal-operator's BareMetalHost
 CAPI_GROUP: Final = "cluster.x-k8s.io"
 SLINKY_GROUP: Final = "slinky.slurm.net"
 CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
@@ -33,6 +34,15 @@ CAPI_PAUSED_ANNOTATION: Final = "cluster.x-k8s.io/paused"
 DELETE_MACHINE_ANNOTATION: Final = "cluster.x-k8s.io/delete-machine"
 BMH_PAUSED_ANNOTATION: Final = "baremetalhost.metal3.io/paused"
 NODE_REUSE_LABEL: Final = "infrastructure.cluster.x-k8s.io/node-reuse"
+# CAPM3 marks a host it must not use again with either of these (older and newer spelling).
+UNHEALTHY_ANNOTATIONS: Final = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
+# cluster-autoscaler's Cluster API provider: a MachineDeployment with these is its node group.
+AUTOSCALER_ANNOTATIONS: Final = (
+    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size",
+    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size",
+)
+# cert-manager's CA injector fills a webhook configuration's caBundle from the Certificate this names.
+INJECT_CA_FROM_ANNOTATION: Final = "cert-manager.io/inject-ca-from"
 METADATA_KEY: Final = "metaData"  # the one key of CAPM3's metadata Secret
 # Slinky >= 1.3 runs slurmctld with high availability and marks the active pod with this label.
 ACTIVE_CONTROLLER_LABEL: Final = "controller.slinky.slurm.net/active"

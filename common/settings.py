@@ -24,7 +24,11 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SLIME_", extra="ignore", populate_by_name=True)
 
-    host: str = Field("0.0.0.0", description="IP address both ports listen on (0.0.0.0 or :: for all).")
+    host: str = Field(
+        "0.0.0.0",
+        description="IP address both ports listen on (0.0.0.0 or :: for all).",
+        json_schema_extra={"metavar": "ADDRESS"},
+    )
     port: int = Field(8443, ge=1, le=65535, description="TLS port of the admission endpoint.")
     metrics_port: int = Field(8080, ge=1, le=65535, description="Plain-HTTP port for /healthz, /readyz and /metrics.")
     cert_file: str = Field(
@@ -60,7 +64,7 @@ class ServiceSettings(BaseSettings):
         0.0, ge=0, description="Stay up, not ready, this long after SIGTERM so endpoints drain."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level: debug, info, warning or error."
+        "INFO", description="Log level: debug, info, warning or error.", json_schema_extra={"metavar": "LEVEL"}
     )
     kubeconfig: str | None = Field(
         None,

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.apis import METAL3_VERSIONS, PODS, SECRETS, SERVICES, SLINKY_VERSIONS, STATEFULSETS
 from common.cache import Informer, InformerSet
 from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
 from common.logs import redactor
@@ -73,8 +74,6 @@ from injection_webhook.decision import JoinInfo, MetaDataSecret, NotOptedIn, Res
 log = logging.getLogger("slime.injection.resolver")
 
 LOCAL_CLUSTER = "local"
-METAL3_VERSIONS = ("v1beta2", "v1beta1")
-SLINKY_VERSIONS = ("v1beta1", "v1alpha1")
 
 
 class NeedsWait(Exception):
@@ -227,7 +226,7 @@ class ClusterView:
 
     def pods(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/pods",
+            PODS.collection(namespace),
             label_selector=self.controller_selector,
             transform=_slim_pod,
             description=f"slurmctld pods in {namespace} ({self.name})",
@@ -235,7 +234,7 @@ class ClusterView:
 
     def statefulsets(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            STATEFULSETS.collection(namespace),
             label_selector=self.controller_selector,
             transform=_slim_statefulset,
             description=f"slurmctld statefulsets in {namespace} ({self.name})",
@@ -243,14 +242,14 @@ class ClusterView:
 
     def services(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/services",
+            SERVICES.collection(namespace),
             transform=_slim_service,
             description=f"services in {namespace} ({self.name})",
         )
 
     def secret(self, namespace: str, name: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/secrets",
+            SECRETS.collection(namespace),
             field_selector=f"metadata.name={name}",
             transform=_key_secret,
             description=f"secret {namespace}/{name} ({self.name})",

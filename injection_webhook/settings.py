@@ -35,9 +35,10 @@ class InjectionSettings(ServiceSettings):
         DEFAULT_CONTROLLER_SELECTOR,
         min_length=1,
         description=(
-            "Label selector of the slurmctld pod and StatefulSet (older Slinky and the thesis: "
+            "Label selector of the slurmctld pod and StatefulSet (older Slinky releases: "
             "app.kubernetes.io/name=slurm-ctld)."
         ),
+        json_schema_extra={"metavar": "SELECTOR"},
     )
     cache_sync_timeout_seconds: float = Field(
         3.0,
@@ -52,16 +53,19 @@ class InjectionSettings(ServiceSettings):
         "hostIP",
         description="Default conf-server address policy (a Metal3DataTemplate's slurm-conf-server annotation wins): "
         "hostIP, service, service/<name>, or an explicit host[:port].",
+        json_schema_extra={"metavar": "POLICY"},
     )
     conf_server_node_addresses: str = Field(
         "",
         description="Comma-separated stable node addresses (IPs or DNS names) that reach a NodePort Service under "
         "policy service; nodes get them all, tried in order.",
+        json_schema_extra={"metavar": "ADDRESSES"},
     )
     extra_join_data: str = Field(
         "",
         description="Default extra join data (a template's slurm-extra-join-data annotation wins): a comma list of "
         "controller-name, jwt-key.",
+        json_schema_extra={"metavar": "ITEMS"},
     )
 
     @field_validator("controller_selector")

@@ -11,21 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
+from common.apis import ADMISSION_REGISTRATION, CONFIGMAPS, METAL3_VERSIONS
+from common.kube import KubeClient, KubeError, client_from_kubeconfig
 from common.names import METAL3_GROUP, OPT_IN_LABEL
-from injection_webhook.resolver import METAL3_VERSIONS
 from injection_webhook.settings import InjectionSettings
 from preflight.install import Installation, can_i
 from scaling_webhook.mappings import MappingError, MappingTable, parse_mappings
 from scaling_webhook.settings import ScalingSettings
 
-PODS = ResourcePath("", "v1", "pods")
-SERVICES = ResourcePath("", "v1", "services")
-SECRETS = ResourcePath("", "v1", "secrets")
-CONFIGMAPS = ResourcePath("", "v1", "configmaps")
-DEPLOYMENTS = ResourcePath("apps", "v1", "deployments")
-STATEFULSETS = ResourcePath("apps", "v1", "statefulsets")
-ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 LOCAL = "local"
 INSTALL = "docs/install.md"
 
@@ -136,7 +129,7 @@ class Context:
                 "mutatingwebhookconfigurations" if component.name == "injection" else "validatingwebhookconfigurations"
             )
             try:
-                config = self.read(f"{ADMISSION}/{kind}/{quote(component.deployment_name)}")
+                config = self.read(f"{ADMISSION_REGISTRATION}/{kind}/{quote(component.deployment_name)}")
             except KubeError:
                 continue
             if config is not None:

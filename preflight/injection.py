@@ -9,6 +9,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.apis import DEPLOYMENTS, PODS, SECRETS, SERVICES, SLINKY_VERSIONS, STATEFULSETS
 from common.kube import KubeClient, KubeError
 from common.meta import owner_name
 from common.names import (
@@ -40,23 +41,9 @@ from injection_webhook.confserver import (
     service_endpoint,
     shown,
 )
-from injection_webhook.resolver import SLINKY_VERSIONS
 from injection_webhook.settings import InjectionSettings
 from preflight.apis import INJECTION_APIS
-from preflight.context import (
-    DEPLOYMENTS,
-    INSTALL,
-    LOCAL,
-    PODS,
-    SECRETS,
-    SERVICES,
-    STATEFULSETS,
-    Context,
-    annotations_of,
-    labels_of,
-    metadata_of,
-    ref_of,
-)
+from preflight.context import INSTALL, LOCAL, Context, annotations_of, labels_of, metadata_of, ref_of
 from preflight.install import forbidden
 from preflight.report import Finding, fail, ok, skip, warn
 

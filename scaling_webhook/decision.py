@@ -21,14 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from common.admission import AdmissionResponse, allow, deny, requester
-from common.names import CAPI_PAUSED_ANNOTATION
+from common.names import AUTOSCALER_ANNOTATIONS, CAPI_PAUSED_ANNOTATION
 from scaling_webhook.mappings import MAX_INT32, Mapping, MappingTable
-
-# cluster-autoscaler's Cluster API provider: a MachineDeployment with these is its node group.
-AUTOSCALER_ANNOTATIONS = (
-    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size",
-    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size",
-)
 
 DRY_RUN_WARNING_PREFIX = "SliMe: "  # the warning a dry-run scale of a mapped mirror returns (slime-check reads it)
 

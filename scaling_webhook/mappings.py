@@ -2,7 +2,7 @@
 
 Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
 
-* the thesis form: ``machineDeploymentName`` and ``machineDeploymentNamespace``, plus optional
+* the single-mapping keys: ``machineDeploymentName`` and ``machineDeploymentNamespace``, plus optional
   ``mirrorDeploymentName`` (default ``mirror-deployment``) and ``mirrorDeploymentNamespace``
   (default: the webhook's namespace);
 * ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
@@ -31,8 +31,9 @@ from typing import Any
 
 import yaml
 
+from common.apis import CONFIGMAPS
 from common.cache import Informer
-from common.kube import KubeClient, ResourcePath
+from common.kube import KubeClient
 from common.meta import is_dns1123_label, is_dns1123_subdomain
 from common.names import CAPACITY_AWARE_KEY, MAPPINGS_KEY, MAX_REPLICAS_KEY, NODE_DEMAND_KEY, SAFE_SCALE_IN_KEY
 from scaling_webhook.safe_scale_in.config import (
@@ -78,7 +79,7 @@ class Mapping:
     mirror: Ref
     machine_deployment: Ref
     options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
-    source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
+    source: str = ""  # where it was declared, for messages: "the single-mapping keys" or "mappings[0]"
     max_replicas: int | None = None  # the MachineDeployment is never set above this
     capacity_aware: bool = False  # increases are capped at the hosts that can take them (scaling_webhook.capacity)
 
@@ -242,7 +243,7 @@ def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
     }
 
 
-def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
+def _single_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
     present = [k for k in THESIS_KEYS if k in data]
     if not present:
         return None
@@ -263,7 +264,7 @@ def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | Non
         _check_namespace(values.get("mirrorDeploymentNamespace", namespace), "mirrorDeploymentNamespace"),
         _check_name(values.get("mirrorDeploymentName", DEFAULT_MIRROR_NAME), "mirrorDeploymentName"),
     )
-    return Mapping(mirror=mirror, machine_deployment=md, source="thesis keys")
+    return Mapping(mirror=mirror, machine_deployment=md, source="the single-mapping keys")
 
 
 def _list_mappings(text: Any) -> list[Mapping]:
@@ -339,9 +340,9 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
     """The table described by a ConfigMap's ``data``; ``namespace`` is the webhook's own."""
     data = data or {}
     mappings: list[Mapping] = []
-    thesis = _thesis_mapping(data, namespace)
-    if thesis is not None:
-        mappings.append(thesis)
+    single = _single_mapping(data, namespace)
+    if single is not None:
+        mappings.append(single)
     if MAPPINGS_KEY in data:
         mappings.extend(_list_mappings(data[MAPPINGS_KEY]))
     by_mirror: dict[Ref, Mapping] = {}
@@ -376,8 +377,6 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
 
 
 # --- the live source -----------------------------------------------------------------------------
-
-CONFIGMAPS = ResourcePath("", "v1", "configmaps")
 
 
 class MappingSource:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from common.apis import CAPI_VERSIONS
 from common.events import EventRecorder, machine_deployment_event
 from common.kube import KubeClient, KubeError
 from common.names import (
@@ -60,7 +61,7 @@ from common.names import (
     SLURM_NODE_ANNOTATION,
 )
 from scaling_webhook.errors import ScaleError, denial_code
-from scaling_webhook.machinedeployments import CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler
+from scaling_webhook.machinedeployments import MERGE_PATCH, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig

@@ -30,12 +30,12 @@ from urllib.parse import quote
 import httpx
 import jwt
 
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.apis import SECRETS
+from common.kube import KubeClient, KubeError
 from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.slurmrestd")
 
-SECRETS = ResourcePath("", "v1", "secrets")
 TOKEN_LIFETIME_SECONDS = 60
 TIMEOUT_SECONDS = 2.0
 BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})

@@ -18,16 +18,16 @@ def test_empty_and_missing_data() -> None:
     assert len(parse_mappings({"unrelated": "x"}, "slime")) == 0
 
 
-def test_thesis_form_with_defaults() -> None:
+def test_single_mapping_keys_with_defaults() -> None:
     table = parse_mappings(
         {"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}, "slime"
     )
     assert pairs(table) == {("slime/mirror-deployment", "metal3/md-slurm-workers")}
     mapping = table.get("slime", "mirror-deployment")
-    assert isinstance(mapping, Mapping) and mapping.source == "thesis keys" and dict(mapping.options) == {}
+    assert isinstance(mapping, Mapping) and mapping.source == "the single-mapping keys" and dict(mapping.options) == {}
 
 
-def test_thesis_form_explicit_mirror() -> None:
+def test_single_mapping_keys_explicit_mirror() -> None:
     table = parse_mappings(
         {
             "machineDeploymentName": "md",
@@ -79,9 +79,11 @@ def test_two_mirrors_may_not_drive_one_machine_deployment() -> None:
     )
 
 
-def test_thesis_keys_and_a_list_item_onto_one_machine_deployment_are_refused() -> None:
-    with pytest.raises(MappingError, match="^thesis keys and mappings\\[0\\] both target MachineDeployment metal3/md "):
-        parse_mappings({**THESIS, "mappings": "- {mirror: slime/other, machineDeployment: metal3/md}"}, "slime")
+def test_single_mapping_keys_and_a_list_item_onto_one_machine_deployment_are_refused() -> None:
+    with pytest.raises(
+        MappingError, match="^the single-mapping keys and mappings\\[0\\] both target MachineDeployment metal3/md "
+    ):
+        parse_mappings({**SINGLE, "mappings": "- {mirror: slime/other, machineDeployment: metal3/md}"}, "slime")
 
 
 def test_max_replicas() -> None:
@@ -104,7 +106,7 @@ def test_table_is_immutable_and_comparable() -> None:
         one._by_mirror[("a", "n")] = None  # type: ignore[index]
 
 
-THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
+SINGLE = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
 
 
 @pytest.mark.parametrize(
@@ -112,21 +114,21 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
     [
         ({"machineDeploymentName": "md"}, "machineDeploymentNamespace: missing (needed with machineDeploymentName)"),
         ({"mirrorDeploymentName": "m"}, "machineDeploymentName: missing (needed with mirrorDeploymentName)"),
-        ({**THESIS, "machineDeploymentName": ""}, "machineDeploymentName: must be a non-empty string"),
+        ({**SINGLE, "machineDeploymentName": ""}, "machineDeploymentName: must be a non-empty string"),
         (
-            {**THESIS, "machineDeploymentName": "MD_1"},
+            {**SINGLE, "machineDeploymentName": "MD_1"},
             "machineDeploymentName: name 'MD_1' is not a valid DNS-1123 subdomain",
         ),
         (
-            {**THESIS, "machineDeploymentNamespace": "a.b"},
+            {**SINGLE, "machineDeploymentNamespace": "a.b"},
             "machineDeploymentNamespace: namespace 'a.b' is not a valid DNS-1123 label",
         ),
         (
-            {**THESIS, "mirrorDeploymentNamespace": "-x"},
+            {**SINGLE, "mirrorDeploymentNamespace": "-x"},
             "mirrorDeploymentNamespace: namespace '-x' is not a valid DNS-1123 label",
         ),
         (
-            {**THESIS, "mirrorDeploymentName": "a" * 254},
+            {**SINGLE, "mirrorDeploymentName": "a" * 254},
             f"mirrorDeploymentName: name '{'a' * 254}' is not a valid DNS-1123 subdomain",
         ),
         (
@@ -167,9 +169,9 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
             "a mirror may drive only one MachineDeployment",
         ),
         (
-            {**THESIS, "mappings": "- {mirror: slime/mirror-deployment, machineDeployment: x/md}"},
-            "mappings[0]: mirror slime/mirror-deployment is already mapped by thesis keys (to MachineDeployment "
-            "metal3/md); a mirror may drive only one MachineDeployment",
+            {**SINGLE, "mappings": "- {mirror: slime/mirror-deployment, machineDeployment: x/md}"},
+            "mappings[0]: mirror slime/mirror-deployment is already mapped by the single-mapping keys "
+            "(to MachineDeployment metal3/md); a mirror may drive only one MachineDeployment",
         ),
         (
             {"mappings": "- {mirror: a/m, machineDeployment: x/md, maxReplicas: -1}"},
@@ -189,13 +191,13 @@ THESIS = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
         ),
     ],
     ids=[
-        "thesis-no-namespace",
-        "thesis-mirror-only",
-        "thesis-empty",
-        "thesis-bad-name",
-        "thesis-bad-namespace",
-        "thesis-bad-mirror-namespace",
-        "thesis-name-too-long",
+        "single-no-namespace",
+        "single-mirror-only",
+        "single-empty",
+        "single-bad-name",
+        "single-bad-namespace",
+        "single-bad-mirror-namespace",
+        "single-name-too-long",
         "yaml-error",
         "not-a-list",
         "item-not-a-map",

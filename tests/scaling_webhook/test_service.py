@@ -235,7 +235,7 @@ def test_event_failure_never_stops_the_change(scaling: Scaling, seeded: Emulator
 # --- config forms and reload ------------------------------------------------------------------------
 
 
-def test_thesis_form_config(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_single_mapping_keys_config(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     emulator.create(mirror("mirror-deployment", replicas=1))
     emulator.create(machine_deployment("md-slurm-workers", "metal3", replicas=1))
     emulator.create(config_map({"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}))
@@ -244,7 +244,9 @@ def test_thesis_form_config(emulator: Emulator, scaling_factory: Callable[..., S
     follows(emulator, "metal3", "md-slurm-workers", 4)
 
 
-def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_single_mapping_keys_and_list_form_combined(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     emulator.create(mirror("mirror-x", namespace="keda", replicas=1))
     emulator.create(mirror("mirror-p", replicas=1))
     emulator.create(machine_deployment("md-x", "metal3", replicas=1))

@@ -42,7 +42,7 @@ from testbed.world import CAPI, SLIME_NAMESPACE, md_events, md_replicas
 IDLE, ALLOCATED = ["IDLE", "DYNAMIC_NORM"], ["ALLOCATED", "DYNAMIC_NORM"]
 
 
-def test_thesis_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env]) -> None:
+def test_the_scale_to_zero_bounce_keeps_the_node_with_the_long_job(env: Callable[[int], Env]) -> None:
     e = env(3)
     scaling = e.scaling()
     e.slurm.start_job("node-001", time.time() + 60)
