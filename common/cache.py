@@ -126,9 +126,10 @@ class Informer:
             except ApiException as exc:
                 if exc.status == 410:  # our resourceVersion is too old: relist at once
                     continue
-                self._record_error(str(KubeError.from_api_exception(exc)))
+                self._record_error(str(self.client.error(exc.status or 0, exc.reason or "", exc.body)))
             except Exception as exc:  # noqa: BLE001 - a cache thread must never die
-                self._record_error(f"{type(exc).__name__}: {exc}")
+                # An untrusted cluster's failure is told by its type only: its text may be the server's.
+                self._record_error(f"{type(exc).__name__}: {exc}" if self.client.trusted else type(exc).__name__)
             if self._stopped.wait(backoff):
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)

@@ -29,6 +29,7 @@ BAREMETAL_GROUP: Final = "metal3.io"  # the baremetal-operator's BareMetalHost
 CAPI_GROUP: Final = "cluster.x-k8s.io"
 SLINKY_GROUP: Final = "slinky.slurm.net"
 CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
+CAPI_SECRET_TYPE: Final = "cluster.x-k8s.io/secret"  # the type of the Secrets Cluster API writes (kubeconfigs)
 DEPLOYMENT_NAME_LABEL: Final = "cluster.x-k8s.io/deployment-name"
 CAPI_PAUSED_ANNOTATION: Final = "cluster.x-k8s.io/paused"
 DELETE_MACHINE_ANNOTATION: Final = "cluster.x-k8s.io/delete-machine"

@@ -32,6 +32,7 @@ from common.admission import (
     AdmissionError,
     AdmissionResponse,
     RequestSummary,
+    bounded,
     check_content_type,
     decode_review,
     encode_review,
@@ -44,6 +45,7 @@ AdmissionHandler = Callable[[dict[str, Any]], Awaitable[AdmissionResponse]]
 log = logging.getLogger("slime.admission")
 
 LARGE_BODY_BYTES = 64 * 1024
+MESSAGE_LIMIT = 2048  # a decision's message in a log line: the longest SliMe writes is a few hundred characters
 LARGE_QUEUE_SECONDS = 0.1
 
 
@@ -117,19 +119,15 @@ class AdmissionEndpoint:
             return summary.uid, await asyncio.wait_for(self.handler(request), self.deadline_seconds), summary
         except TimeoutError:
             self._metrics.deadline_exceeded.labels(self.webhook).inc()
-            message = (
-                f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {summary.uid}); "
-                "retry"
-            )
+            uid = bounded(summary.uid)
+            message = f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {uid}); retry"
             return summary.uid, errored(503, message), summary
         except Exception as exc:
             log.exception(
                 "handler failed",
-                extra={"webhook": self.webhook, "uid": summary.uid, "error_type": type(exc).__name__},
+                extra={"webhook": self.webhook, "uid": bounded(summary.uid), "error_type": type(exc).__name__},
             )
-            message = (
-                f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {summary.uid}"
-            )
+            message = f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {bounded(summary.uid)}"
             return summary.uid, errored(500, message), summary
 
     async def _read_body(self, http_request: Request) -> bytes:
@@ -149,7 +147,7 @@ class AdmissionEndpoint:
     def _log(self, summary: RequestSummary | None, uid: str, response: AdmissionResponse, seconds: float) -> None:
         fields: dict[str, Any] = {
             "webhook": self.webhook,
-            "uid": uid,
+            "uid": bounded(uid),
             "decision": response.outcome,
             "duration_ms": round(seconds * 1000, 3),
         }
@@ -163,7 +161,7 @@ class AdmissionEndpoint:
                 requester=summary.requester,
             )
         if response.message:
-            fields["reason"] = response.message
+            fields["reason"] = bounded(response.message, MESSAGE_LIMIT)
         # Requests we do not act on would drown the audit trail, so they log at debug.
         quiet = response.outcome == "allowed" and not response.message
         log.log(logging.DEBUG if quiet else logging.INFO, "admission", extra={"fields": fields})

@@ -9,7 +9,8 @@ resolver's cache reads:
    the cache holds, a rate-limited Event;
 3. verify the owner against the cache (a brief wait, woken by the watch event, for a Metal3Data
    CAPM3 created a moment ago);
-4. resolve from the caches (a cold cache is waited for in a worker thread) and merge.
+4. resolve from the caches (a cold cache is waited for in a worker thread) and merge; a template
+   the operator's bindings do not cover is answered as in 2 (:class:`~injection_webhook.decision.Withheld`).
 
 Large metaData edits run in a worker thread: editing means a budgeted walk of the YAML, a load,
 the merge and a second load to check the result. For the few hundred bytes CAPM3 writes that
@@ -34,6 +35,7 @@ from injection_webhook.decision import (
     Resolution,
     Unresolved,
     Unverified,
+    Withheld,
     respond,
     select,
     withheld,
@@ -70,26 +72,34 @@ class InjectionAdmission:
         if reason is not None:
             if secret.metadata_unchanged:  # e.g. the baremetal-operator labelling the Secret it consumes
                 return allow()
-            return self._withhold(secret, reason)
+            try:
+                verified = self.resolver.check_owner(secret).verified
+            except NeedsWait:
+                verified = None
+            return self._withhold(secret, verified, reason)
+        started = time.monotonic()
         metal3data = await self._owner(secret)
         if not isinstance(metal3data, dict):
             if isinstance(metal3data, Unverified):
                 self.metrics.unverified.inc()
+                # Every unverified review is answered after the same wait a name CAPM3 has not created yet
+                # gets, so how fast the answer comes says nothing about which names exist.
+                await asyncio.sleep(max(0.0, started + VERIFY_WAIT_SECONDS - time.monotonic()))
             return respond(secret, metal3data)
         try:
             resolution = self.resolver.resolve(secret, metal3data)  # warm caches: dict reads, no I/O
         except NeedsWait:
             resolution = await asyncio.to_thread(self.resolver.resolve, secret, metal3data, True)
+        if isinstance(resolution, Withheld):
+            return self._withhold(secret, metal3data, resolution.reason, resolution.why)
         return await answer(secret, resolution)
 
-    def _withhold(self, secret: MetaDataSecret, reason: str) -> AdmissionResponse:
+    def _withhold(
+        self, secret: MetaDataSecret, verified: dict[str, Any] | None, reason: str, why: str = ""
+    ) -> AdmissionResponse:
         """Allowed without join data; an Event on the Metal3Data when the cache holds it (never a live read)."""
         self.metrics.withheld.labels(reason).inc()
-        response = withhold(secret, reason)
-        try:
-            verified = self.resolver.check_owner(secret).verified
-        except NeedsWait:
-            verified = None
+        response = withhold(secret, reason, why)
         if verified is not None:
             version = self.resolver.metal3_version or "v1beta1"
             self.events.record(

@@ -34,6 +34,7 @@ def build(settings: InjectionSettings) -> ServiceRunner:
         settings.cache_sync_timeout_seconds,
         workload_client=lambda data, name: client_from_kubeconfig(data, name, INJECTION_COMPONENT),
         options=settings.join_options(),
+        bindings=settings.bindings(),
     )
     resolver.start()
     readiness = Readiness()

@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 from common.meta import label_selector_problem
 from common.names import CAPM3_MANAGER_USERNAME
 from common.settings import ServiceSettings
+from injection_webhook.bindings import BindingError, Bindings, parse_bindings
 from injection_webhook.confserver import JoinOptions, PolicyError, parse_extras, parse_node_addresses, parse_policy
 
 
@@ -68,6 +69,21 @@ class InjectionSettings(ServiceSettings):
         json_schema_extra={"metavar": "ITEMS"},
     )
 
+    slurm_bindings: str = Field(
+        "",
+        description="Comma list of <metal3-namespace>=<slurm-namespace> bindings: Metal3Data in the first namespace "
+        "('*': any) may get join data from a Slinky Controller in the second; "
+        "<metal3-namespace>=workload:<slurm-namespace> allows the Controller in the Metal3Data's own workload cluster. "
+        "Without a binding, only a Controller in the Metal3Data's own namespace.",
+        json_schema_extra={"metavar": "BINDINGS"},
+    )
+    template_opt_ins: str = Field(
+        "",
+        description="Comma list of the extra join data a template's slurm-extra-join-data annotation may ask for, "
+        "beyond --extra-join-data: controller-name, jwt-key. Default none.",
+        json_schema_extra={"metavar": "ITEMS"},
+    )
+
     @field_validator("controller_selector")
     @classmethod
     def _selector(cls, value: str) -> str:
@@ -94,7 +110,16 @@ class InjectionSettings(ServiceSettings):
             raise ValueError(str(exc)) from None
         return value
 
-    @field_validator("extra_join_data")
+    @field_validator("slurm_bindings")
+    @classmethod
+    def _bindings(cls, value: str) -> str:
+        try:
+            parse_bindings(value)
+        except BindingError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("extra_join_data", "template_opt_ins")
     @classmethod
     def _extras(cls, value: str) -> str:
         try:
@@ -118,4 +143,8 @@ class InjectionSettings(ServiceSettings):
             parse_policy(self.conf_server_policy),
             parse_node_addresses(self.conf_server_node_addresses),
             parse_extras(self.extra_join_data),
+            parse_extras(self.template_opt_ins),
         )
+
+    def bindings(self) -> Bindings:
+        return Bindings(parse_bindings(self.slurm_bindings))

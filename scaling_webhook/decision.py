@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.admission import AdmissionResponse, allow, deny, requester
+from common.admission import AdmissionResponse, allow, bounded, deny, requester
 from common.names import AUTOSCALER_ANNOTATIONS, CAPI_PAUSED_ANNOTATION
 from scaling_webhook.mappings import MAX_INT32, Mapping, MappingTable
 
@@ -250,7 +250,7 @@ def respond(decision: Decision) -> AdmissionResponse:
         )
     if isinstance(decision, NotAllowed):
         return deny(
-            f"requester {decision.requester or '(none)'} may not scale mirror Deployment {mirror}: only "
+            f"requester {bounded(decision.requester) or '(none)'} may not scale mirror Deployment {mirror}: only "
             f"{', '.join(sorted(decision.allowed))} may (--scale-requesters)"
         )
     if isinstance(decision, DryRun):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from common.admission import bounded
 from common.metrics import LATENCY_BUCKETS, WebhookMetrics
 
 DECISION_OUTCOMES = ("accepted", "dry_run", "unmapped", "denied")
@@ -146,6 +147,7 @@ class ScalingMetrics:
     def count_requester(self, name: str) -> None:
         """Count a mapped scale by its requester. Review text names the requester, so the label takes
         the first :data:`REQUESTER_LABELS` distinct names and ``other`` after them: bounded cardinality."""
+        name = bounded(name)
         if name not in self._requesters and len(self._requesters) >= REQUESTER_LABELS:
             name = "other"
         self._requesters.add(name)

@@ -28,6 +28,11 @@ CONTROLLER = "slurm"
 HOST_IP = "192.0.2.10"
 NODE_PORT = 30817
 METAL3_NAMESPACE = "metal3"
+# The operator's choices for a shared management cluster: the tenant namespace that holds the Metal3
+# objects may take join data from the Slinky Controller in the Slurm namespace, and its templates may
+# ask for the controller name.
+SLURM_BINDINGS = f"{METAL3_NAMESPACE}={SLURM_NAMESPACE}"
+TEMPLATE_OPT_INS = "controller-name"
 CAPI_CLUSTER = "bm-cluster"
 TEMPLATE = "slurm-workers"
 MACHINE_DEPLOYMENT = "md-slurm-workers"
@@ -85,7 +90,8 @@ def seed_slinky(emu: Emulator) -> tuple[bytes, str]:
 def seed_metal3(emu: Emulator) -> dict[str, Any]:
     """An opted-in Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13: the template owns it).
 
-    The template keeps the thesis' address policy (hostIP) and opts in to the controller name."""
+    The template keeps the default address policy (hostIP) and opts in to the controller name, which the
+    demo's operator lets templates choose (:data:`TEMPLATE_OPT_INS`)."""
     labels = {"slurm-controller-namespace": SLURM_NAMESPACE, "cluster.x-k8s.io/cluster-name": CAPI_CLUSTER}
     _, data = world.seed_metal3(
         emu,

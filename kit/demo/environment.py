@@ -116,6 +116,8 @@ class DemoEnvironment:
             ready_timeout=BUSY_MACHINE_SECONDS,
             port=self.ports["injection"],
             log_level=self.log_level,
+            slurm_bindings=cluster.SLURM_BINDINGS,
+            template_opt_ins=cluster.TEMPLATE_OPT_INS,
         )
         scaling = start_scaling(
             kubeconfig,

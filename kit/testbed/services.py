@@ -24,6 +24,7 @@ from scaling_webhook.app import ScalingService, build_service
 from scaling_webhook.settings import ScalingSettings
 from testbed.serve import RunningService, serve_in_thread
 from testbed.wait import wait_for
+from testbed.world import SLURM_BINDINGS
 
 StartInjection = Callable[..., RunningService]  # a fixture that starts an injection webhook against an emulator
 
@@ -46,7 +47,12 @@ def start_injection(
 ) -> RunningService:
     """The injection webhook on 127.0.0.1 (admission on ``port``, 0: any); with ``ready``, returns once ``/readyz``
     answers 200."""
-    values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
+    values: dict[str, Any] = {
+        "cert_file": str(tls.cert_file),
+        "key_file": str(tls.key_file),
+        "KUBECONFIG": kubeconfig,
+        "slurm_bindings": SLURM_BINDINGS,
+    }
     values.update(settings)
     service = serve_in_thread(build_injection(InjectionSettings(**values)), tls.ca_file, "injection-webhook", port)
     if ready:
