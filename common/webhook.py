@@ -127,7 +127,8 @@ class AdmissionEndpoint:
                 "handler failed",
                 extra={"webhook": self.webhook, "uid": bounded(summary.uid), "error_type": type(exc).__name__},
             )
-            message = f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {bounded(summary.uid)}"
+            uid = bounded(summary.uid)
+            message = f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {uid}"
             return summary.uid, errored(500, message), summary
 
     async def _read_body(self, http_request: Request) -> bytes:
