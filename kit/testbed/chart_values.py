@@ -66,12 +66,13 @@ COMBOS: dict[str, dict[str, Any] | None] = {
             "mappings": [mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}") for i in range(4)]
         }
     },
-    "slurm-namespaces": {
+    "slurm-bindings": {
         "injection": {
-            "slurmNamespaces": ["slurm", "slurm-b"],
+            "slurmBindings": ["metal3=slurm", "metal3=workload:slurm-b", "*=slurm-site"],
             "metal3Namespaces": ["metal3"],
             "slurmKeySecretNames": ["slurm-auth-slurm"],
             "jwtKeySecretNames": ["slurm-auth-jwths256"],
+            "templateOptIns": ["controller-name"],
             "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21"]},
             "extraJoinData": ["controller-name", "jwt-key"],
         }
