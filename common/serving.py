@@ -23,11 +23,17 @@ from starlette.routing import Route
 
 from common.certificates import ServingCertificate
 from common.health import Readiness, health_app
-from common.http import guarded_protocol
+from common.http import ConnectionLimits, guarded_protocol
 from common.metrics import WebhookMetrics
 from common.settings import ServiceSettings
 
 log = logging.getLogger("slime.serving")
+
+# The health and metrics port: the kubelet's probes, a Prometheus scrape and KEDA's demand polls need a
+# handful of connections; idle ones close after a few seconds (uvicorn's default keep-alive).
+HEALTH_MAX_CONNECTIONS = 64
+HEALTH_MAX_PER_PEER = 16
+HEALTH_KEEP_ALIVE_SECONDS = 5
 
 
 @dataclass
@@ -117,6 +123,7 @@ class ServiceRunner:
     shutdown_delay_seconds: float = 0.0
     read_timeout_seconds: float = 10.0
     max_connections: int = 512
+    max_connections_per_peer: int = 64
     background: list[Callable[[asyncio.Event], Any]] = field(default_factory=list)
     on_stop: list[Callable[[], None]] = field(default_factory=list)
     health_routes: list[Route] = field(default_factory=list)  # extra read-only routes on the plain-HTTP port
@@ -128,7 +135,8 @@ class ServiceRunner:
         self._servers: list[uvicorn.Server] = []
         self.readiness.add("certificate", self.certificate.healthy)
 
-    def _config(self, app: Any, port: int, http: Any = "auto") -> uvicorn.Config:
+    def _config(self, app: Any, port: int, http: Any, keep_alive: int = 30) -> uvicorn.Config:
+        """``keep_alive``: how long an idle connection stays open (kube-apiserver reuses its connections: keep them)."""
         config = uvicorn.Config(
             app,
             host=self.host,
@@ -137,7 +145,7 @@ class ServiceRunner:
             log_config=None,
             access_log=False,
             lifespan="off",
-            timeout_keep_alive=30,  # kube-apiserver reuses connections; keep them
+            timeout_keep_alive=keep_alive,
             timeout_graceful_shutdown=10,
         )
         config.load()
@@ -160,12 +168,25 @@ class ServiceRunner:
                 admission.close()
                 raise
         self.certificate.reload_if_changed()
-        protocol = guarded_protocol(self.read_timeout_seconds, self.max_connections, self.metrics)
-        tls_config = self._config(self.webhook_app, self.port, http=protocol)
+        admission_limits = ConnectionLimits(
+            self.read_timeout_seconds, self.max_connections, self.max_connections_per_peer
+        )
+        tls_config = self._config(
+            self.webhook_app, self.port, http=guarded_protocol(admission_limits, self.metrics, "admission")
+        )
         tls_config.ssl = self.certificate.context
         admission_server = _EmbeddedServer(tls_config, handshake_timeout=self.read_timeout_seconds)
+        # The health port serves probes and scrapes: the same guards, with a smaller cap, so that a
+        # client streaming headers or holding connections open costs it a bounded amount.
+        health_limits = ConnectionLimits(self.read_timeout_seconds, HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_PEER)
         health_server = _EmbeddedServer(
-            self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)
+            self._config(
+                health_app(self.metrics, self.readiness, self.health_routes),
+                self.metrics_port,
+                http=guarded_protocol(health_limits, self.metrics, "health"),
+                keep_alive=HEALTH_KEEP_ALIVE_SECONDS,
+            ),
+            handshake_timeout=None,
         )
         self._servers = [admission_server, health_server]
         health_thread = _HealthThread(health_server, listeners.health)
@@ -270,6 +291,7 @@ def runner_for(
         shutdown_delay_seconds=settings.shutdown_delay_seconds,
         read_timeout_seconds=settings.read_timeout_seconds,
         max_connections=settings.max_connections,
+        max_connections_per_peer=settings.max_connections_per_peer,
         background=list(background),
         on_stop=list(on_stop),
         health_routes=list(health_routes),

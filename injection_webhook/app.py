@@ -51,6 +51,7 @@ def build(settings: InjectionSettings) -> ServiceRunner:
         metrics.webhook,
         settings.max_body_bytes,
         deadline_seconds=settings.cache_sync_timeout_seconds + 2.0,
+        body_budget=settings.max_body_bytes_in_flight,
     )
     app = admission_app("SliMe injection webhook", PATH, endpoint)
     return runner_for(settings, app, metrics.webhook, readiness, on_stop=[resolver.stop, recorder.stop])

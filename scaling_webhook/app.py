@@ -109,7 +109,12 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     # The deadline covers one fresh read of the mirror (patch_timeout_seconds) and answers before the
     # API server's timeout (the chart's timeoutSeconds: 5).
     endpoint = AdmissionEndpoint(
-        WEBHOOK_NAME, admission, webhook_metrics, settings.max_body_bytes, settings.patch_timeout_seconds + 1.0
+        WEBHOOK_NAME,
+        admission,
+        webhook_metrics,
+        settings.max_body_bytes,
+        settings.patch_timeout_seconds + 1.0,
+        settings.max_body_bytes_in_flight,
     )
     app = admission_app("SliMe scaling webhook", PATH, endpoint)
     background = [reconciler.run, demand.run] + ([leader.run] if leader is not None else [])
