@@ -43,8 +43,8 @@ class WebhookMetrics:
         )
         self.malformed = Counter(
             "slime_webhook_malformed_requests_total",
-            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415), by "
-            "code.",
+            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415; 499: the "
+            "client went away before its request was whole), by code.",
             ["webhook", "code"],
             registry=self.registry,
         )

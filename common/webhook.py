@@ -14,10 +14,12 @@ the admissions around it, and one that cannot start within :data:`LARGE_QUEUE_SE
 answered 503 at once (the API server retries). A burst of large hostile bodies then costs one
 large review's work at any moment, and every answer stays prompt.
 
-The bodies of all requests being read and handled together may hold at most ``body_budget``
-bytes: a request whose declared size (or, sent in chunks, whose next chunk) would pass it is
-answered 503 before more of it is read. Many parallel bodies just under the size cap therefore
-cost a bounded amount of memory, however many connections carry them.
+The large bodies (over :data:`LARGE_BODY_BYTES`) of all requests being read and handled together
+may hold at most ``body_budget`` bytes: one whose declared size (or, sent in chunks, whose next
+chunk) would pass it is answered 503 before more of it is read. Many parallel bodies just under
+the size cap therefore cost a bounded amount of memory, however many connections carry them,
+while the few kilobytes of a normal review never wait for the budget (the connection caps already
+bound how many of those there can be).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
@@ -114,6 +116,10 @@ class AdmissionEndpoint:
         try:
             try:
                 uid, response, summary = await self._review(http_request)
+            except ClientDisconnect:
+                # The client went away (or was let go) before its request was whole: nobody to answer.
+                self._metrics.malformed.labels(self.webhook, "499").inc()
+                return Response(status_code=400)
             except Exception as exc:
                 log.exception("admission failed", extra={"webhook": self.webhook, "error_type": type(exc).__name__})
                 uid, summary = "", None
@@ -180,18 +186,22 @@ class AdmissionEndpoint:
     async def _read_body(self, http_request: Request, take: Callable[[int], None]) -> bytes:
         """Read at most ``max_body_bytes``; stop as soon as the cap or the budget is passed."""
         declared = http_request.headers.get("content-length", "")
+        taken = 0  # of the budget, for this body
         if declared.isdigit():
             if int(declared) > self.max_body_bytes:
                 raise AdmissionError(413, self._too_large)
-            take(int(declared))  # uvicorn holds the body to the size it declared
+            if int(declared) > LARGE_BODY_BYTES:
+                take(int(declared))  # uvicorn holds the body to the size it declared
+                taken = int(declared)
         chunks: list[bytes] = []
         size = 0
         async for chunk in http_request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise AdmissionError(413, self._too_large)
-            if not declared.isdigit():
-                take(len(chunk))
+            if size > LARGE_BODY_BYTES and size > taken:
+                take(size - taken)
+                taken = size
             chunks.append(chunk)
         return b"".join(chunks)
 

@@ -174,7 +174,7 @@ def test_injection_roles_are_namespaced_when_namespaces_are_given(render):
         R("list", "", "secrets"),
     ):
         assert not rbac_allows(objs, INJ_SA, NAMESPACE, req), req
-    # Only the Metal3 informers (and Events) stay cluster wide (of the webhook's roles: the helm test hook's are its own).
+    # Only the Metal3 informers and Events stay cluster wide (of the webhook's roles: the helm test hook has its own).
     cluster_roles = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].startswith(INJ_SA)]
     assert [c["metadata"]["name"] for c in cluster_roles] == [f"{INJ_SA}-metal3"]
 

@@ -135,7 +135,9 @@ def test_connections_over_the_cap_are_closed_at_once_when_none_is_idle_or_stalle
     try:
         with tls_socket(transport) as extra:
             assert closed_by_server(extra)
-        assert metric(transport, 'slime_webhook_dropped_connections_total{port="admission",reason="connection-cap"}') == 1
+        assert (
+            metric(transport, 'slime_webhook_dropped_connections_total{port="admission",reason="connection-cap"}') == 1
+        )
     finally:
         for sock in held:
             sock.close()
