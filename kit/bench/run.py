@@ -223,7 +223,11 @@ def seed_cluster(emu: Any) -> dict[str, Any]:
     for name in ("mirror-a", "unmapped"):
         emu.create(world.mirror(name))
     emu.create(world.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
-    emu.create(world.config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    emu.create(
+        world.config_map(
+            {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"}
+        )
+    )
     return world.metadata_secret(data)
 
 
@@ -470,7 +474,10 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     finally:
         resolver.stop()
     table = parse_mappings(
-        {"mappings": f"- mirror: {world.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"},
+        {
+            "mappings": f"- mirror: {world.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"
+            "  maxReplicas: 100\n"
+        },
         world.SLIME_NAMESPACE,
     )
     mapped = scale_request("mirror-a", 3)

@@ -32,6 +32,7 @@ METAL3_NAMESPACE = "metal3"
 # objects may take join data from the Slinky Controller in the Slurm namespace, and its templates may
 # ask for the controller name.
 SLURM_BINDINGS = f"{METAL3_NAMESPACE}={SLURM_NAMESPACE}"
+MAX_REPLICAS = 8  # the pool's ceiling: a mapping without one is refused
 TEMPLATE_OPT_INS = "controller-name"
 CAPI_CLUSTER = "bm-cluster"
 TEMPLATE = "slurm-workers"
@@ -70,6 +71,7 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
                 {
                     "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
                     "machineDeployment": {"name": MACHINE_DEPLOYMENT, "namespace": METAL3_NAMESPACE},
+                    "maxReplicas": MAX_REPLICAS,
                     "partition": PARTITION,
                 }
             ],

@@ -44,7 +44,8 @@ def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
     return config_map(
         {
             "mappings": (
-                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  maxReplicas: 100\n"
+                f"  safeScaleIn: {{{inner}}}\n"
             )
         }
     )
@@ -252,7 +253,7 @@ class Env:
 def demand_config(url: str, partition: str = "batch", max_replicas: int = 10) -> dict[str, Any]:
     return config_map(
         {
-            "mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n"
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  maxReplicas: 100\n"
             f"  maxReplicas: {max_replicas}\n"
             f"  nodeDemand: {{partition: {partition}, slurmrestd: '{url}', jwtSecret: {JWT_NS}/{JWT_SECRET}}}\n"
         }

@@ -78,6 +78,43 @@ def scale_request(
     }
 
 
+def deployment_request(
+    namespace: str,
+    name: str,
+    replicas: Any,
+    *,
+    old_replicas: int = 1,
+    requester: str = "system:serviceaccount:tenant:someone",
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """What the scaling webhook receives for ``kubectl patch deployment <name>`` of ``spec.replicas``."""
+    kind = {"group": "apps", "version": "v1", "kind": "Deployment"}
+    resource = {"group": "apps", "version": "v1", "resource": "deployments"}
+
+    def deployment(value: Any) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"slime/mirror": name}},
+            "spec": {"replicas": value, "selector": {"matchLabels": {"app": name}}},
+        }
+
+    return {
+        "kind": kind,
+        "resource": resource,
+        "requestKind": kind,
+        "requestResource": resource,
+        "name": name,
+        "namespace": namespace,
+        "operation": "UPDATE",
+        "userInfo": {"username": requester},
+        "object": deployment(replicas),
+        "oldObject": deployment(old_replicas),
+        "dryRun": dry_run,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"},
+    }
+
+
 # --- the injection webhook's answers, as a test reads them ------------------------------------------------
 
 

@@ -133,7 +133,8 @@ def start_scaling(
 
 
 class ScaleWebhookRoute:
-    """A kubemu admission hook that sends ``deployments/scale`` updates to scaling webhooks, as kube-apiserver would.
+    """A kubemu admission hook that sends ``deployments/scale`` updates, and updates of Deployments themselves, to
+    scaling webhooks, as kube-apiserver would with the chart's webhook configuration.
 
     Pass it as ``Emulator(admission=...)``; ``add`` the running webhooks. Like a Service in front
     of several replicas, it takes them in turn. A denial becomes the API server's refusal of the
@@ -151,7 +152,9 @@ class ScaleWebhookRoute:
         self.webhooks.remove(scaling)
 
     def __call__(self, attrs: AdmissionAttributes) -> None:
-        if attrs.subresource != "scale" or attrs.resource != "deployments" or not self.webhooks:
+        scale = attrs.subresource == "scale"
+        update = not attrs.subresource and attrs.operation == "UPDATE"
+        if attrs.resource != "deployments" or not (scale or update) or not self.webhooks:
             return None
         webhook = self.webhooks[self._next % len(self.webhooks)]
         self._next += 1

@@ -73,7 +73,9 @@ def test_a_mapping_added_over_a_live_pool_keeps_it(
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": "scaling-webhook-configmap", "namespace": SLIME_NAMESPACE},
-            "data": {"mappings": "- {mirror: slime-system/mirror-live, machineDeployment: metal3/md-live}"},
+            "data": {
+                "mappings": "- {mirror: slime-system/mirror-live, machineDeployment: metal3/md-live, maxReplicas: 100}"
+            },
         }
     )
     wait_for(

@@ -61,7 +61,7 @@ def make_flow(emulator: Emulator, tmp_path: Path) -> Iterator[MakeFlow]:
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
 
     def make(
-        mappings: str = "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}",
+        mappings: str = "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 100}",
         allowed: frozenset[str] = frozenset(),
     ) -> Flow:
         flow = Flow(emulator, emulator.write_kubeconfig(tmp_path / f"kc-{len(made)}"), mappings, allowed)

@@ -30,7 +30,7 @@ from testbed.world import machine_deployment, mirror
 
 TABLE = parse_mappings(
     {
-        "mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}\n"
+        "mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 2147483647}\n"
         "- {mirror: slime/mirror-c, machineDeployment: metal3/md-c, maxReplicas: 4}\n"
     },
     "slime",

@@ -26,7 +26,7 @@ from testbed.world import (
     scale_mirror,
 )
 
-SINGLE_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
+SINGLE_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3", "maxReplicas": "100"}
 MD_REF = "metal3/md"
 
 
@@ -83,7 +83,7 @@ def test_removing_a_mapping_leaves_the_machine_deployment_and_mapping_again_adop
         "ConfigMap",
         SLIME_NAMESPACE,
         "scaling-webhook-configmap",
-        {"data": {"machineDeploymentName": None, "machineDeploymentNamespace": None}},
+        {"data": {"machineDeploymentName": None, "machineDeploymentNamespace": None, "maxReplicas": None}},
     )
     wait_for(
         lambda: ADOPTED_ANNOTATION not in (mirror_of(single)["metadata"].get("annotations") or {}),
@@ -187,7 +187,7 @@ def test_mapping_change_triggers_a_pass(single: Emulator, scaling_factory: Calla
     single.create(mirror("mirror-new", replicas=6, adopted_from="metal3/md-new"))
     single.create(machine_deployment("md-new", "metal3", replicas=1))
     cm = single.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"]["mappings"] = "- {mirror: slime-system/mirror-new, machineDeployment: metal3/md-new}"
+    cm["data"]["mappings"] = "- {mirror: slime-system/mirror-new, machineDeployment: metal3/md-new, maxReplicas: 100}"
     single.update(cm)
     wait_for(lambda: md_replicas(single, "metal3", "md-new") == 6, what="the new mapping reconciled")
 

@@ -720,14 +720,17 @@ def test_order_candidates() -> None:
 )
 def test_config_validation(options: str, message: str) -> None:
     with pytest.raises(MappingError) as error:
-        parse_mappings({"mappings": f"- {{mirror: a/m, machineDeployment: b/md, safeScaleIn: {options}}}"}, "slime")
+        parse_mappings(
+            {"mappings": f"- {{mirror: a/m, machineDeployment: b/md, maxReplicas: 100, safeScaleIn: {options}}}"},
+            "slime",
+        )
     assert message in str(error.value)
 
 
 def test_config_defaults() -> None:
     table = parse_mappings(
         {
-            "mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+            "mappings": "- {mirror: a/m, machineDeployment: b/md, maxReplicas: 100, safeScaleIn: "
             "{slurmrestd: 'http://slurm-restapi.slurm:6820/', jwtSecret: slurm/k}}"
         },
         "slime",
@@ -746,14 +749,16 @@ def test_config_defaults() -> None:
     assert config.released_nodes == "future"
     (deleting,) = parse_mappings(
         {
-            "mappings": "- {mirror: a/m, machineDeployment: b/md, safeScaleIn: "
+            "mappings": "- {mirror: a/m, machineDeployment: b/md, maxReplicas: 100, safeScaleIn: "
             "{slurmrestd: 'http://x', jwtSecret: a/b, releasedNodes: delete}}"
         },
         "slime",
     )
     assert deleting.safe_scale_in is not None and deleting.safe_scale_in.released_nodes == "delete"
     assert (
-        parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md}"}, "slime").get("a", "m").safe_scale_in
+        parse_mappings({"mappings": "- {mirror: a/m, machineDeployment: b/md, maxReplicas: 100}"}, "slime")
+        .get("a", "m")
+        .safe_scale_in
         is None
     )
 
