@@ -41,12 +41,10 @@ def test_install_md_shows_the_user_data_files_verbatim() -> None:
     blocks = re.findall(r"```yaml\n(.*?)```", install, re.S)
     for path in (USER_DATA, FILES_USER_DATA):
         assert path.read_text() in blocks, f"docs/install.md does not show {path.relative_to(REPO_ROOT)} verbatim"
-    # The commands-only form is the user-data's runcmd, with the chmod that user-data has in bootcmd.
-    chmod = "  - chmod 0600 /run/cloud-init/instance-data.json\n"
-    commands = next(b for b in blocks if b.startswith("commands:\n" + chmod + "  - mkdir"))
-    bootcmd, runcmd = USER_DATA.read_text().split("runcmd:\n")
-    assert commands.replace("commands:\n" + chmod, "") == runcmd, "the commands-only form and the user-data differ"
-    assert bootcmd.startswith("## template: jinja\n#cloud-config\nbootcmd:\n") and bootcmd.endswith(chmod)
+    # The CABPV form (files and commands) is the write_files user-data with the keys renamed.
+    cabpv = next(b for b in blocks if b.startswith("files:\n  - path: /var/lib/cloud/scripts/per-boot/"))
+    cloud_config = FILES_USER_DATA.read_text().removeprefix("## template: jinja\n#cloud-config\n")
+    assert cabpv == cloud_config.replace("write_files:", "files:").replace("runcmd:", "commands:")
 
 
 @pytest.mark.parametrize(
