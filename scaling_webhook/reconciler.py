@@ -154,6 +154,8 @@ class Reconciler:
             changes: list[Change] = []
             self._errors = 0
             if self.leading:
+                if self.safe is not None:
+                    self.safe.begin_pass()
                 self._release_removed(table)
                 waiting: Counter[str] = Counter()
                 self._shortfall = 0
@@ -228,7 +230,13 @@ class Reconciler:
         safe = self.safe if mapping.safe_scale_in is not None else None
         scale_up = current is None or target > current
         if safe is not None and not scale_up:
-            safe.maintain(mapping, scale_in_pending=current is not None and current > target, fence=self.fence)
+            safe.maintain(
+                mapping,
+                scale_in_pending=current is not None and current > target,
+                fence=self.fence,
+                machines=self.objects.machines(mapping),
+                replicas=current,
+            )
         if current == target:
             self._applied[mapping.machine_deployment] = target
             return None
@@ -237,7 +245,13 @@ class Reconciler:
             # After the write, not before: nothing maintain does (hooks on existing Machines, releases,
             # undrains) holds a new host back, and its Machine list and slurmrestd read would delay
             # every scale-up by their round trips.
-            safe.maintain(mapping, scale_in_pending=False, fence=self.fence)
+            safe.maintain(
+                mapping,
+                scale_in_pending=False,
+                fence=self.fence,
+                machines=self.objects.machines(mapping),
+                replicas=target,
+            )
         return change
 
     def _follow(self, mapping: Mapping, md: dict[str, Any], current: int | None, target: int) -> Change | None:

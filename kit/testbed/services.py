@@ -16,11 +16,13 @@ from typing import Any, Protocol
 import httpx
 import jsonpatch
 
-from common.names import METADATA_KEY, METAL3_GROUP
+from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL, METADATA_KEY, METAL3_GROUP
 from injection_webhook.app import build as build_injection
 from injection_webhook.settings import InjectionSettings
 from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, RecordedRequest
 from scaling_webhook.app import ScalingService, build_service
+from scaling_webhook.mappings import Mapping
+from scaling_webhook.reconciler import Change
 from scaling_webhook.settings import ScalingSettings
 from testbed.serve import RunningService, serve_in_thread
 from testbed.wait import wait_for
@@ -81,6 +83,26 @@ class Scaling:
             if line.startswith(prefix):
                 return float(line.split()[-1])
         return None
+
+    def reconcile(self, timeout: float = 5.0) -> list[Change]:
+        """One pass now, once the service's Machine caches hold what the emulator stores (a pass reads the pools
+        from them, as the leader does; a test that just changed a Machine must let the watch deliver it first)."""
+        emulator = self.emulator
+        if emulator is not None:
+            for mapping in self.service.source.table:
+                if mapping.safe_scale_in is None:
+                    continue
+                label = f"{DEPLOYMENT_NAME_LABEL}={mapping.machine_deployment[1]}"
+
+                def caught_up(mapping: Mapping = mapping, label: str = label) -> bool:
+                    cached = self.service.objects.machines(mapping)
+                    stored = emulator.list(
+                        f"{CAPI_GROUP}/v1beta1", "Machine", mapping.machine_deployment[0], label_selector=label
+                    )
+                    return cached is not None and _versions(cached) == _versions(stored)
+
+                wait_for(caught_up, timeout, f"the Machine cache of {mapping.machine_deployment_ref}")
+        return self.service.reconcile_once()
 
     def sees_mirror(self, namespace: str, name: str, replicas: int, timeout: float = 5.0) -> None:
         """Wait until the webhook's watch of mirror ``namespace/name`` shows ``replicas`` (it acts on what it sees)."""
@@ -238,3 +260,7 @@ def _is_metadata(secret: dict[str, Any] | None) -> bool:
     return any(
         o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/") for o in owners
     )
+
+
+def _versions(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {o["metadata"]["name"]: o["metadata"].get("resourceVersion", "") for o in objects}
