@@ -883,3 +883,52 @@ def test_a_scale_in_while_machines_are_being_created_marks_before_it_lowers(
     safe.maintain(mapping, scale_in_pending=False, replicas=2)
     assert e.annotated() == [] and {e.slurm.state(n)[0] for n in ("node-001", "node-002")} == {"IDLE"}
     assert invariant.broken == [] and e.capi.violations == []
+
+
+# --- what a pass costs: it grows with what changed, not with the Machines held ------------------------------------
+
+
+def _one_pass(e: Env, safe: SafeScaleIn, mapping: Mapping) -> tuple[int, int]:
+    """(slurmrestd requests, API requests) of one upkeep pass over the pool as its watch cache holds it."""
+    machines = e.capi.machines()
+    e.slurm.calls.clear()
+    e.emulator.clear_requests()
+    safe.begin_pass()
+    safe.maintain(mapping, scale_in_pending=False, machines=machines, replicas=0)
+    return len(e.slurm.calls), len(_api_calls(e))
+
+
+@pytest.mark.parametrize("held", [2, 6])
+def test_a_pass_over_held_machines_reads_slurm_once_whatever_their_number(
+    standalone: Callable[[int], tuple[Env, Standalone]], held: int
+) -> None:
+    """``held`` Machines are held by their hooks, their nodes still running the jobs that landed as they were
+    drained: each pass reads Slurm's node list once and lists no Machine, for 2 held as for 6."""
+    e, (safe, mapping, _) = standalone(held)
+    assert len(safe.apply(mapping, 0).victims) == held
+    e.capi.step()
+    for node in list(e.slurm.nodes):
+        e.slurm.start_job(node, end=time.time() + 3600)
+    _one_pass(e, safe, mapping)  # the first pass may write (hooks already there: it should not)
+    costs = [_one_pass(e, safe, mapping) for _ in range(3)]
+    assert costs == [(1, 0)] * 3, costs
+    assert all(e.hooked(f"md-{i:03d}") for i in range(1, held + 1)) and e.capi.violations == []
+
+
+def test_a_release_reads_the_node_it_releases_and_nothing_more(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    """Six held, two of them drained and idle: the pass reads the list once, and each of the two once more,
+    by name, right before its release."""
+    e, (safe, mapping, _) = standalone(6)
+    safe.apply(mapping, 0)
+    e.capi.step()
+    for node in ("node-003", "node-004", "node-005", "node-006"):
+        e.slurm.start_job(node, end=time.time() + 3600)
+    e.slurm.calls.clear()
+    safe.begin_pass()
+    safe.maintain(mapping, scale_in_pending=False, machines=e.capi.machines(), replicas=0)
+    reads = [path for method, path in e.slurm.calls if method == "GET"]
+    assert len([p for p in reads if "/nodes" in p]) == 1
+    assert sorted(p.rsplit("/", 1)[1] for p in reads if "/node/" in p) == ["node-001", "node-002"]
+    assert not e.hooked("md-001") and not e.hooked("md-002") and e.hooked("md-003")
