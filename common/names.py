@@ -113,3 +113,5 @@ REASON_NODE_DELETED: Final = "SlurmNodeDeleted"
 REASON_RELEASED: Final = "ReleasedNeverJoined"
 REASON_DRAIN_OVERDUE: Final = "DrainOverdue"
 REASON_UNDRAINED: Final = "OrphanDrainUndone"
+REASON_SAFE_SCALE_IN_OFF: Final = "SafeScaleInOff"  # a pool left safe scale-in: SliMe's hooks and marks are off
+REASON_SAFE_SCALE_IN_OFF_WAITING: Final = "SafeScaleInOffWaiting"  # ... but a held Machine's node is still busy

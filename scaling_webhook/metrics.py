@@ -126,6 +126,18 @@ class ScalingMetrics:
             "about, never released).",
             registry=registry,
         )
+        self.pools_released = Counter(
+            "slime_scaling_pools_released_total",
+            "Pools that left safe scale-in (mapping removed or opt-in turned off) and were released: every hook and "
+            "mark of SliMe taken off, its drains resumed.",
+            registry=registry,
+        )
+        self.pools_leaving = Gauge(
+            "slime_scaling_pools_leaving",
+            "Pools that left safe scale-in whose deleting Machines SliMe still holds, each until Slurm reports its "
+            "node idle.",
+            registry=registry,
+        )
         self.orphans_undrained = Counter(
             "slime_scaling_orphan_drains_undone_total",
             "Nodes drained by SliMe whose Machine was neither marked nor deleting, undrained because no scale-in "

@@ -47,6 +47,8 @@ from common.names import (
     REASON_CAPPED,
     REASON_DRIFT,
     REASON_PAUSED,
+    REASON_SAFE_SCALE_IN_OFF,
+    REASON_SAFE_SCALE_IN_OFF_WAITING,
     REASON_SCALED,
 )
 from scaling_webhook.capacity import CapacityUnknown
@@ -130,6 +132,7 @@ class Reconciler:
         self._applied: dict[Ref, int] = {}  # MachineDeployment -> the replicas this process last set
         self._told: dict[tuple[Ref, str], str] = {}  # (MachineDeployment, reason) -> message last recorded
         self._followed = MappingTable()
+        self._leaving: dict[Ref, Mapping] = {}  # pools that left safe scale-in, with SliMe's hooks still to take off
         self._errors = 0  # failed mappings in the last pass
         self._shortfall = 0  # replicas capacityAware mappings could not have in the last pass
         self._retry_in = RETRY_SECONDS[0]
@@ -157,6 +160,7 @@ class Reconciler:
                 if self.safe is not None:
                     self.safe.begin_pass()
                 self._release_removed(table)
+                self._leave_safe_scale_in(table)
                 waiting: Counter[str] = Counter()
                 self._shortfall = 0
                 for mapping in table:
@@ -368,6 +372,44 @@ class Reconciler:
             )
         )
         return Change(mapping, "adopt", current)
+
+    def _leave_safe_scale_in(self, table: MappingTable) -> None:
+        """Pools that left safe scale-in since the last pass (mapping removed, opt-in turned off): take SliMe's
+        hooks and marks off and resume its drains (:meth:`SafeScaleIn.release_pool`), pass after pass until
+        nothing of SliMe's holds a Machine there; a busy node is never let go, it is waited for and reported."""
+        if self.safe is None:
+            return
+        safe_now = {m.machine_deployment for m in table if m.safe_scale_in is not None}
+        for mapping in self._followed:
+            if mapping.safe_scale_in is not None and mapping.machine_deployment not in safe_now:
+                self._leaving[mapping.machine_deployment] = mapping
+        for ref, mapping in list(self._leaving.items()):
+            if ref in safe_now:  # opted in again: safe scale-in looks after it as before
+                del self._leaving[ref]
+                continue
+            try:
+                report = self.safe.release_pool(mapping, fence=self.fence)
+            except ScaleError as exc:
+                self._failed(mapping, exc)
+                continue
+            if report.done:
+                del self._leaving[ref]
+                self.metrics.pools_released.inc()
+                log.info(
+                    "pool left safe scale-in",
+                    extra={"machinedeployment": mapping.machine_deployment_ref, "done": report.message},
+                )
+                self._tell(mapping, REASON_SAFE_SCALE_IN_OFF, f"Safe scale-in turned off: {report.message}")
+            else:
+                self._tell(
+                    mapping,
+                    REASON_SAFE_SCALE_IN_OFF_WAITING,
+                    f"Safe scale-in turned off; waiting for Slurm before letting go of the rest: {report.message}. "
+                    "Each is released as soon as Slurm reports its node idle (docs/operations.md, 'Turning safe "
+                    "scale-in off').",
+                    warning=True,
+                )
+        self.metrics.pools_leaving.set(len(self._leaving))
 
     def _release_removed(self, table: MappingTable) -> None:
         """Mappings gone since the last pass: take the adoption mark off their mirrors (best effort)."""

@@ -86,6 +86,7 @@ Fence = Callable[[], None]  # raises when this replica may not write
 
 HOOKS = frozenset({PRE_TERMINATE_HOOK, LEGACY_PRE_DRAIN_HOOK})  # either holds a deleting Machine for SliMe
 RELEASE: dict[str, str | None] = dict.fromkeys(HOOKS)  # the patch that lets a held Machine go
+RELEASED, HELD, UNUSABLE = "released", "held", "slurm unusable"  # what became of one held Machine
 
 
 def _no_fence() -> None:
@@ -127,6 +128,39 @@ class Outcome:
         if self.slurm_error:
             parts.append(f"no scale-in: {self.slurm_error}")
         return "; ".join(parts) or "nothing to do"
+
+
+@dataclass
+class PoolRelease:
+    """What :meth:`SafeScaleIn.release_pool` did to a pool leaving safe scale-in, and what it had to leave."""
+
+    unhooked: list[str] = field(default_factory=list)  # live Machines whose hook (and SliMe's marks) came off
+    released: list[str] = field(default_factory=list)  # deleting Machines let go: Slurm read them idle or gone
+    held: list[str] = field(default_factory=list)  # deleting Machines still held: "<machine> (<why>)"
+    kept_marks: list[str] = field(default_factory=list)  # victims Cluster API is deleting: marked, drained, idle
+    undrained: list[str] = field(default_factory=list)  # Slurm nodes SliMe had drained, taking jobs again
+    slurm_error: str = ""
+
+    @property
+    def done(self) -> bool:
+        return not self.held
+
+    @property
+    def message(self) -> str:
+        parts = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (
+                ("hook taken off", self.unhooked),
+                ("released", self.released),
+                ("left to Cluster API's deletion, drained", self.kept_marks),
+                ("Slurm nodes resumed", self.undrained),
+                ("still held", self.held),
+            )
+            if names
+        ]
+        if self.slurm_error:
+            parts.append(f"slurmrestd unusable: {self.slurm_error}")
+        return "; ".join(parts) or "nothing of SliMe's was left on the pool"
 
 
 class SafeScaleIn:
@@ -478,13 +512,84 @@ class SafeScaleIn:
                     )
                     return
                 for machine in held:
-                    if not self._release(mapping, config, machine, nodes, fence):
+                    if self._release(mapping, config, machine, nodes, fence) == UNUSABLE:
                         return  # slurmrestd unusable: nothing else is released, nothing else is done
             if not scale_in_pending:
                 stale = self._stale_victims(machines, replicas)
                 if stale:
                     self._reclaim(mapping, config, stale, Outcome(target=replicas or 0), fence)
                 self._undo_orphan_drains(mapping, config, machines, fence)
+
+    # --- leaving safe scale-in: take everything of SliMe's off the pool, never blindly -------------------------
+
+    def release_pool(self, mapping: Mapping, fence: Fence = _no_fence, replicas: int | None = None) -> PoolRelease:
+        """A pool leaves safe scale-in (its mapping removed, its opt-in turned off, SliMe uninstalled): take the
+        hooks and marks off and resume the Slurm nodes SliMe drained, so no deletion waits for SliMe again.
+
+        A deleting Machine is let go only as a release would (Slurm, read now, says its node is idle or gone);
+        one whose node is busy, or that cannot be checked, stays held and is named in ``held``. A Machine marked
+        for a deletion Cluster API is about to make (the replicas already count it out) keeps its mark: without
+        it, Cluster API would pick another Machine, maybe a busy one. ``replicas``: the MachineDeployment's
+        (None: read it)."""
+        config = mapping.safe_scale_in
+        assert config is not None, "release_pool() is for mappings that had safeScaleIn"
+        report = PoolRelease()
+        with self._lock(mapping):
+            machines = self.machines(mapping)
+            if replicas is None:
+                replicas = self.scaler.get_replicas(*mapping.machine_deployment)
+            try:
+                nodes: list[SlurmNode] | None = self._listed(config, fresh=True)
+            except SlurmUnavailable as exc:
+                nodes, report.slurm_error = None, exc.cause
+            for machine in machines:
+                if is_deleting(machine) and HOOKS & set(machine_annotations(machine)):
+                    self._release_for_good(mapping, config, machine, nodes, fence, report)
+            live = [m for m in machines if not is_deleting(m)]
+            pending = sorted((m for m in live if is_pending_victim(m)), key=machine_name)
+            surplus = max(0, len(live) - (replicas if replicas is not None else len(live)))
+            keep = {machine_name(m) for m in pending[:surplus]}  # Cluster API deletes these next: keep them marked
+            for machine in live:
+                name = machine_name(machine)
+                off: dict[str, str | None] = dict(RELEASE)
+                if name in keep:
+                    report.kept_marks.append(name)
+                else:
+                    off.update({DELETE_MACHINE_ANNOTATION: None, SLURM_NODE_ANNOTATION: None})
+                    node = node_for(machine, nodes) if nodes is not None else None
+                    if node is not None and drained_by_us(node):
+                        try:
+                            fence()
+                            self.slurm(config).undrain(node.name)
+                            report.undrained.append(node.name)
+                        except SlurmUnavailable as exc:
+                            report.slurm_error = exc.cause
+                if set(off) & set(machine_annotations(machine)):
+                    self._annotate(mapping, name, off, fence)
+                    if name not in keep:
+                        report.unhooked.append(name)
+        return report
+
+    def _release_for_good(
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        machine: dict[str, Any],
+        nodes: list[SlurmNode] | None,
+        fence: Fence,
+        report: PoolRelease,
+    ) -> None:
+        name = machine_name(machine)
+        if nodes is None:
+            report.held.append(f"{name} (Slurm cannot be read, so its node cannot be checked)")
+            return
+        outcome = self._release(mapping, config, machine, nodes, fence)
+        if outcome == RELEASED:
+            report.released.append(name)
+            return
+        node = node_for(machine, nodes) or (machine_annotations(machine).get(SLURM_NODE_ANNOTATION) or "")
+        state = f"Slurm node {node.name} is {'+'.join(sorted(node.states))}" if isinstance(node, SlurmNode) else ""
+        report.held.append(f"{name} ({state or 'its node may still run jobs'})")
 
     @staticmethod
     def _stale_victims(machines: list[dict[str, Any]], replicas: int | None) -> list[dict[str, Any]]:
@@ -503,8 +608,9 @@ class SafeScaleIn:
         machine: dict[str, Any],
         nodes: list[SlurmNode],
         fence: Fence,
-    ) -> bool:
-        """Release one held Machine if Slurm, read now for its node, lets it go; False when slurmrestd is unusable.
+    ) -> str:
+        """Release one held Machine if Slurm, read now for its node, lets it go: RELEASED, HELD, or UNUSABLE when
+        slurmrestd cannot be used (then nothing is released).
 
         ``nodes`` (the pass's list) says which Machines are worth a fresh read: a busy node waits for
         the next pass without one; a node that looks drained and idle, or gone, is read again by name,
@@ -525,10 +631,10 @@ class SafeScaleIn:
                     self._overdue(
                         mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned"
                     )
-                    return True
+                    return HELD
                 self._annotate(mapping, name, RELEASE, fence)
                 self._event(mapping, REASON_RELEASED, f"Machine {name}: {evidence}; deletion may proceed")
-                return True
+                return RELEASED
             if node.drained:
                 fresh = slurm.node(node.name)  # the read the release is decided on
                 if fresh is None:
@@ -538,7 +644,7 @@ class SafeScaleIn:
                         REASON_RELEASED,
                         f"Machine {name}: Slurm node {node.name} is gone; deletion may proceed",
                     )
-                    return True
+                    return RELEASED
                 if fresh.drained:
                     fence()
                     reason, what = self._let_go(config, slurm, node.name)
@@ -548,19 +654,19 @@ class SafeScaleIn:
                         reason,
                         f"Machine {name}: Slurm node {node.name} drained and idle, {what}; deletion may proceed",
                     )
-                    return True
+                    return RELEASED
                 node = fresh
             if "DRAIN" not in node.states:  # deleted by someone else, or joined after it was chosen
                 fence()
                 slurm.drain(node.name, DRAIN_REASON)
                 self._annotate(mapping, name, {SLURM_NODE_ANNOTATION: node.name}, fence)
             self._overdue(mapping, config, machine, f"Slurm node {node.name} is {'+'.join(sorted(node.states))}")
-            return True
+            return HELD
         except SlurmUnavailable as exc:
             self._slurm_failed(
                 mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)"
             )
-            return False
+            return UNUSABLE
 
     @staticmethod
     def _let_go(config: SafeScaleInConfig, slurm: SlurmClient, node: str) -> tuple[str, str]:

@@ -34,7 +34,7 @@ from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS
 from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
-from testbed.capi_sim import MD, MD_NS, Env, PoolInvariant, safe_config_map
+from testbed.capi_sim import MD, MD_NS, MIRROR, Env, PoolInvariant, safe_config_map
 from testbed.fake_slurmrestd import DIALECTS, SERVED, FakeSlurmrestd
 from testbed.wait import wait_for
 from testbed.world import CAPI, SLIME_NAMESPACE, md_events, md_replicas
@@ -932,3 +932,67 @@ def test_a_release_reads_the_node_it_releases_and_nothing_more(
     assert len([p for p in reads if "/nodes" in p]) == 1
     assert sorted(p.rsplit("/", 1)[1] for p in reads if "/node/" in p) == ["node-001", "node-002"]
     assert not e.hooked("md-001") and not e.hooked("md-002") and e.hooked("md-003")
+
+
+# --- leaving safe scale-in: nothing of SliMe's is left holding a Machine ---------------------------------------
+
+
+def _opt_out(e: Env, remove_mapping: bool) -> None:
+    """The operator turns safeScaleIn off for the pool, or removes its mapping."""
+    mappings = (
+        ""
+        if remove_mapping
+        else f"- {{mirror: {SLIME_NAMESPACE}/{MIRROR}, machineDeployment: {MD_NS}/{MD}, maxReplicas: 100}}\n"
+    )
+    e.emulator.patch("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap", {"data": {"mappings": mappings}})
+
+
+@pytest.mark.parametrize("remove_mapping", [False, True], ids=["opt-in-turned-off", "mapping-removed"])
+def test_a_pool_leaving_safe_scale_in_is_released_and_a_busy_node_is_waited_for(
+    env: Callable[..., Env], remove_mapping: bool
+) -> None:
+    e = env(4)
+    scaling = e.scaling()
+    e.scale(scaling, 2)  # md-001 and md-002 are drained, marked and (below) deleted: held by the hook
+    e.capi.step()
+    e.slurm.start_job("node-002", end=time.time() + 3600)  # a job landed as it was drained: busy
+    _opt_out(e, remove_mapping)
+    wait_for(
+        lambda: (
+            scaling.service.source.table.get(SLIME_NAMESPACE, MIRROR) is None
+            or scaling.service.source.table.get(SLIME_NAMESPACE, MIRROR).safe_scale_in is None
+        ),
+        what="the new mappings",
+    )
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-001") and e.hooked("md-002")  # idle: let go; busy: still held
+    assert not e.hooked("md-003") and not e.hooked("md-004")  # live Machines: no hook any more
+    assert scaling.metric("slime_scaling_pools_leaving") == 1
+    (waiting,) = wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SafeScaleInOffWaiting")[:1], what="the Event")
+    assert "still held: md-002 (Slurm node node-002 is ALLOCATED+DRAIN+DYNAMIC_NORM)" in waiting["message"]
+    # Deleting a Machine of the formerly safe pool completes: nothing holds it.
+    e.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, "md-003")
+    assert "md-003" in e.capi.step() and "md-002" not in e.capi.removed
+    e.slurm.finish_jobs("node-002")
+    scaling.service.reconcile_once()
+    assert not e.hooked("md-002") and scaling.metric("slime_scaling_pools_leaving") == 0
+    assert "md-002" in e.capi.step()
+    assert scaling.metric("slime_scaling_pools_released_total") == 1
+    assert e.capi.violations == [] and e.slurm.violations == []
+    wait_for(lambda: md_events(e.emulator, MD_NS, MD, "SafeScaleInOff"), what="the released Event")
+
+
+def test_releasing_a_pool_keeps_the_marks_cluster_api_is_about_to_delete_and_resumes_the_rest(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    """Victims marked and counted out of the replicas keep their marks (Cluster API deletes them next: without
+    the marks it would pick others, busy ones maybe); victims the replicas still count are unmarked and their
+    drains undone."""
+    e, (safe, mapping, _) = standalone(4)
+    assert len(safe.apply(mapping, 2).victims) == 2  # marked, replicas 2, not deleted yet
+    e.emulator.patch(f"{CAPI}/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 3}})  # one counted again
+    report = safe.release_pool(mapping)
+    assert report.done and len(report.kept_marks) == 1 and len(report.undrained) == 1
+    assert e.annotated() == report.kept_marks and not any(e.hooked(f"md-{i:03d}") for i in range(1, 5))
+    e.capi.step()
+    assert e.capi.removed == report.kept_marks and e.capi.violations == []
