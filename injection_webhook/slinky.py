@@ -26,12 +26,21 @@ JWT_KEY_DEFAULT_KEY = "jwt_hs256.key"
 Lookup = Callable[[str], dict[str, Any] | None]  # an object of the namespace by name (None: absent)
 
 
-class NotFound(Exception):
-    """The namespace's slurmctld cannot be tied to one Controller; ``reason`` says what is missing and where."""
+# What kept a namespace's slurmctld from one Controller (:attr:`NotFound.cause`), for a caller that
+# tells the operator what to change.
+NO_POD = "no-pod"  # no live pod matches the selector
+NOT_OWNED = "not-owned"  # pods match, but none is owned (through a StatefulSet) by an existing, wanted Controller
+SEVERAL = "several"  # the pods belong to several Controllers and none was chosen
 
-    def __init__(self, reason: str) -> None:
+
+class NotFound(Exception):
+    """The namespace's slurmctld cannot be tied to one Controller; ``reason`` says what is missing and where,
+    ``cause`` which of :data:`NO_POD`, :data:`NOT_OWNED`, :data:`SEVERAL` it is."""
+
+    def __init__(self, reason: str, cause: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,7 @@ def find_slurmctld(
         key=lambda p: (p.get("metadata") or {}).get("name", ""),
     )
     if not live:
-        raise NotFound(f"no slurmctld pod matches {selector} in {where}")
+        raise NotFound(f"no slurmctld pod matches {selector} in {where}", NO_POD)
     found: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str]] = {}
     problems = []
     for pod in live:
@@ -91,11 +100,12 @@ def find_slurmctld(
         found.setdefault(controller_name, ([], obj, owner_sts))[0].append(pod)
     if not found:
         detail = "; ".join(problems) or f"no slurmctld pod belongs to Controller {wanted}"
-        raise NotFound(f"{detail} ({where})")
+        raise NotFound(f"{detail} ({where})", NOT_OWNED)
     if len(found) > 1:
         raise NotFound(
             f"{where} runs several Slinky Controllers ({', '.join(sorted(found))}); "
-            f"choose one with label {CONTROLLER_NAME_LABEL} on the Metal3DataTemplate"
+            f"choose one with label {CONTROLLER_NAME_LABEL} on the Metal3DataTemplate",
+            SEVERAL,
         )
     name, (owned, obj, sts_name) = next(iter(found.items()))
     return Slurmctld(name, obj, sts_name, tuple(owned))

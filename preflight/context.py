@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from common.apis import ADMISSION_REGISTRATION, CONFIGMAPS, METAL3_VERSIONS
@@ -21,6 +21,7 @@ from scaling_webhook.settings import ScalingSettings
 
 LOCAL = "local"
 INSTALL = "docs/install.md"
+T = TypeVar("T")
 
 
 @dataclass
@@ -64,11 +65,18 @@ class Context:
         self.workload_client = workload_client
         self._table: MappingTable | None = None
         self._templates: list[dict[str, Any]] | None = None
+        self._once: dict[str, object] = {}
         self.opened: list[KubeClient] = []
 
     def close(self) -> None:
         for client in self.opened:
             client.close()
+
+    def once(self, key: str, make: Callable[[], T]) -> T:
+        """What ``make`` returns, computed once per run (two checks read the same thing)."""
+        if key not in self._once:
+            self._once[key] = make()
+        return cast(T, self._once[key])
 
     def read(self, path: str, kube: KubeClient | None = None) -> dict[str, Any] | None:
         try:
