@@ -62,7 +62,12 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
     ports = ports or {}
     return {
         "certManager": {"enabled": False},
-        "injection": {"replicas": 1, "port": ports.get("injection", 8443)},
+        "injection": {
+            "replicas": 1,
+            "port": ports.get("injection", 8443),
+            "slurmBindings": [SLURM_BINDINGS],
+            "templateOptIns": [TEMPLATE_OPT_INS],
+        },
         "scaling": {
             "replicas": 1,
             "port": ports.get("scaling", 8444),
