@@ -23,10 +23,11 @@ COPY injection_webhook ./injection_webhook
 COPY scaling_webhook ./scaling_webhook
 COPY certs ./certs
 COPY preflight ./preflight
+COPY lifecycle ./lifecycle
 RUN pip install --no-deps . \
- && python -c "import injection_webhook.main, scaling_webhook.main, preflight.main" \
+ && python -c "import injection_webhook.main, scaling_webhook.main, preflight.main, lifecycle.teardown" \
  && test -x /opt/venv/bin/injection-webhook && test -x /opt/venv/bin/scaling-webhook \
- && test -x /opt/venv/bin/slime-check
+ && test -x /opt/venv/bin/slime-check && test -x /opt/venv/bin/slime-teardown
 
 # ---- runtime: the venv only; no build tools, no sources, non-root ----
 FROM ${PYTHON_IMAGE}

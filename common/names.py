@@ -16,6 +16,7 @@ from typing import Final
 # --- the services: their Event component and API user agent --------------------------------
 INJECTION_COMPONENT: Final = "slime-injection-webhook"
 SCALING_COMPONENT: Final = "slime-scaling-webhook"
+TEARDOWN_COMPONENT: Final = "slime-teardown"  # the chart's pre-delete hook (helm uninstall)
 
 # The identity CAPM3's manager runs as in its upstream manifests (cluster-api-provider-metal3
 # config/default/capm3/kustomization.yaml: namespace capm3-system, namePrefix capm3-; and

@@ -1,0 +1,1 @@
+"""Commands the chart runs as Helm hook Jobs around the services (not the services themselves)."""
