@@ -11,8 +11,9 @@ the data parsers of the release it plays (:data:`SERVED`). It also plays **26.11
 which no test here has run for real (neither Debian nor a registry reachable here has it,
 docs/testing.md): data parsers v0.0.43 to v0.0.46 (v0.0.42 removed, v0.0.43 deprecated), no
 ``/healthz``, ``/readyz`` or ``/livez`` (dropped by 26.11, as SchedMD's release notes say; an
-unknown URL still answers 404), and otherwise 26.05's answers (an inference: the node API did not
-change in the notes). 26.05 serves the three health paths (its ``src/slurmrestd/openapi.c``:
+unknown URL still answers 404: with a token, since in SchedMD's master a path no route serves goes
+to the OpenAPI router, which authenticates first, ``src/slurmrestd/http.c`` ``_req_not_found``), and
+otherwise 26.05's answers (an inference: the node API did not change in the notes). 26.05 serves the three health paths (its ``src/slurmrestd/openapi.c``:
 204 without a body or Content-Type, with a token; 401 without one, as every path); 24.11 never
 had them in slurmrestd (404 with a token, 401 without). Both: a request without a token gets
 401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
