@@ -13,8 +13,9 @@ docs/testing.md): data parsers v0.0.43 to v0.0.46 (v0.0.42 removed, v0.0.43 depr
 ``/healthz``, ``/readyz`` or ``/livez`` (dropped by 26.11, as SchedMD's release notes say; an
 unknown URL still answers 404: with a token, since in SchedMD's master a path no route serves goes
 to the OpenAPI router, which authenticates first, ``src/slurmrestd/http.c`` ``_req_not_found``), and
-otherwise 26.05's answers (an inference: the node API did not change in the notes). 26.05 serves the three health paths (its ``src/slurmrestd/openapi.c``:
-204 without a body or Content-Type, with a token; 401 without one, as every path); 24.11 never
+otherwise 26.05's answers (an inference: the node API did not change in the notes). 26.05 serves
+the three health paths (its ``src/slurmrestd/openapi.c``: 204 without a body or Content-Type,
+with a token; 401 without one, as every path); 24.11 never
 had them in slurmrestd (404 with a token, 401 without). Both: a request without a token gets
 401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
 one 2016 on DELETE (node errors name ``_update_node`` for a POST, ``op_handler_node`` for a
