@@ -326,6 +326,13 @@ class Reconciler:
                 f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) "
                 "match its Metal3MachineTemplate's hostSelector"
             )
+            if capacity.reuse:
+                why += f" ({capacity.reuse} of them booked for this pool's node reuse)"
+            if capacity.stale:
+                why += (
+                    f"; {capacity.stale} more carry this pool's node-reuse label but a consumerRef that is not its "
+                    "Cluster's, a stale booking not counted"
+                )
         waiting["capacity"] += 1
         self._shortfall += target - allowed
         self._tell(

@@ -174,7 +174,8 @@ class MappedObjects:
             raise CapacityUnknown(f"Metal3MachineTemplate {namespace}/{template} not found")
         hosts = self._listed("hosts", (namespace, ""), mapping).items()
         machines = self._listed("machines", mapping.machine_deployment, mapping).items()
-        return count(namespace, name, template_obj, hosts, machines)
+        cluster = self.cluster_ref(mapping)  # the MachineDeployment's spec.clusterName: CAPM3 v1.14 books hosts by it
+        return count(namespace, name, template_obj, hosts, machines, cluster=cluster[1] if cluster else None)
 
     def _listed(self, kind: str, ref: Ref, mapping: Mapping) -> Informer:
         informer = self._cache(kind, ref)

@@ -7,10 +7,20 @@ down (connection refused).
 
 It answers as real slurmrestd 26.05 or 24.11 does (``release``; checked against both: the
 conformance test sends the same requests to each, tests/real_slurm/test_conformance.py), serving
-the data parsers of the release it plays (:data:`SERVED`). Both: a request without a token gets
+the data parsers of the release it plays (:data:`SERVED`). It also plays **26.11** (``release="26.11"``),
+which no test here has run for real (neither Debian nor a registry reachable here has it,
+docs/testing.md): data parsers v0.0.43 to v0.0.46 (v0.0.42 removed, v0.0.43 deprecated), no
+``/healthz``, ``/readyz`` or ``/livez`` (dropped by 26.11, as SchedMD's release notes say; an
+unknown URL still answers 404: with a token, since in SchedMD's master a path no route serves goes
+to the OpenAPI router, which authenticates first, ``src/slurmrestd/http.c`` ``_req_not_found``), and
+otherwise 26.05's answers (an inference: the node API did not change in the notes). 26.05 serves
+the three health paths (its ``src/slurmrestd/openapi.c``: 204 without a body or Content-Type,
+with a token; 401 without one, as every path); 24.11 never
+had them in slurmrestd (404 with a token, 401 without). Both: a request without a token gets
 401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
 one 2016 on DELETE (node errors name ``_update_node`` for a POST, ``op_handler_node`` for a
-DELETE); an unserved version or path 404 text/plain; ``reason_set_by_user`` is the token's
+DELETE); an unserved version or path 404 text/plain with a token, 401 without one (slurmrestd
+authenticates before it routes); ``reason_set_by_user`` is the token's
 ``sun``; bodies carry ``errors``, ``warnings`` and ``meta``. Where the releases differ (status
 codes, words, when a drain reason goes), :class:`Dialect` says how. A job here takes the whole
 node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
@@ -36,7 +46,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
@@ -44,13 +54,15 @@ from urllib.parse import parse_qs
 import jwt
 
 # The data parsers each Slurm release serves (of those SliMe speaks, v0.0.42 and up; 24.11 also
-# serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44, 26.11 drops v0.0.42).
+# serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44; 26.11 removes v0.0.42 and adds v0.0.46).
 SERVED = {
     "24.11": ("v0.0.40", "v0.0.41", "v0.0.42"),
     "25.05": ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43"),
     "25.11": ("v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44"),
     "26.05": ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"),
+    "26.11": ("v0.0.43", "v0.0.44", "v0.0.45", "v0.0.46"),
 }
+HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class Dialect:
     reason_outlives_drain: bool  # 24.11 keeps a reason after UNDRAIN/FUTURE until the node next runs a job
     registered_by: str  # reason_set_by_user of a node that just registered
     ping_word: bool  # 24.11's ping carries "pinged": "UP"/"DOWN"; 26.05's only "responding" and "status"
+    health: bool = False  # slurmrestd serves /healthz, /readyz, /livez (26.05 only: 24.11 never, 26.11 no more)
 
 
 DIALECTS = {
@@ -94,8 +107,11 @@ DIALECTS = {
         reason_outlives_drain=False,
         registered_by="",
         ping_word=False,
+        health=True,
     ),
 }
+# 26.11: 26.05's answers without the health paths (not run for real here: see the module's docstring).
+DIALECTS["26.11"] = replace(DIALECTS["26.05"], release="26.11.0", health=False)
 DEFAULT_RELEASE = "26.05"  # Slinky's default Slurm
 VERSIONS = SERVED[DEFAULT_RELEASE]
 PARTITION = "batch"  # where running jobs of the node model run
@@ -122,10 +138,19 @@ class Node:
 
 
 class FakeSlurmrestd:
-    def __init__(self, key: bytes, release: str = DEFAULT_RELEASE, versions: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        release: str = DEFAULT_RELEASE,
+        versions: tuple[str, ...] | None = None,
+        health: bool | None = None,
+    ) -> None:
+        """``versions``: the data parsers served (default: the release's); ``health``: whether ``/healthz``,
+        ``/readyz`` and ``/livez`` are served (default: as the release does; 404 otherwise, as any unknown URL)."""
         self.key = key
         self.dialect = DIALECTS[release]
         self.versions = SERVED[release] if versions is None else versions
+        self.health = self.dialect.health if health is None else health
         self.nodes: dict[str, Node] = {}  # what GET nodes lists
         self.future: dict[str, Node] = {}  # FUTURE records: kept, not listed
         self.lock = threading.RLock()
@@ -148,6 +173,7 @@ class FakeSlurmrestd:
         # what an update_time query compares against (tests also edit pending and node jobs directly).
         self._listed: tuple[int, tuple[Any, ...]] | None = None
         self.unchanged_answers = 0  # GET jobs answered "No job changes since update_time"
+        self.health_checks = 0  # GET /healthz, /readyz, /livez answered (a release that serves them)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -158,7 +184,8 @@ class FakeSlurmrestd:
                 text = isinstance(body, str)
                 data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                if status != 204:
+                    self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -312,12 +339,15 @@ class FakeSlurmrestd:
         if self.fail_status is not None:
             return self.fail_status, self._body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
         path, _, query = path.partition("?")
+        if token is None:  # slurmrestd authenticates before it routes: any path, served or not
+            return 401, "Authentication failure"
+        if path in HEALTH_PATHS and method == "GET" and self.health:
+            self.health_checks += 1
+            return 204, ""  # slurmrestd 26.05's health answer: no content, no Content-Type
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
             return 404, self.dialect.not_found  # text/plain
         version, what, name = match.groups()
-        if token is None:
-            return 401, "Authentication failure"
         try:
             claims = jwt.decode(token, self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
         except jwt.PyJWTError:

@@ -526,9 +526,10 @@ def baremetal_host(
     consumer: str | None = None,
     annotations: dict[str, str] | None = None,
     error: str = "",
+    consumer_ref: Obj | None = None,
 ) -> Obj:
     """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``;
-    ``consumer`` a Metal3Machine name."""
+    ``consumer`` a Metal3Machine name, or ``consumer_ref`` any reference (:func:`reuse_booking`)."""
     spec: Obj = {"online": True, "bmc": {"address": f"redfish://bmc.example/{name}", "credentialsName": f"{name}-bmc"}}
     if consumer is not None:
         spec["consumerRef"] = {
@@ -537,6 +538,8 @@ def baremetal_host(
             "name": consumer,
             "namespace": namespace,
         }
+    if consumer_ref is not None:
+        spec["consumerRef"] = consumer_ref
     status: Obj = {
         "provisioning": {"state": state},
         "operationalStatus": "error" if error else "OK",
@@ -549,6 +552,12 @@ def baremetal_host(
         "spec": spec,
         "status": status,
     }
+
+
+def reuse_booking(cluster: str, namespace: str, version: str = "v1beta2") -> Obj:
+    """The ``consumerRef`` CAPM3 v1.14 leaves on a host it keeps for node reuse: the Cluster (CAPM3 #3474; the
+    host also carries the label ``infrastructure.cluster.x-k8s.io/node-reuse: md-<MachineDeployment>``)."""
+    return {"apiVersion": f"{CAPI}/{version}", "kind": "Cluster", "name": cluster, "namespace": namespace}
 
 
 def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:

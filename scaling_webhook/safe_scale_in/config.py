@@ -14,7 +14,10 @@ from typing import Any
 Ref = tuple[str, str]  # (namespace, name): the same shape as scaling_webhook.mappings.Ref
 
 # The slurmrestd API versions the client speaks, newest first: the order in which it probes.
-SLURM_API_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
+# v0.0.42: Slurm 24.11 (its newest; 26.11 removes it), v0.0.43: 25.05 (deprecated by 26.11, gone
+# in 27.05), v0.0.44: 25.11, v0.0.45: 26.05, v0.0.46: 26.11. Each release serves a few older
+# ones too; the newest served is used (docs/scaling.md, "Which slurmrestd versions").
+SLURM_API_VERSIONS = ("v0.0.46", "v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
 
 # What becomes of the Slurm node of a released Machine (``safeScaleIn.releasedNodes``):
 # ``future`` returns it to FUTURE, so slurmctld keeps its record: a job as big as the pool is

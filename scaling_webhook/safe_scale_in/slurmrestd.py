@@ -1,4 +1,4 @@
-"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.45).
+"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.46).
 
 Authentication is Slinky's: an HS256 JWT signed with the ``jwt_hs256.key`` held in a Kubernetes
 Secret, with claims ``sun`` (the Slurm user), ``iat`` and ``exp`` (60 s later), sent in the
@@ -15,6 +15,12 @@ number: 2018 for a node that does not exist, which a DELETE or a return to FUTUR
 "gone" (nothing left to do); 2016 for deleting a busy node; 2028 (24.11) or 2180 (26.05) for
 returning a busy node, or one already FUTURE, to FUTURE. The client goes by the error number,
 never by the status.
+
+The version is the mapping's ``apiVersion``, else the newest of :data:`SLURM_API_VERSIONS` whose
+``/slurm/<v>/ping`` answers (an unserved version's URL answers 404 on every release). Nothing here
+uses slurmrestd's ``/healthz``, ``/readyz`` or ``/livez``: 24.11 and 25.x never served them and
+26.11 drops them again. A discovered version that later answers 404 (slurmrestd was upgraded past
+it, e.g. v0.0.42 to Slurm 26.11) is forgotten, so the next call probes again.
 """
 
 from __future__ import annotations
@@ -184,6 +190,8 @@ class SlurmClient:
                 continue
             if gone_raises and _error_numbers(response) == {INVALID_NODE_NAME}:
                 raise _NodeGone(path)
+            if response.status_code == 404:
+                self._forget_version(path)
             if not 200 <= response.status_code <= 299:
                 raise SlurmUnavailable(
                     f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}"
@@ -199,6 +207,18 @@ class SlurmClient:
                 raise SlurmUnavailable(f"{self.where} reported errors for {method} {path}: {problems}")
             return data if isinstance(data, dict) else {}
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _forget_version(self, path: str) -> None:
+        """A 404 under the discovered version: slurmrestd no longer serves it (upgraded); probe again next call."""
+        version = self._version
+        if self.config.api_version is None and version is not None and path.startswith(f"/slurm/{version}/"):
+            with self._lock:
+                if self._version == version:
+                    self._version = None
+                    log.warning(
+                        "slurmrestd no longer serves the API version in use; probing again",
+                        extra={"slurmrestd": self.config.slurmrestd, "api_version": version},
+                    )
 
     def version(self) -> str:
         """The API version to use: the configured one, else the newest that answers ``/ping``."""

@@ -32,7 +32,7 @@ import pytest
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.audit import scan_logs
-from testbed.fake_slurmrestd import DIALECTS, PARTITION, FakeSlurmrestd, JwtKeySecret
+from testbed.fake_slurmrestd import DIALECTS, HEALTH_PATHS, PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.ports import free_port
 from testbed.real.cloudinit import Node, boot, meta_data_for
 from testbed.real.netns import Network
@@ -295,6 +295,9 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
         for version in target.unserved:
             send(f"list nodes {version} (not served)", "GET", f"/slurm/{version}/nodes/")
             send(f"ping {version} (not served)", "GET", f"/slurm/{version}/ping")
+        for path in HEALTH_PATHS:  # 26.05 serves them; 24.11 never did, 26.11 no more: 404, as any unknown URL
+            send(f"{path}, no token", "GET", path, token=None)
+            send(f"{path}", "GET", path)
         send("no token", "GET", f"/slurm/{V}/nodes/", token=None)
         send("token signed with another key", "GET", f"/slurm/{V}/nodes/", token=_token(other_key))
         send(
@@ -380,6 +383,10 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target, slurm_r
     newer = f"list nodes {real.unserved[0]} (not served)"
     assert facts[newer]["status"] == 404 and facts[newer]["type"] == "text/plain"
     assert (facts["no token"]["status"], facts["no token"]["type"]) == (401, "text/plain")
+    # The health paths: 204 on 26.05 (with a token), 404 on 24.11 (never served, as any unknown URL); without a
+    # token 401 on both (slurmrestd authenticates before it routes). SliMe never asks for them.
+    assert all(facts[path]["status"] == (204 if dialect.health else 404) for path in HEALTH_PATHS)
+    assert all(facts[f"{path}, no token"]["status"] == 401 for path in HEALTH_PATHS)
     assert facts["token signed with another key"]["status"] == 511
     assert [e["error_number"] for e in facts["token signed with another key"]["errors"]] == [1007]
     assert facts["ping with a bad token"]["status"] == 200

@@ -59,6 +59,7 @@ from testbed.real.capi import CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_P
 from testbed.real.cloudinit import USER_DATA
 from testbed.real.controlplane import ControlPlane
 from testbed.real.host import Host, boot
+from testbed.real.metal3 import BMO_MODULE
 from testbed.real.netns import Network
 from testbed.real.slurm import Slurm, SlurmRoot
 
@@ -76,7 +77,7 @@ HARDWARE_DETAILS_ANNOTATION = "inspect.metal3.io/hardwaredetails"
 SECRET_ENVIRONMENT_LABEL = ("environment.metal3.io", "baremetal")
 DRIVE_VERSIONS = ("2012-08-10", "latest")  # openstacksdk's configdrive.populate_directory
 BUSY_STATES = {"RUNNING", "COMPLETING"}
-BMO_USER_AGENT = "baremetal-operator/v0.13.2 (SliMe whole-loop tier: BMO's read of the host's data Secrets)"
+BMO_USER_AGENT = f"baremetal-operator/{BMO_MODULE[1]} (SliMe whole-loop tier: BMO's read of the host's data Secrets)"
 
 
 def b64(data: bytes | str) -> str:

@@ -35,7 +35,7 @@ from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
 from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
 from testbed.capi_sim import MD, MD_NS, MIRROR, Env, PoolInvariant, safe_config_map
-from testbed.fake_slurmrestd import DIALECTS, SERVED, FakeSlurmrestd
+from testbed.fake_slurmrestd import DIALECTS, HEALTH_PATHS, SERVED, FakeSlurmrestd
 from testbed.wait import wait_for
 from testbed.world import CAPI, SLIME_NAMESPACE, md_events, md_replicas
 
@@ -125,6 +125,7 @@ def test_slurmrestd_errors_mean_no_scale_in(env: Callable[[int], Env]) -> None:
     [
         (("v0.0.42", "v0.0.43"), "v0.0.43"),  # 25.05
         (("v0.0.44", "v0.0.45"), "v0.0.45"),  # a slurmrestd serving only the newest two
+        (SERVED["26.11"], "v0.0.46"),
         (SERVED["26.05"], "v0.0.45"),
         (SERVED["24.11"], "v0.0.42"),
     ],
@@ -140,6 +141,60 @@ def test_version_probe_uses_the_newest_served(env: Callable[[int], Env], served:
         f"/slurm/{v}/ping" for v in (*newer, chosen)
     ]
     assert ("GET", f"/slurm/{chosen}/nodes/") in e.slurm.calls
+
+
+def _token_header(slurm: FakeSlurmrestd) -> dict[str, str]:
+    now = int(time.time())
+    return {
+        "X-SLURM-USER-TOKEN": jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60}, slurm.key, algorithm="HS256")
+    }
+
+
+@pytest.mark.parametrize("slurm", ["26.11"], indirect=True)
+def test_safe_scale_in_against_slurm_26_11_without_health_endpoints(
+    slurm: FakeSlurmrestd, env: Callable[..., Env]
+) -> None:
+    """Slurm 26.11's slurmrestd: data parsers v0.0.43 to v0.0.46 only, no /healthz, /readyz, /livez (404, as any
+    unknown URL). Safe scale-in speaks v0.0.46, keeps the busy node, releases the idle ones to FUTURE, and never
+    asks for a health path."""
+    assert slurm.versions == ("v0.0.43", "v0.0.44", "v0.0.45", "v0.0.46")
+    for path in HEALTH_PATHS:
+        assert httpx.get(f"{slurm.url}{path}", headers=_token_header(slurm), timeout=5).status_code == 404
+    asked = len(slurm.calls)
+    e = env(3)
+    scaling = e.scaling()
+    slurm.start_job("node-002", time.time() + 3600)
+    e.scale(scaling, 1)
+    assert sorted(e.annotated()) == ["md-001", "md-003"] and md_replicas(e.emulator, MD_NS, MD) == 1
+    e.capi.step()
+    scaling.service.reconcile_once()
+    e.capi.step()
+    assert [m["metadata"]["name"] for m in e.capi.machines()] == ["md-002"]
+    assert sorted(slurm.returned) == ["node-001", "node-003"] and slurm.state("node-002") == ALLOCATED
+    assert slurm.violations == [] and e.capi.violations == []
+    paths = [path for _, path in slurm.calls[asked:]]
+    assert paths[0] == "/slurm/v0.0.46/ping" and all(p.startswith("/slurm/v0.0.46/") for p in paths), paths
+    assert slurm.health_checks == 0
+
+
+@pytest.mark.parametrize("slurm", ["26.05"], indirect=True)
+def test_slurm_26_05_serves_the_health_paths_the_product_never_uses(
+    slurm: FakeSlurmrestd, env: Callable[..., Env]
+) -> None:
+    """The same scale-in against 26.05, which serves the health paths: SliMe's calls are the same kind (probe, nodes,
+    node updates under /slurm/<v>/), none of them a health path."""
+    answer = httpx.get(f"{slurm.url}/healthz", headers=_token_header(slurm), timeout=5)
+    assert answer.status_code == 204 and slurm.health_checks == 1
+    asked = len(slurm.calls)
+    e = env(2)
+    scaling = e.scaling()
+    e.scale(scaling, 0)
+    e.capi.step()
+    scaling.service.reconcile_once()
+    assert sorted(slurm.returned) == ["node-001", "node-002"]
+    paths = [path for _, path in slurm.calls[asked:]]
+    assert paths[:2] == ["/slurm/v0.0.46/ping", "/slurm/v0.0.45/ping"], paths  # v0.0.46 first: 404 on 26.05
+    assert all(p.startswith("/slurm/v0.0.45/") for p in paths[1:]) and slurm.health_checks == 1
 
 
 def test_a_slurmrestd_serving_no_version_slime_speaks_is_named(env: Callable[[int], Env]) -> None:
@@ -550,7 +605,8 @@ def _partition_nodes(slurm: FakeSlurmrestd) -> int:
     against at submission)."""
     now = int(time.time())
     token = jwt.encode({"sun": "slurm", "iat": now, "exp": now + 60}, slurm.key, algorithm="HS256")
-    answer = httpx.get(f"{slurm.url}/slurm/v0.0.42/partitions/", headers={"X-SLURM-USER-TOKEN": token}, timeout=5)
+    newest = slurm.versions[-1]
+    answer = httpx.get(f"{slurm.url}/slurm/{newest}/partitions/", headers={"X-SLURM-USER-TOKEN": token}, timeout=5)
     (partition,) = answer.json()["partitions"]
     return int(partition["nodes"]["total"])
 
