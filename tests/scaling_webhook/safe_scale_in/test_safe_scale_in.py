@@ -167,7 +167,7 @@ def test_safe_scale_in_against_slurm_26_11_without_health_endpoints(
     e.scale(scaling, 1)
     assert sorted(e.annotated()) == ["md-001", "md-003"] and md_replicas(e.emulator, MD_NS, MD) == 1
     e.capi.step()
-    scaling.service.reconcile_once()
+    scaling.reconcile()
     e.capi.step()
     assert [m["metadata"]["name"] for m in e.capi.machines()] == ["md-002"]
     assert sorted(slurm.returned) == ["node-001", "node-003"] and slurm.state("node-002") == ALLOCATED
@@ -190,7 +190,7 @@ def test_slurm_26_05_serves_the_health_paths_the_product_never_uses(
     scaling = e.scaling()
     e.scale(scaling, 0)
     e.capi.step()
-    scaling.service.reconcile_once()
+    scaling.reconcile()
     assert sorted(slurm.returned) == ["node-001", "node-002"]
     paths = [path for _, path in slurm.calls[asked:]]
     assert paths[:2] == ["/slurm/v0.0.46/ping", "/slurm/v0.0.45/ping"], paths  # v0.0.46 first: 404 on 26.05
@@ -1020,7 +1020,7 @@ def test_a_pool_leaving_safe_scale_in_is_released_and_a_busy_node_is_waited_for(
         ),
         what="the new mappings",
     )
-    scaling.service.reconcile_once()
+    scaling.reconcile()
     assert not e.hooked("md-001") and e.hooked("md-002")  # idle: let go; busy: still held
     assert not e.hooked("md-003") and not e.hooked("md-004")  # live Machines: no hook any more
     assert scaling.metric("slime_scaling_pools_leaving") == 1
@@ -1030,7 +1030,7 @@ def test_a_pool_leaving_safe_scale_in_is_released_and_a_busy_node_is_waited_for(
     e.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, "md-003")
     assert "md-003" in e.capi.step() and "md-002" not in e.capi.removed
     e.slurm.finish_jobs("node-002")
-    scaling.service.reconcile_once()
+    scaling.reconcile()
     assert not e.hooked("md-002") and scaling.metric("slime_scaling_pools_leaving") == 0
     assert "md-002" in e.capi.step()
     assert scaling.metric("slime_scaling_pools_released_total") == 1
