@@ -148,11 +148,11 @@ def _release(client: KubeClient, pools: list[Mapping], wait_seconds: float, out:
             if not waiting or time.monotonic() + POLL_SECONDS > deadline:
                 break
             time.sleep(POLL_SECONDS)
-            safe.begin_pass()
+            safe.reads.begin_pass()
     finally:
         events.flush(5.0)
         events.stop()
-        safe.close()
+        safe.reads.close()
     left = 0
     for ref, result in reports.items():
         if isinstance(result, str):

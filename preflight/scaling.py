@@ -16,8 +16,8 @@ from preflight.context import Context, metadata_of, ref_of
 from preflight.report import Finding, fail, ok, skip, warn
 from scaling_webhook.decision import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.mappings import Mapping, MappingError, parse_mappings
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmUnavailable
 
 
 def mappings(ctx: Context) -> Iterator[Finding]:

@@ -27,6 +27,7 @@ from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.reconciler import Change, Reconciler, Wakeup
 from scaling_webhook.safe_scale_in.service import SafeScaleIn
 from scaling_webhook.settings import ScalingSettings
+from scaling_webhook.slurm.reads import SlurmReads
 from scaling_webhook.watches import MappedObjects
 
 WEBHOOK_NAME = "scaling"
@@ -46,6 +47,7 @@ class ScalingService:
     reconciler: Reconciler
     metrics: ScalingMetrics
     demand: DemandPoller
+    reads: SlurmReads
     leader: LeaderElector | None = None
     safe: SafeScaleIn | None = None
 
@@ -58,8 +60,7 @@ class ScalingService:
         self.objects.stop()
         self.events.stop()
         self.events.flush(2.0)
-        if self.safe is not None:
-            self.safe.close()
+        self.reads.close()
         self.demand.close()
 
 
@@ -88,14 +89,15 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     scaler = MachineDeploymentScaler(client, settings.patch_timeout_seconds)
     events = EventRecorder(client, SCALING_COMPONENT, metrics.event_result)
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
-    safe = SafeScaleIn(client, scaler, events, metrics)  # used only by mappings with safeScaleIn
+    reads = SlurmReads(client)  # slurmrestd for the Slurm opt-ins: one node list per endpoint per pass
+    safe = SafeScaleIn(client, scaler, events, metrics, reads)  # used only by mappings with safeScaleIn
     demand = DemandPoller(client, source, metrics, settings.demand_interval_seconds)  # mappings with nodeDemand
     leader = _elector(settings, client, metrics, wakeup) if settings.leader_election else None
     if leader is None:
         metrics.leader.set(1)
     objects = MappedObjects(client, scaler, on_change=wakeup)
     reconciler = Reconciler(
-        source, objects, scaler, events, metrics, settings.resync_seconds, wakeup, leader=leader, safe=safe
+        source, objects, scaler, events, metrics, settings.resync_seconds, wakeup, reads, leader=leader, safe=safe
     )
 
     def on_mappings(table: MappingTable) -> None:
@@ -119,7 +121,9 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     app = admission_app("SliMe scaling webhook", PATH, endpoint)
     background = [reconciler.run, demand.run] + ([leader.run] if leader is not None else [])
     runner = runner_for(settings, app, webhook_metrics, readiness, background=background, health_routes=demand.routes())
-    service = ScalingService(runner, client, source, objects, scaler, events, reconciler, metrics, demand, leader, safe)
+    service = ScalingService(
+        runner, client, source, objects, scaler, events, reconciler, metrics, demand, reads, leader, safe
+    )
     runner.on_stop.append(service.stop)
     events.start()
     source.start()

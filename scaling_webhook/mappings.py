@@ -38,13 +38,9 @@ from common.cache import Informer
 from common.kube import KubeClient
 from common.meta import is_dns1123_label, is_dns1123_subdomain
 from common.names import CAPACITY_AWARE_KEY, MAPPINGS_KEY, MAX_REPLICAS_KEY, NODE_DEMAND_KEY, SAFE_SCALE_IN_KEY
-from scaling_webhook.safe_scale_in.config import (
-    SLURM_API_VERSIONS,
-    NodeDemandConfig,
-    SafeScaleInConfig,
-    SlurmEndpoint,
-    parse_released_nodes,
-)
+from scaling_webhook.demand import NodeDemandConfig
+from scaling_webhook.safe_scale_in.config import SafeScaleInConfig, parse_released_nodes
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.mappings")
 

@@ -59,6 +59,7 @@ from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingSource, MappingTable, Ref
 from scaling_webhook.metrics import WAIT_REASONS, ScalingMetrics
 from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
+from scaling_webhook.slurm.reads import SlurmReads
 from scaling_webhook.watches import MappedObjects
 
 log = logging.getLogger("slime.scaling.reconciler")
@@ -116,6 +117,7 @@ class Reconciler:
         metrics: ScalingMetrics,
         resync_seconds: float,
         wakeup: Wakeup,
+        reads: SlurmReads,
         leader: LeaderElector | None = None,
         safe: SafeScaleIn | None = None,
     ) -> None:
@@ -126,6 +128,7 @@ class Reconciler:
         self.metrics = metrics
         self.resync_seconds = resync_seconds
         self.leader = leader
+        self.reads = reads  # Slurm's node list, read once per pass for every Slurm opt-in
         self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
         self._lock = threading.Lock()  # one pass at a time in this process
         self.wakeup = wakeup
@@ -157,8 +160,7 @@ class Reconciler:
             changes: list[Change] = []
             self._errors = 0
             if self.leading:
-                if self.safe is not None:
-                    self.safe.begin_pass()
+                self.reads.begin_pass()
                 self._release_removed(table)
                 self._leave_safe_scale_in(table)
                 waiting: Counter[str] = Counter()

@@ -28,7 +28,7 @@ from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable, Ref
-from scaling_webhook.safe_scale_in.victims import machine_annotations
+from scaling_webhook.slurm.machines import machine_annotations
 
 log = logging.getLogger("slime.scaling.watches")
 

@@ -64,20 +64,19 @@ from scaling_webhook.errors import ScaleError, denial_code
 from scaling_webhook.machinedeployments import MERGE_PATCH, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.safe_scale_in.config import SafeScaleInConfig, SlurmEndpoint
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
-from scaling_webhook.safe_scale_in.victims import (
+from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
+from scaling_webhook.safe_scale_in.victims import Candidate, choose_victims, never_joined
+from scaling_webhook.slurm.machines import (
     DRAIN_REASON,
-    Candidate,
-    choose_victims,
     drained_by_us,
     is_deleting,
     is_pending_victim,
     machine_annotations,
     machine_name,
-    never_joined,
     node_for,
 )
+from scaling_webhook.slurm.reads import SlurmReads
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
 
 log = logging.getLogger("slime.scaling.safe_scale_in")
 
@@ -167,61 +166,28 @@ class SafeScaleIn:
     """Safe scale-in for every opted-in mapping. Thread-safe (one operation per MD at a time)."""
 
     def __init__(
-        self, client: KubeClient, scaler: MachineDeploymentScaler, events: EventRecorder, metrics: ScalingMetrics
+        self,
+        client: KubeClient,
+        scaler: MachineDeploymentScaler,
+        events: EventRecorder,
+        metrics: ScalingMetrics,
+        reads: SlurmReads | None = None,
     ) -> None:
         self.client = client
         self.scaler = scaler
         self.events = events
         self.metrics = metrics
-        self._slurm: dict[SafeScaleInConfig, SlurmClient] = {}
+        # Slurm's clients and the pass's node lists, shared with machine health (the reconciler starts each pass).
+        self.reads = reads if reads is not None else SlurmReads(client)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._overdue_warned: set[tuple[str, str]] = set()
-        self._pass_nodes: dict[SlurmEndpoint, list[SlurmNode] | SlurmUnavailable] = {}
         self._guard = threading.Lock()
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def slurm(self, config: SafeScaleInConfig) -> SlurmClient:
-        with self._guard:
-            client = self._slurm.get(config)
-            if client is None:
-                client = self._slurm[config] = SlurmClient(self.client, config)
-            return client
-
-    def begin_pass(self) -> None:
-        """A reconcile pass starts: Slurm's node list is read again, once, when a decision first needs it."""
-        with self._guard:
-            self._pass_nodes.clear()
-
-    def _listed(self, config: SafeScaleInConfig, fresh: bool = False) -> list[SlurmNode]:
-        """Slurm's nodes as this pass read them: one list per slurmrestd endpoint per pass, shared by every
-        decision and every mapping of that endpoint (``fresh``: read again now, and keep that)."""
-        endpoint = config.endpoint
-        with self._guard:
-            known = self._pass_nodes.get(endpoint)
-        if known is not None and not fresh:
-            if isinstance(known, SlurmUnavailable):
-                raise known
-            return known
-        try:
-            nodes: list[SlurmNode] | SlurmUnavailable = self.slurm(config).nodes()
-        except SlurmUnavailable as exc:
-            nodes = exc
-        with self._guard:
-            self._pass_nodes[endpoint] = nodes
-        if isinstance(nodes, SlurmUnavailable):
-            raise nodes
-        return nodes
-
     def _lock(self, mapping: Mapping) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(mapping.machine_deployment, threading.Lock())
-
-    def close(self) -> None:
-        with self._guard:
-            for client in self._slurm.values():
-                client.close()
-            self._slurm.clear()
 
     def _event(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
         self.events.record(
@@ -345,9 +311,9 @@ class SafeScaleIn:
         outcome: Outcome,
         fence: Fence,
     ) -> None:
-        slurm = self.slurm(config)
+        slurm = self.reads.slurm(config)
         try:
-            nodes = self._listed(config)
+            nodes = self.reads.nodes(config)
         except SlurmUnavailable as exc:
             # Cannot undrain: leave the marked Machines to go; the scale-up provisions new ones.
             self._slurm_failed(mapping, exc, "cannot reclaim Machines marked for deletion")
@@ -393,9 +359,9 @@ class SafeScaleIn:
         victims: list[str] = []
         why = ""
         if need > 0:
-            slurm = self.slurm(config)
+            slurm = self.reads.slurm(config)
             try:
-                nodes = self._listed(config)
+                nodes = self.reads.nodes(config)
             except SlurmUnavailable as exc:
                 outcome.slurm_error = exc.cause
                 self._slurm_failed(
@@ -408,7 +374,7 @@ class SafeScaleIn:
                 drained = self._drain(slurm, chosen, fence)
                 if any(ours for _, ours in drained):
                     # A job may have started between the read and the drain: look again, once for all of them.
-                    drained = self._recheck(slurm, drained, self._listed(config, fresh=True), fence)
+                    drained = self._recheck(slurm, drained, self.reads.nodes(config, fresh=True), fence)
             except SlurmUnavailable as exc:
                 outcome.slurm_error = exc.cause
                 self._slurm_failed(mapping, exc, f"scale-in from {current} to {target} stopped")
@@ -488,8 +454,8 @@ class SafeScaleIn:
         marked for a deletion that will not come and undo orphan drains.
 
         ``machines``: the pool as the watch cache holds it (None: list it now); ``replicas``: the
-        MachineDeployment's. Slurm is read once per pass (:meth:`begin_pass`) and, before a hook is
-        released, once for that node."""
+        MachineDeployment's. Slurm is read once per pass (:class:`~scaling_webhook.slurm.reads.SlurmReads`)
+        and, before a hook is released, once for that node."""
         config = mapping.safe_scale_in
         assert config is not None
         with self._lock(mapping):
@@ -505,7 +471,7 @@ class SafeScaleIn:
             held = [m for m in machines if is_deleting(m) and HOOKS & set(machine_annotations(m))]
             if held:
                 try:
-                    nodes = self._listed(config)
+                    nodes = self.reads.nodes(config)
                 except SlurmUnavailable as exc:
                     self._slurm_failed(
                         mapping, exc, "not releasing any Machine (nothing is released while Slurm cannot be read)"
@@ -539,7 +505,7 @@ class SafeScaleIn:
             if replicas is None:
                 replicas = self.scaler.get_replicas(*mapping.machine_deployment)
             try:
-                nodes: list[SlurmNode] | None = self._listed(config, fresh=True)
+                nodes: list[SlurmNode] | None = self.reads.nodes(config, fresh=True)
             except SlurmUnavailable as exc:
                 nodes, report.slurm_error = None, exc.cause
             for machine in machines:
@@ -560,7 +526,7 @@ class SafeScaleIn:
                     if node is not None and drained_by_us(node):
                         try:
                             fence()
-                            self.slurm(config).undrain(node.name)
+                            self.reads.slurm(config).undrain(node.name)
                             report.undrained.append(node.name)
                         except SlurmUnavailable as exc:
                             report.slurm_error = exc.cause
@@ -615,7 +581,7 @@ class SafeScaleIn:
         ``nodes`` (the pass's list) says which Machines are worth a fresh read: a busy node waits for
         the next pass without one; a node that looks drained and idle, or gone, is read again by name,
         and only that read decides a release."""
-        slurm = self.slurm(config)
+        slurm = self.reads.slurm(config)
         name = machine_name(machine)
         try:
             node = node_for(machine, nodes)
@@ -707,9 +673,9 @@ class SafeScaleIn:
         kept = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
         if not kept:
             return
-        slurm = self.slurm(config)
+        slurm = self.reads.slurm(config)
         try:
-            nodes = self._listed(config)
+            nodes = self.reads.nodes(config)
             for machine in kept:
                 node = node_for(machine, nodes)
                 if node is not None and drained_by_us(node):

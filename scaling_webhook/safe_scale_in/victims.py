@@ -21,13 +21,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.names import DELETE_MACHINE_ANNOTATION, DELETE_MACHINE_VALUE, SLURM_NODE_ANNOTATION
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
-
-# On a Machine whose node SliMe drained: the Slurm node name, so a node that later disappears
-# from Slurm is known to have joined (and to be gone), not to be still on its way.
-DRAIN_REASON = "slime: scale-in"
-ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
+from common.names import SLURM_NODE_ANNOTATION
+from scaling_webhook.slurm.machines import (
+    drained_by_us,
+    infrastructure_provisioned,
+    is_deleting,
+    machine_annotations,
+    machine_name,
+    node_for,
+)
+from scaling_webhook.slurm.slurmrestd import SlurmNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,42 +42,6 @@ class Candidate:
     rank: tuple[Any, ...] = ()
 
 
-def machine_name(machine: dict[str, Any]) -> str:
-    return str((machine.get("metadata") or {}).get("name") or "")
-
-
-def machine_annotations(machine: dict[str, Any]) -> dict[str, str]:
-    return (machine.get("metadata") or {}).get("annotations") or {}
-
-
-def is_deleting(machine: dict[str, Any]) -> bool:
-    return bool((machine.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def is_pending_victim(machine: dict[str, Any]) -> bool:
-    """Marked for deletion by us, not yet being deleted (so it can still be reclaimed)."""
-    return machine_annotations(machine).get(DELETE_MACHINE_ANNOTATION) == DELETE_MACHINE_VALUE and not is_deleting(
-        machine
-    )
-
-
-def drained_by_us(node: SlurmNode) -> bool:
-    return "DRAIN" in node.states and node.reason == DRAIN_REASON
-
-
-def infrastructure_provisioned(machine: dict[str, Any]) -> bool:
-    """Cluster API's contract: the infrastructure provider reported the machine provisioned.
-
-    v1beta2: ``status.initialization.infrastructureProvisioned``; v1beta1:
-    ``status.infrastructureReady``. CAPM3 reports it once the BareMetalHost is provisioned, that
-    is once the image is written and the host set to boot it: before that, no operating system
-    (so no cloud-init, no slurmd) has run on the host.
-    """
-    status = machine.get("status") or {}
-    initialization = status.get("initialization") or {}
-    return initialization.get("infrastructureProvisioned") is True or status.get("infrastructureReady") is True
-
-
 def never_joined(machine: dict[str, Any]) -> bool:
     """Evidence that a Machine's host has not joined Slurm and cannot before it is gone.
 
@@ -83,27 +50,6 @@ def never_joined(machine: dict[str, Any]) -> bool:
     never boots the image.
     """
     return SLURM_NODE_ANNOTATION not in machine_annotations(machine) and not infrastructure_provisioned(machine)
-
-
-def machine_addresses(machine: dict[str, Any]) -> list[str]:
-    found = []
-    for entry in (machine.get("status") or {}).get("addresses") or []:
-        if isinstance(entry, dict) and entry.get("type") in ADDRESS_TYPES and entry.get("address"):
-            found.append(str(entry["address"]))
-    return found
-
-
-def node_for(machine: dict[str, Any], nodes: Iterable[SlurmNode]) -> SlurmNode | None:
-    """The Slurm node of a Machine: the one SliMe recorded, else one whose
-    name, hostname or address is a Machine address."""
-    recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
-    addresses = set(machine_addresses(machine))
-    if not addresses and not recorded:
-        return None
-    for node in nodes:
-        if node.name == recorded or {node.name, node.hostname, node.address} & addresses:
-            return node
-    return None
 
 
 def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:

@@ -6,7 +6,7 @@ to a real slurmrestd with two real dynamic nodes; each answer is reduced to what
 rely on (status, content type, error entries, the node fields SliMe reads, the job and partition
 fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed. Then SliMe's own
 client
-(``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
+(``scaling_webhook/slurm/slurmrestd.py``) runs the same operations against both:
 each release's newest data parser is proven against real Slurm here (24.11: ``v0.0.42``, of the
 v0.0.40 to v0.0.42 it serves; 26.05: ``v0.0.45``, of v0.0.42 to v0.0.45).
 
@@ -30,7 +30,7 @@ import jwt
 import pytest
 
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.audit import scan_logs
 from testbed.fake_slurmrestd import DIALECTS, HEALTH_PATHS, PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.ports import free_port

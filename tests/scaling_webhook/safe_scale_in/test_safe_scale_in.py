@@ -30,10 +30,11 @@ from common.names import (
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingError, parse_mappings
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS
 from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
-from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
+from scaling_webhook.safe_scale_in.victims import order_candidates
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS
+from scaling_webhook.slurm.machines import DRAIN_REASON
+from scaling_webhook.slurm.slurmrestd import SlurmNode
 from testbed.capi_sim import MD, MD_NS, MIRROR, Env, PoolInvariant, safe_config_map
 from testbed.fake_slurmrestd import DIALECTS, HEALTH_PATHS, SERVED, FakeSlurmrestd
 from testbed.wait import wait_for
@@ -303,7 +304,7 @@ def standalone(env: Callable[[int], Env], tmp_path: Path) -> Iterator[Callable[[
     yield make
     for safe, events in made:
         events.stop()
-        safe.close()
+        safe.reads.close()
         safe.client.close()
 
 
@@ -949,7 +950,7 @@ def _one_pass(e: Env, safe: SafeScaleIn, mapping: Mapping) -> tuple[int, int]:
     machines = e.capi.machines()
     e.slurm.calls.clear()
     e.emulator.clear_requests()
-    safe.begin_pass()
+    safe.reads.begin_pass()
     safe.maintain(mapping, scale_in_pending=False, machines=machines, replicas=0)
     return len(e.slurm.calls), len(_api_calls(e))
 
@@ -982,7 +983,7 @@ def test_a_release_reads_the_node_it_releases_and_nothing_more(
     for node in ("node-003", "node-004", "node-005", "node-006"):
         e.slurm.start_job(node, end=time.time() + 3600)
     e.slurm.calls.clear()
-    safe.begin_pass()
+    safe.reads.begin_pass()
     safe.maintain(mapping, scale_in_pending=False, machines=e.capi.machines(), replicas=0)
     reads = [path for method, path in e.slurm.calls if method == "GET"]
     assert len([p for p in reads if "/nodes" in p]) == 1

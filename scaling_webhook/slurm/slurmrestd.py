@@ -38,7 +38,7 @@ import jwt
 
 from common.apis import SECRETS
 from common.kube import KubeClient, KubeError
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.slurmrestd")
 
@@ -79,6 +79,8 @@ class SlurmNode:
     address: str = ""
     states: frozenset[str] = field(default_factory=frozenset)
     reason: str = ""
+    reason_set_by_user: str = ""  # who set the reason: an admin's name, or SlurmUser when slurmctld set it
+    reason_changed_at: int | None = None  # when the reason was set (epoch seconds; None when unset)
 
     @property
     def busy(self) -> bool:
@@ -105,6 +107,8 @@ def parse_node(raw: dict[str, Any]) -> SlurmNode:
         address=str(raw.get("address") or ""),
         states=_states(raw.get("state")),
         reason=str(raw.get("reason") or ""),
+        reason_set_by_user=str(raw.get("reason_set_by_user") or ""),
+        reason_changed_at=_timestamp(raw.get("reason_changed_at")),
     )
 
 

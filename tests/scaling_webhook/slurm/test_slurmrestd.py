@@ -9,8 +9,8 @@ import pytest
 
 from common.kube import KubeClient, local_client
 from kubemu import Emulator
-from scaling_webhook.safe_scale_in.config import SlurmEndpoint
-from scaling_webhook.safe_scale_in.slurmrestd import (
+from scaling_webhook.slurm.endpoint import SlurmEndpoint
+from scaling_webhook.slurm.slurmrestd import (
     JobListing,
     SlurmClient,
     SlurmNode,
