@@ -2,8 +2,8 @@
 
 ``record`` only queues; a daemon thread posts core v1 Events. A failure is logged and counted,
 never raised: an Event is a courtesy to whoever runs ``kubectl describe``, not part of the
-decision. The scaling webhook records them on MachineDeployments, the injection webhook on the
-Metal3Data whose join data it withheld.
+decision. The scaling webhook records them on MachineDeployments (and, for machine health, on
+Machines), the injection webhook on the Metal3Data whose join data it withheld.
 """
 
 from __future__ import annotations
@@ -49,6 +49,16 @@ def machine_deployment_event(
     namespace, name = machine_deployment
     kind = "MachineDeployment"
     return ObjectEvent(kind, api_version, namespace, name, reason, message, "Warning" if warning else "Normal", "Scale")
+
+
+def machine_event(
+    namespace: str, name: str, uid: str, api_version: str, reason: str, message: str, warning: bool = False
+) -> ObjectEvent:
+    """An Event about the Cluster API Machine ``namespace/name`` (the scaling webhook's machine health)."""
+    kind = "Machine"
+    return ObjectEvent(
+        kind, api_version, namespace, name, reason, message, "Warning" if warning else "Normal", "Judge", uid
+    )
 
 
 def metal3data_event(namespace: str, name: str, uid: str, api_version: str, reason: str, message: str) -> ObjectEvent:

@@ -85,6 +85,11 @@ MAX_REPLICAS_KEY: Final = "maxReplicas"
 SAFE_SCALE_IN_KEY: Final = "safeScaleIn"
 CAPACITY_AWARE_KEY: Final = "capacityAware"
 NODE_DEMAND_KEY: Final = "nodeDemand"
+SLURM_HEALTH_KEY: Final = "slurmHealth"
+# Machine health: the condition SliMe writes on a pool's Machines (a Cluster API-style condition of
+# SliMe's own type), and the annotation on a Machine it deleted because its host is not a working node.
+HEALTH_CONDITION: Final = "SlurmNodeHealthy"
+REMEDIATED_ANNOTATION: Final = "slime/remediated"
 
 # --- labels and annotations the chart sets (no code reads them; named here so they stay unique) --
 MIRROR_LABEL: Final = "slime/mirror"  # on mirror Deployments and their ScaledObjects: the mirror's name
@@ -116,3 +121,7 @@ REASON_DRAIN_OVERDUE: Final = "DrainOverdue"
 REASON_UNDRAINED: Final = "OrphanDrainUndone"
 REASON_SAFE_SCALE_IN_OFF: Final = "SafeScaleInOff"  # a pool left safe scale-in: SliMe's hooks and marks are off
 REASON_SAFE_SCALE_IN_OFF_WAITING: Final = "SafeScaleInOffWaiting"  # ... but a held Machine's node is still busy
+REASON_NODE_UNHEALTHY: Final = "SlurmNodeUnhealthy"  # on a Machine: never registered, or lost (machine health)
+REASON_NODE_HEALTHY: Final = "SlurmNodeHealthy"  # on a Machine judged unhealthy before: it works again
+REASON_REMEDIATED: Final = "MachineRemediated"  # an unhealthy Machine deleted, for the MachineSet to replace
+REASON_SHORT_CIRCUIT: Final = "RemediationShortCircuited"  # more unhealthy than maxUnhealthy: none remediated

@@ -21,6 +21,7 @@ from common.webhook import AdmissionEndpoint, admission_app
 from scaling_webhook.admission import ScaleAdmission
 from scaling_webhook.demand_poller import DemandPoller
 from scaling_webhook.leader import LeaderElector
+from scaling_webhook.machine_health.service import MachineHealth
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingSource, MappingTable
 from scaling_webhook.metrics import ScalingMetrics
@@ -91,13 +92,24 @@ def build_service(settings: ScalingSettings) -> ScalingService:
     source = MappingSource(client, settings.namespace, settings.config_map, metrics.config_status)
     reads = SlurmReads(client)  # slurmrestd for the Slurm opt-ins: one node list per endpoint per pass
     safe = SafeScaleIn(client, scaler, events, metrics, reads)  # used only by mappings with safeScaleIn
+    health = MachineHealth(client, events, metrics, reads)  # used only by mappings with slurmHealth
     demand = DemandPoller(client, source, metrics, settings.demand_interval_seconds)  # mappings with nodeDemand
     leader = _elector(settings, client, metrics, wakeup) if settings.leader_election else None
     if leader is None:
         metrics.leader.set(1)
     objects = MappedObjects(client, scaler, on_change=wakeup)
     reconciler = Reconciler(
-        source, objects, scaler, events, metrics, settings.resync_seconds, wakeup, reads, leader=leader, safe=safe
+        source,
+        objects,
+        scaler,
+        events,
+        metrics,
+        settings.resync_seconds,
+        wakeup,
+        reads,
+        leader=leader,
+        safe=safe,
+        health=health,
     )
 
     def on_mappings(table: MappingTable) -> None:

@@ -37,6 +37,15 @@ RENEW_DEADLINE_SECONDS = 10.0
 RETRY_SECONDS = 2.0
 
 
+# Called before every write: raises NotLeader when this replica may not write now (the reconciler passes
+# its Lease check; a caller without an election, such as the uninstall hook, passes no_fence).
+Fence = Callable[[], None]
+
+
+def no_fence() -> None:
+    return None
+
+
 class NotLeader(Exception):
     """This replica does not hold the Lease (or can no longer be sure it does): it must not write."""
 

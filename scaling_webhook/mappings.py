@@ -7,8 +7,8 @@ Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
   ``mirrorDeploymentNamespace`` (default: the webhook's namespace);
 * ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
   with optional ``maxReplicas`` (the most replicas the MachineDeployment is ever set to; the
-  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn``, ``capacityAware`` and
-  ``nodeDemand`` (docs/scaling.md).
+  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn``, ``capacityAware``,
+  ``nodeDemand`` and ``slurmHealth`` (docs/scaling.md).
 
 One MachineDeployment has one writer: two mappings onto the same MachineDeployment, or from the
 same mirror, are an error naming both. A pool is never uncapped: a mapping needs ``maxReplicas``
@@ -37,8 +37,24 @@ from common.apis import CONFIGMAPS
 from common.cache import Informer
 from common.kube import KubeClient
 from common.meta import is_dns1123_label, is_dns1123_subdomain
-from common.names import CAPACITY_AWARE_KEY, MAPPINGS_KEY, MAX_REPLICAS_KEY, NODE_DEMAND_KEY, SAFE_SCALE_IN_KEY
+from common.names import (
+    CAPACITY_AWARE_KEY,
+    MAPPINGS_KEY,
+    MAX_REPLICAS_KEY,
+    NODE_DEMAND_KEY,
+    SAFE_SCALE_IN_KEY,
+    SLURM_HEALTH_KEY,
+)
 from scaling_webhook.demand import NodeDemandConfig
+from scaling_webhook.machine_health.config import (
+    DEFAULT_MAX_UNHEALTHY,
+    DEFAULT_REGISTRATION_TIMEOUT,
+    DEFAULT_SLURM_USER,
+    DEFAULT_UNHEALTHY_TIMEOUT,
+    SlurmHealthConfig,
+    parse_duration,
+    parse_max_unhealthy,
+)
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig, parse_released_nodes
 from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
 
@@ -55,13 +71,27 @@ SINGLE_MAPPING_KEYS = (
 )
 ITEM_KEYS = ("mirror", "machineDeployment")
 # Per-mapping options: ``maxReplicas`` and ``safeScaleIn`` (docs/scaling.md).
-OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AWARE_KEY, NODE_DEMAND_KEY)
+OPTION_KEYS: tuple[str, ...] = (
+    MAX_REPLICAS_KEY,
+    SAFE_SCALE_IN_KEY,
+    CAPACITY_AWARE_KEY,
+    NODE_DEMAND_KEY,
+    SLURM_HEALTH_KEY,
+)
 # Replicas are int32 in Kubernetes (autoscaling/v1 Scale, CAPI MachineDeployment).
 MAX_INT32 = 2**31 - 1
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
 SLURM_ENDPOINT_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "tokenUser")
 SAFE_SCALE_IN_KEYS = (*SLURM_ENDPOINT_KEYS, "drainTimeoutSeconds", "releasedNodes")
 NODE_DEMAND_KEYS = ("partition", *SLURM_ENDPOINT_KEYS)
+SLURM_HEALTH_KEYS = (
+    *SLURM_ENDPOINT_KEYS,
+    "registrationTimeout",
+    "unhealthyTimeout",
+    "remediate",
+    "maxUnhealthy",
+    "slurmUser",
+)
 # Slurm allows more, but a partition is also a URL path segment (/demand/<partition>) and a label value.
 PARTITION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -92,6 +122,12 @@ class Mapping:
         """Where this mapping's node demand is read, or None when it did not opt in."""
         value = self.options.get(NODE_DEMAND_KEY)
         return value if isinstance(value, NodeDemandConfig) else None
+
+    @property
+    def slurm_health(self) -> SlurmHealthConfig | None:
+        """The machine-health settings, or None when this mapping did not opt in."""
+        value = self.options.get(SLURM_HEALTH_KEY)
+        return value if isinstance(value, SlurmHealthConfig) else None
 
     @property
     def mirror_ref(self) -> str:
@@ -231,6 +267,37 @@ def _node_demand(value: Any, where: str, shared: SlurmEndpoint | None) -> NodeDe
     return NodeDemandConfig(**_fields(_endpoint(block, where, shared)), partition=partition)
 
 
+def _slurm_health(value: Any, where: str, shared: SlurmEndpoint | None) -> SlurmHealthConfig:
+    block = _block(value, where, SLURM_HEALTH_KEYS)
+    if shared is None and not all(key in block for key in ("slurmrestd", "jwtSecret")):
+        raise MappingError(
+            f"{where}: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn or nodeDemand block)"
+        )
+    endpoint = _endpoint(block, where, shared)
+    try:
+        registration = parse_duration(
+            block.get("registrationTimeout", DEFAULT_REGISTRATION_TIMEOUT), f"{where}.registrationTimeout"
+        )
+        unhealthy = parse_duration(
+            block.get("unhealthyTimeout", DEFAULT_UNHEALTHY_TIMEOUT), f"{where}.unhealthyTimeout"
+        )
+        max_unhealthy = parse_max_unhealthy(block.get("maxUnhealthy", DEFAULT_MAX_UNHEALTHY), f"{where}.maxUnhealthy")
+    except ValueError as exc:
+        raise MappingError(str(exc)) from None
+    remediate = _flag(block["remediate"], f"{where}.remediate") if "remediate" in block else False
+    slurm_user = block.get("slurmUser", DEFAULT_SLURM_USER)
+    if not isinstance(slurm_user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", slurm_user.strip()):
+        raise MappingError(f"{where}.slurmUser: {slurm_user!r} is not a user name (SlurmUser in slurm.conf)")
+    return SlurmHealthConfig(
+        **_fields(endpoint),
+        registration_timeout_seconds=registration,
+        unhealthy_timeout_seconds=unhealthy,
+        remediate=remediate,
+        max_unhealthy=max_unhealthy,
+        slurm_user=slurm_user.strip(),
+    )
+
+
 def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
     return {
         "slurmrestd": endpoint.slurmrestd,
@@ -315,6 +382,9 @@ def _list_mappings(text: Any) -> list[Mapping]:
             parsed[NODE_DEMAND_KEY] = _node_demand(
                 item[NODE_DEMAND_KEY], f"{where}.{NODE_DEMAND_KEY}", parsed.get(SAFE_SCALE_IN_KEY)
             )
+        if SLURM_HEALTH_KEY in item:
+            shared = parsed.get(SAFE_SCALE_IN_KEY) or parsed.get(NODE_DEMAND_KEY)
+            parsed[SLURM_HEALTH_KEY] = _slurm_health(item[SLURM_HEALTH_KEY], f"{where}.{SLURM_HEALTH_KEY}", shared)
         options = MappingProxyType(parsed)
         mappings.append(
             Mapping(

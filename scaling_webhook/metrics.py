@@ -144,6 +144,26 @@ class ScalingMetrics:
             "needed them.",
             registry=registry,
         )
+        # Machine health (opt-in per mapping: slurmHealth).
+        self.unhealthy_machines = Gauge(
+            "slime_scaling_unhealthy_machines",
+            "Machines of a slurmHealth pool judged unhealthy in the last pass, by pool (mapping: the "
+            "MachineDeployment's namespace/name) and reason (NeverRegistered, NodeLost).",
+            ["mapping", "reason"],
+            registry=registry,
+        )
+        self.remediations = Counter(
+            "slime_scaling_remediations_total",
+            "Unhealthy Machines deleted for their MachineSet to replace (slurmHealth.remediate), by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.remediation_short_circuits = Counter(
+            "slime_scaling_remediation_short_circuits_total",
+            "Passes in which a pool had more unhealthy Machines than slurmHealth.maxUnhealthy, so none was "
+            "remediated (a site-wide outage must not delete the site).",
+            registry=registry,
+        )
         self.slurm_errors = Counter(
             "slime_scaling_slurm_errors_total",
             "Failed slurmrestd calls (unreachable, errors, signing key unreadable).",

@@ -24,6 +24,9 @@ MachineDeployment or Cluster, on every mapping change, on gaining the Lease, and
    ``ScaledFromMirror`` when the mirror moved, ``DriftCorrected`` when the MachineDeployment had
    been changed by someone else.
 
+Before any of it, a pool with ``slurmHealth`` has its Machines judged against Slurm and reported,
+and unhealthy ones remediated unless it is paused (:mod:`scaling_webhook.machine_health`).
+
 A mirror or MachineDeployment that does not exist is never read as 0: the mapping waits.
 """
 
@@ -55,6 +58,7 @@ from scaling_webhook.capacity import CapacityUnknown
 from scaling_webhook.decision import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.leader import LeaderElector, NotLeader
+from scaling_webhook.machine_health.service import MachineHealth
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingSource, MappingTable, Ref
 from scaling_webhook.metrics import WAIT_REASONS, ScalingMetrics
@@ -120,6 +124,7 @@ class Reconciler:
         reads: SlurmReads,
         leader: LeaderElector | None = None,
         safe: SafeScaleIn | None = None,
+        health: MachineHealth | None = None,
     ) -> None:
         self.source = source
         self.objects = objects
@@ -130,6 +135,7 @@ class Reconciler:
         self.leader = leader
         self.reads = reads  # Slurm's node list, read once per pass for every Slurm opt-in
         self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
+        self.health = health  # Slurm-aware machine health of mappings that opted in (slurmHealth)
         self._lock = threading.Lock()  # one pass at a time in this process
         self.wakeup = wakeup
         self._applied: dict[Ref, int] = {}  # MachineDeployment -> the replicas this process last set
@@ -163,6 +169,8 @@ class Reconciler:
                 self.reads.begin_pass()
                 self._release_removed(table)
                 self._leave_safe_scale_in(table)
+                if self.health is not None:
+                    self.health.retain({m.machine_deployment for m in table if m.slurm_health is not None})
                 waiting: Counter[str] = Counter()
                 self._shortfall = 0
                 for mapping in table:
@@ -197,6 +205,7 @@ class Reconciler:
             self._tell(mapping, "missing", f"{absent} not found; the MachineDeployment is left as it is")
             return None
         current = replicas_of(md)
+        never_registered = self._check_health(mapping, md)
         if _annotations(mirror).get(ADOPTED_ANNOTATION) != mapping.machine_deployment_ref:
             return self._adopt(mapping, current)
         managed = autoscaler_annotations(md)
@@ -242,11 +251,12 @@ class Reconciler:
                 fence=self.fence,
                 machines=self.objects.machines(mapping),
                 replicas=current,
+                never_registered=never_registered,
             )
         if current == target:
             self._applied[mapping.machine_deployment] = target
             return None
-        change = self._follow(mapping, md, current, target)
+        change = self._follow(mapping, md, current, target, never_registered)
         if safe is not None and scale_up:
             # After the write, not before: nothing maintain does (hooks on existing Machines, releases,
             # undrains) holds a new host back, and its Machine list and slurmrestd read would delay
@@ -257,10 +267,34 @@ class Reconciler:
                 fence=self.fence,
                 machines=self.objects.machines(mapping),
                 replicas=target,
+                never_registered=never_registered,
             )
         return change
 
-    def _follow(self, mapping: Mapping, md: dict[str, Any], current: int | None, target: int) -> Change | None:
+    def _check_health(self, mapping: Mapping, md: dict[str, Any]) -> frozenset[str]:
+        """Machine health of a slurmHealth pool, before anything moves it: reported whatever the pool does next,
+        remediated unless paused. The Machines it judged never registered (safe scale-in removes them first)."""
+        if self.health is None or mapping.slurm_health is None:
+            return frozenset()
+        machines = self.objects.machines(mapping)
+        if machines is None:
+            return frozenset()
+        paused = pause_reason(mapping, md, self.objects.cluster(mapping))
+        try:
+            report = self.health.check(mapping, machines, paused, self.fence)
+        except ScaleError as exc:
+            self._failed(mapping, exc)
+            return frozenset()
+        return report.never_registered
+
+    def _follow(
+        self,
+        mapping: Mapping,
+        md: dict[str, Any],
+        current: int | None,
+        target: int,
+        never_registered: frozenset[str] = frozenset(),
+    ) -> Change | None:
         moved = self._applied.get(mapping.machine_deployment) == current  # the MachineDeployment is where we left it
         before = _version(self.objects.machine_deployment(mapping))
         if self.safe is not None and mapping.safe_scale_in is not None:
@@ -269,7 +303,7 @@ class Reconciler:
                 # A scale-up is decided from the caches (current and version of the same cached object),
                 # its write conditional on that version; a scale-down reads afresh, as it chooses victims.
                 seen = Seen(current, decided_on, self.objects.machines(mapping))
-            outcome = self.safe.apply(mapping, target, fence=self.fence, seen=seen)
+            outcome = self.safe.apply(mapping, target, fence=self.fence, seen=seen, never_registered=never_registered)
             # The next pass's scale-up reads the pending victims from the Machine cache: let it hold these marks.
             self.objects.wait_marks(mapping, outcome.victims, outcome.reclaimed)
             if outcome.replicas is None:

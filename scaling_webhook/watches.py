@@ -121,17 +121,19 @@ class MappedObjects:
     def _follow_pools(
         self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]
     ) -> None:
-        """Watch the pools' Machines (safe scale-in, capacity) and what capacity counts
+        """Watch the pools' Machines (safe scale-in, machine health, capacity) and what capacity counts
         (errors surface in :meth:`capacity`).
 
         A Machine's watch event wakes the reconciler, so a Machine Cluster API just created gets
-        safe scale-in's pre-drain hook within one event, not one resync later: a Machine deleted
+        safe scale-in's pre-terminate hook within one event, not one resync later: a Machine deleted
         before it carries the hook would not be held.
         """
         machines = ResourcePath(CAPI_GROUP, machine_deployments.version, "machines")
         for mapping in table:
             md = self.machine_deployment(mapping)
-            if md is None or not (mapping.capacity_aware or mapping.safe_scale_in is not None):
+            if md is None or not (
+                mapping.capacity_aware or mapping.safe_scale_in is not None or mapping.slurm_health is not None
+            ):
                 continue
             namespace, name = mapping.machine_deployment
             self._informer(

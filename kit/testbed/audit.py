@@ -96,7 +96,16 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
     jwt_secrets = sorted({(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name})
     safe_scale_in = {"enabled": True, "jwtSecrets": [{"namespace": ns, "name": name} for ns, name in jwt_secrets]}
     capacity_aware = {"enabled": any(c.resource == "baremetalhosts" for c in calls)}
-    return {"scaling": {"mappings": mappings, "safeScaleIn": safe_scale_in, "capacityAware": capacity_aware}}
+    judged = any(c.resource == "machines" and (c.subresource == "status" or c.verb == "delete") for c in calls)
+    slurm_health = {"enabled": judged, "jwtSecrets": safe_scale_in["jwtSecrets"] if judged else []}
+    return {
+        "scaling": {
+            "mappings": mappings,
+            "safeScaleIn": safe_scale_in,
+            "capacityAware": capacity_aware,
+            "slurmHealth": slurm_health,
+        }
+    }
 
 
 def injection_values(calls: list[ApiRequest]) -> dict[str, Any]:

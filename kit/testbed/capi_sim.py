@@ -22,9 +22,13 @@ tier). The whole-loop tier runs the real CAPI controllers instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+
+import yaml
 
 from common.names import DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK
 from kubemu import AdmissionAttributes, Emulator
@@ -49,6 +53,19 @@ def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
             )
         }
     )
+
+
+def pool_config_map(
+    url: str, safe_scale_in: dict[str, Any] | None = None, slurm_health: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The scaling ConfigMap of the stand-in's pool with the given Slurm blocks (each names the fake slurmrestd)."""
+    endpoint = {"slurmrestd": url, "jwtSecret": f"{JWT_NS}/{JWT_SECRET}"}
+    item: dict[str, Any] = {"mirror": f"{SLIME_NAMESPACE}/{MIRROR}", "machineDeployment": f"{MD_NS}/{MD}"}
+    item["maxReplicas"] = 100
+    for key, block in (("safeScaleIn", safe_scale_in), ("slurmHealth", slurm_health)):
+        if block is not None:
+            item[key] = {**endpoint, **block}
+    return config_map({"mappings": yaml.safe_dump([item], sort_keys=False)})
 
 
 PRE_DRAIN_PREFIX = "pre-drain.delete.hook.machine.cluster.x-k8s.io"
@@ -135,11 +152,16 @@ class MachineSetStandIn:
         )
         return name
 
-    def provisioned(self, name: str, host: str, address: str, extra: dict[str, Any] | None = None) -> None:
-        """The Machine's infrastructure is ready at ``address``; with a kubelet its Node registers (nodeRef)."""
+    def provisioned(
+        self, name: str, host: str, address: str, extra: dict[str, Any] | None = None, at: float | None = None
+    ) -> None:
+        """The Machine's infrastructure is ready at ``address`` (since ``at``, default now: Cluster API's
+        InfrastructureReady condition says when); with a kubelet its Node registers (nodeRef)."""
+        since = datetime.fromtimestamp(time.time() if at is None else at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status: dict[str, Any] = {
             "infrastructureReady": True,
             "addresses": [{"type": "Hostname", "address": host}, {"type": "InternalIP", "address": address}],
+            "conditions": [{"type": "InfrastructureReady", "status": "True", "lastTransitionTime": since}],
             **(extra or {}),
         }
         if self.kubelet:
@@ -233,13 +255,13 @@ class CapiSim(MachineSetStandIn):
         assert self.slurm is not None, "CapiSim needs the fake slurmrestd"
         return self.slurm
 
-    def add_machine(self, join: bool = True, provisioned: bool = True) -> str:
-        """A new Machine; ``provisioned``: its host is provisioned (CAPM3 reports infrastructure ready),
-        ``join``: its slurmd has joined Slurm."""
+    def add_machine(self, join: bool = True, provisioned: bool = True, at: float | None = None) -> str:
+        """A new Machine; ``provisioned``: its host is provisioned (CAPM3 reports infrastructure ready, since
+        ``at``), ``join``: its slurmd has joined Slurm."""
         name = self.create_machine({"infrastructureReady": False})
         self._host_for(name)
         if provisioned:
-            self.provision(name, join)
+            self.provision(name, join, at)
         return name
 
     def _host_for(self, machine: str) -> str:
@@ -252,10 +274,10 @@ class CapiSim(MachineSetStandIn):
             self.assigned[machine] = f"node-{int(machine.rsplit('-', 1)[1]):03d}"
         return self.assigned[machine]
 
-    def provision(self, name: str, join: bool = True) -> None:
-        """The host of Machine ``name`` finishes provisioning (and its slurmd joins)."""
+    def provision(self, name: str, join: bool = True, at: float | None = None) -> None:
+        """The host of Machine ``name`` finishes provisioning (since ``at``, default now) and its slurmd joins."""
         node, address = self.assigned[name], f"10.0.0.{int(name.rsplit('-', 1)[1])}"
-        self.provisioned(name, node, address)
+        self.provisioned(name, node, address, at=at)
         if join:
             self.fake.add_node(node, address)
 

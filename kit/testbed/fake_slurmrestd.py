@@ -1,9 +1,10 @@
 """A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, FUTURE, DELETE, HS256 JWT auth, the versions a release serves.
 
 Test code drives a small job model (``start_job`` / ``finish_job``); a node's state is IDLE or
-ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node here joined with
-``slurmd -Z``). ``fail_status`` makes every call answer that status; ``stop()`` takes the server
-down (connection refused).
+ALLOCATED from its jobs, or DOWN when its slurmd stopped answering (``lose``, with NOT_RESPONDING and
+slurmctld's "Not responding" reason as SlurmUser) or a person downed it (``admin_down``), plus DRAIN
+when drained, plus DYNAMIC_NORM (every node here joined with ``slurmd -Z``). ``fail_status`` makes
+every call answer that status; ``stop()`` takes the server down (connection refused).
 
 It answers as real slurmrestd 26.05 or 24.11 does (``release``; checked against both: the
 conformance test sends the same requests to each, tests/real_slurm/test_conformance.py), serving
@@ -127,10 +128,26 @@ class Node:
     reason: str = ""
     reason_set_by_user: str = ""
     hostname: str = ""
+    reason_changed_at: int = 0  # 0: never set
+    down: bool = False  # DOWN: slurmctld or a person took it out of service
+    not_responding: bool = False  # slurmd does not answer slurmctld's pings
 
     def states(self, future: bool = False) -> list[str]:
-        base = ["FUTURE"] if future else ["ALLOCATED"] if self.jobs else ["IDLE"]
-        return base + (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
+        base = ["FUTURE"] if future else ["DOWN"] if self.down else ["ALLOCATED"] if self.jobs else ["IDLE"]
+        flags = (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
+        return base + flags + (["NOT_RESPONDING"] if self.not_responding else [])
+
+    def json(self) -> dict[str, Any]:
+        """The node as GET nodes and GET node/<name> list it."""
+        return {
+            "name": self.name,
+            "hostname": self.hostname,
+            "address": self.address,
+            "state": self.states(),
+            "reason": self.reason,
+            "reason_set_by_user": self.reason_set_by_user,
+            "reason_changed_at": _no_val(self.reason_changed_at or None),
+        }
 
     @property
     def busy(self) -> bool:
@@ -245,7 +262,7 @@ class FakeSlurmrestd:
         """DRAIN goes; the reason with it on 26.05, on 24.11 only when the node next runs a job."""
         node.drain = False
         if not self.dialect.reason_outlives_drain:
-            node.reason, node.reason_set_by_user = "", ""
+            node.reason, node.reason_set_by_user, node.reason_changed_at = "", "", 0
 
     def admin_future(self, node: str) -> None:
         """An administrator's ``scontrol update nodename=... state=future`` of an idle node (DRAIN cleared)."""
@@ -259,11 +276,37 @@ class FakeSlurmrestd:
         with self.lock:
             self.future[name] = Node(name, name, hostname=name)
 
+    def lose(self, node: str, since: float, busy: bool = False) -> None:
+        """Its slurmd stops answering: slurmctld marks it NOT_RESPONDING and, after SlurmdTimeout, DOWN with
+        reason "Not responding" as SlurmUser (``since``: when; jobs die with it unless ``busy`` keeps them,
+        for a node that still shows its job)."""
+        with self.lock:
+            found = self.nodes[node]
+            found.not_responding, found.down = True, not busy
+            found.reason, found.reason_set_by_user, found.reason_changed_at = "Not responding", "slurm", int(since)
+            if not busy:
+                found.jobs.clear()
+
+    def admin_down(self, node: str, reason: str, since: float) -> None:
+        """An administrator's ``scontrol update nodename=... state=down reason=...`` (as root)."""
+        with self.lock:
+            found = self.nodes[node]
+            found.down, found.jobs = True, {}
+            found.reason, found.reason_set_by_user, found.reason_changed_at = reason, "root", int(since)
+
+    def recover(self, node: str) -> None:
+        """slurmd answers again and the node is resumed: no DOWN, no NOT_RESPONDING, no reason."""
+        with self.lock:
+            found = self.nodes[node]
+            found.down = found.not_responding = False
+            found.reason, found.reason_set_by_user, found.reason_changed_at = "", "", 0
+
     def admin_drain(self, node: str, reason: str) -> None:
         """An administrator's ``scontrol update nodename=... state=drain reason=...``."""
         with self.lock:
             found = self.nodes[node]
             found.drain, found.reason, found.reason_set_by_user = True, reason, "root"
+            found.reason_changed_at = int(time.time())
 
     def start_job(self, node: str, end: float) -> int:
         with self.lock:
@@ -381,19 +424,7 @@ class FakeSlurmrestd:
                     ]
                 )
             if what == "nodes" and method == "GET":
-                return 200, self._body(
-                    nodes=[
-                        {
-                            "name": n.name,
-                            "hostname": n.hostname,
-                            "address": n.address,
-                            "state": n.states(),
-                            "reason": n.reason,
-                            "reason_set_by_user": n.reason_set_by_user,
-                        }
-                        for n in self.nodes.values()
-                    ]
-                )
+                return 200, self._body(nodes=[n.json() for n in self.nodes.values()])
             node = self.nodes.get(name or "")
             record = self.future.get(name or "")
             if name is not None and method == "GET":  # one node; unknown and FUTURE ones are not shown
@@ -401,18 +432,7 @@ class FakeSlurmrestd:
                     return 200, self._body(
                         errors=[_error(f"Failure to query node {name}", 2018, "Invalid node name specified", "_dump")]
                     )
-                return 200, self._body(
-                    nodes=[
-                        {
-                            "name": node.name,
-                            "hostname": node.hostname,
-                            "address": node.address,
-                            "state": node.states(),
-                            "reason": node.reason,
-                            "reason_set_by_user": node.reason_set_by_user,
-                        }
-                    ]
-                )
+                return 200, self._body(nodes=[node.json()])
             if node is None and record is None:
                 return self.dialect.error_status, self._body(
                     errors=[
@@ -440,6 +460,7 @@ class FakeSlurmrestd:
                         body.get("reason", ""),
                         str(claims.get("sun")),
                     )
+                    node.reason_changed_at = int(time.time())
                     self.drains.append(node.name)
                 elif "UNDRAIN" in states or "RESUME" in states:
                     self._clear_drain(node)

@@ -90,7 +90,7 @@ class Scaling:
         emulator = self.emulator
         if emulator is not None:
             for mapping in self.service.source.table:
-                if mapping.safe_scale_in is None:
+                if mapping.safe_scale_in is None and mapping.slurm_health is None:
                     continue
                 label = f"{DEPLOYMENT_NAME_LABEL}={mapping.machine_deployment[1]}"
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -61,6 +60,7 @@ from common.names import (
     SLURM_NODE_ANNOTATION,
 )
 from scaling_webhook.errors import ScaleError, denial_code
+from scaling_webhook.leader import Fence, no_fence
 from scaling_webhook.machinedeployments import MERGE_PATCH, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
@@ -71,6 +71,7 @@ from scaling_webhook.slurm.machines import (
     drained_by_us,
     is_deleting,
     is_pending_victim,
+    machine_addresses,
     machine_annotations,
     machine_name,
     node_for,
@@ -81,15 +82,9 @@ from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmNode, SlurmUnavai
 log = logging.getLogger("slime.scaling.safe_scale_in")
 
 
-Fence = Callable[[], None]  # raises when this replica may not write
-
 HOOKS = frozenset({PRE_TERMINATE_HOOK, LEGACY_PRE_DRAIN_HOOK})  # either holds a deleting Machine for SliMe
 RELEASE: dict[str, str | None] = dict.fromkeys(HOOKS)  # the patch that lets a held Machine go
 RELEASED, HELD, UNUSABLE = "released", "held", "slurm unusable"  # what became of one held Machine
-
-
-def _no_fence() -> None:
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,8 +246,18 @@ class SafeScaleIn:
 
     # --- apply: the one scale function ----------------------------------------------------------
 
-    def apply(self, mapping: Mapping, target: int, fence: Fence = _no_fence, seen: Seen | None = None) -> Outcome:
+    def apply(
+        self,
+        mapping: Mapping,
+        target: int,
+        fence: Fence = no_fence,
+        seen: Seen | None = None,
+        never_registered: frozenset[str] = frozenset(),
+    ) -> Outcome:
         """Bring the MachineDeployment towards ``target`` replicas safely; raise ScaleError on API errors.
+
+        ``never_registered``: the pool's Machines machine health judged never registered (slurmHealth);
+        a scale-down removes them first.
 
         A scale-up from ``seen`` (the watch caches) reads nothing before its write: the time from a
         mirror's scale to the MachineDeployment's is one API call, plus any reclaim. Its write is
@@ -273,7 +278,7 @@ class SafeScaleIn:
             if current is None or target > current:
                 self._scale_up(mapping, config, target, outcome, fence)
             elif target < current:
-                self._scale_down(mapping, config, current, target, outcome, fence)
+                self._scale_down(mapping, config, current, target, outcome, fence, never_registered)
             return outcome
 
     def _scale_up(
@@ -342,7 +347,14 @@ class SafeScaleIn:
             )
 
     def _scale_down(
-        self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome, fence: Fence
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        current: int,
+        target: int,
+        outcome: Outcome,
+        fence: Fence,
+        never_registered: frozenset[str],
     ) -> None:
         """Mark victims, then lower the replicas by no more than the marks allow.
 
@@ -368,7 +380,7 @@ class SafeScaleIn:
                     mapping, exc, f"scale-in from {current} to {target} not done (never guessing which node is idle)"
                 )
                 return
-            chosen, ineligible = choose_victims(live, nodes, need)
+            chosen, ineligible = choose_victims(live, nodes, need, never_registered)
             drained: list[tuple[Candidate, bool]] = []
             try:
                 drained = self._drain(slurm, chosen, fence)
@@ -446,12 +458,16 @@ class SafeScaleIn:
         self,
         mapping: Mapping,
         scale_in_pending: bool,
-        fence: Fence = _no_fence,
+        fence: Fence = no_fence,
         machines: list[dict[str, Any]] | None = None,
         replicas: int | None = None,
+        never_registered: frozenset[str] = frozenset(),
     ) -> None:
         """Keep hooks on; release deleting Machines Slurm lets go; when no scale-in needs them, take back Machines
         marked for a deletion that will not come and undo orphan drains.
+
+        ``never_registered``: Machines machine health judged never registered: held ones are let go without
+        waiting for a node that will not come.
 
         ``machines``: the pool as the watch cache holds it (None: list it now); ``replicas``: the
         MachineDeployment's. Slurm is read once per pass (:class:`~scaling_webhook.slurm.reads.SlurmReads`)
@@ -478,7 +494,7 @@ class SafeScaleIn:
                     )
                     return
                 for machine in held:
-                    if self._release(mapping, config, machine, nodes, fence) == UNUSABLE:
+                    if self._release(mapping, config, machine, nodes, fence, never_registered) == UNUSABLE:
                         return  # slurmrestd unusable: nothing else is released, nothing else is done
             if not scale_in_pending:
                 stale = self._stale_victims(machines, replicas)
@@ -488,7 +504,7 @@ class SafeScaleIn:
 
     # --- leaving safe scale-in: take everything of SliMe's off the pool, never blindly -------------------------
 
-    def release_pool(self, mapping: Mapping, fence: Fence = _no_fence, replicas: int | None = None) -> PoolRelease:
+    def release_pool(self, mapping: Mapping, fence: Fence = no_fence, replicas: int | None = None) -> PoolRelease:
         """A pool leaves safe scale-in (its mapping removed, its opt-in turned off, SliMe uninstalled): take the
         hooks and marks off and resume the Slurm nodes SliMe drained, so no deletion waits for SliMe again.
 
@@ -574,6 +590,7 @@ class SafeScaleIn:
         machine: dict[str, Any],
         nodes: list[SlurmNode],
         fence: Fence,
+        never_registered: frozenset[str] = frozenset(),
     ) -> str:
         """Release one held Machine if Slurm, read now for its node, lets it go: RELEASED, HELD, or UNUSABLE when
         slurmrestd cannot be used (then nothing is released).
@@ -593,6 +610,11 @@ class SafeScaleIn:
                     evidence = f"its Slurm node {recorded} joined before and is gone from Slurm now"
                 elif never_joined(machine):
                     evidence = "it never joined Slurm and its infrastructure was never provisioned, so it cannot"
+                elif name in never_registered and not self._registered_now(slurm, machine):
+                    evidence = (
+                        "machine health judged it never registered with Slurm (registrationTimeout), and Slurm, "
+                        "read again now, has no node of its names"
+                    )
                 else:
                     self._overdue(
                         mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned"
@@ -633,6 +655,11 @@ class SafeScaleIn:
                 mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)"
             )
             return UNUSABLE
+
+    @staticmethod
+    def _registered_now(slurm: SlurmClient, machine: dict[str, Any]) -> bool:
+        """Whether Slurm, read now by each of the Machine's names and addresses, has a node for it."""
+        return any(slurm.node(address) is not None for address in machine_addresses(machine))
 
     @staticmethod
     def _let_go(config: SafeScaleInConfig, slurm: SlurmClient, node: str) -> tuple[str, str]:

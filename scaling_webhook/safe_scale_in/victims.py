@@ -4,7 +4,8 @@ A node that is ALLOCATED, MIXED or COMPLETING is never chosen, nor a Machine alr
 deleted. The others, cheapest to remove first (after Slinky's NodeSet: not-ready before idle,
 cordoned late):
 
-0. no Slurm node, and the Machine's infrastructure was never provisioned: nothing has booted;
+0. no Slurm node, and the Machine's infrastructure was never provisioned: nothing has booted; or
+   machine health judged it never registered (provisioned longer than ``registrationTimeout``);
 1. a node that is DOWN or NOT_RESPONDING and runs nothing;
 2. a node SliMe drained (reason ``slime: scale-in``) that runs nothing: already on its way out;
 3. an IDLE node;
@@ -52,7 +53,9 @@ def never_joined(machine: dict[str, Any]) -> bool:
     return SLURM_NODE_ANNOTATION not in machine_annotations(machine) and not infrastructure_provisioned(machine)
 
 
-def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
+def classify(
+    machine: dict[str, Any], nodes: Sequence[SlurmNode], never_registered: frozenset[str] = frozenset()
+) -> Candidate:
     name = machine_name(machine)
     if is_deleting(machine):
         return Candidate(name, None, False, "already deleting")
@@ -60,6 +63,8 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
     if node is None:
         if never_joined(machine):
             return Candidate(name, None, True, "no Slurm node, not provisioned", (0, name))
+        if name in never_registered:
+            return Candidate(name, None, True, "never registered with Slurm", (0, name))
         return Candidate(name, None, True, "no Slurm node yet", (4, name))
     if node.busy:
         busy = sorted(node.states & {"ALLOCATED", "MIXED", "COMPLETING"})
@@ -77,13 +82,13 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
 
 
 def order_candidates(
-    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode]
+    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode], never_registered: frozenset[str] = frozenset()
 ) -> tuple[list[Candidate], list[Candidate]]:
     """(eligible Machines in the order to remove them, ineligible ones with why)."""
     eligible: list[Candidate] = []
     ineligible: list[Candidate] = []
     for machine in machines:
-        candidate = classify(machine, nodes)
+        candidate = classify(machine, nodes, never_registered)
         (eligible if candidate.eligible else ineligible).append(candidate)
     eligible.sort(key=lambda c: c.rank)
     ineligible.sort(key=lambda c: c.machine)
@@ -91,8 +96,12 @@ def order_candidates(
 
 
 def choose_victims(
-    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode], count: int
+    machines: Iterable[dict[str, Any]],
+    nodes: Sequence[SlurmNode],
+    count: int,
+    never_registered: frozenset[str] = frozenset(),
 ) -> tuple[list[Candidate], list[Candidate]]:
-    """Up to ``count`` safe victims, and the ineligible Machines (to say why fewer)."""
-    eligible, ineligible = order_candidates(machines, nodes)
+    """Up to ``count`` safe victims, and the ineligible Machines (to say why fewer). ``never_registered``: the
+    Machines machine health judged never registered (slurmHealth), removed first."""
+    eligible, ineligible = order_candidates(machines, nodes, never_registered)
     return eligible[: max(0, count)], ineligible

@@ -50,6 +50,7 @@ SCALING_VALUES = {
         ],
         "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
         "capacityAware": {"enabled": True},
+        "slurmHealth": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
     }
 }
 
@@ -90,6 +91,9 @@ SCALING_CALLS = [
         for v in ("list", "watch")
     ],
     *[R(v, CAPI, "machines", namespace="metal3") for v in ("list", "watch")],
+    # slurmHealth: SliMe's condition on an unhealthy Machine, and its remediation.
+    R("patch", CAPI, "machines", "status", namespace="metal3", name="md-a-xyz"),
+    R("delete", CAPI, "machines", namespace="metal3", name="md-a-xyz"),
 ]
 
 
@@ -98,7 +102,7 @@ def test_interfaces_doc_resources_are_all_in_the_lists():
     doc = (REPO_ROOT / "docs" / "interfaces.md").read_text()
     section = doc.split("## Kubernetes API calls", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`([a-z0-9]+(?:/[a-z]+)?)`", section))
-    verbs = {"get", "list", "watch", "patch", "create", "update"}
+    verbs = {"get", "list", "watch", "patch", "create", "update", "delete"}
     groups = {"apps"}
     resources = named - verbs - groups
     covered = {

@@ -1,6 +1,5 @@
 """The teardown runs against the safe scale-in suite's pool: kubemu, the fake slurmrestd and the CAPI stand-in."""
 
-from tests.scaling_webhook.conftest import jwt_key, slurm
-from tests.scaling_webhook.safe_scale_in.conftest import env
+from tests.scaling_webhook.conftest import env, jwt_key, slurm
 
 __all__ = ["env", "jwt_key", "slurm"]
