@@ -66,6 +66,7 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
                     "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
                     "machineDeployment": {"name": MACHINE_DEPLOYMENT, "namespace": METAL3_NAMESPACE},
                     "partition": PARTITION,
+                    "maxReplicas": 10,
                 }
             ],
         },

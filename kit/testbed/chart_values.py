@@ -48,8 +48,8 @@ def mapping(mirror: str, md: str, partition: str | None = None, **extra: Any) ->
 TWO_MAPPINGS = {
     "scaling": {
         "mappings": [
-            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a"),
-            mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}),
+            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a", maxReplicas=10),
+            mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}, maxReplicas=4),
         ]
     },
 }
@@ -63,7 +63,9 @@ COMBOS: dict[str, dict[str, Any] | None] = {
     "only-scaling": {"injection": {"enabled": False}, **TWO_MAPPINGS},
     "several-mappings": {
         "scaling": {
-            "mappings": [mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}") for i in range(4)]
+            "mappings": [
+                mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}", maxReplicas=8) for i in range(4)
+            ]
         }
     },
     "slurm-namespaces": {

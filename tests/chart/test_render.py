@@ -74,37 +74,25 @@ def test_validating_webhook(render):
     assert wh["failurePolicy"] == "Ignore"
     assert wh["timeoutSeconds"] == 5
     assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 8444}
-    (rule,) = wh["rules"]
-    assert rule == {
-        "apiGroups": ["apps"],
-        "apiVersions": ["v1"],
-        "resources": ["deployments/scale"],
-        "operations": ["UPDATE"],
-        "scope": "Namespaced",
-    }
-    (expr,) = wh["namespaceSelector"]["matchExpressions"]
-    assert expr["operator"] == "NotIn" and expr["values"] == ["kube-system"]
-    names = [c["name"] for c in wh["matchConditions"]]
-    assert names == ["is-scale", "is-deployments", "is-mapped-mirror"]
-    assert f'"{NAMESPACE}/mirror-a"' in wh["matchConditions"][2]["expression"]
-    assert '"mirrors/mirror-b"' in wh["matchConditions"][2]["expression"]
-
-
-def test_mirror_narrowing_is_optional(render):
-    (wh,) = one(
-        render({"scaling": {**TWO_MAPPINGS["scaling"], "narrowToMirrors": False}}), "ValidatingWebhookConfiguration"
-    )["webhooks"]
-    assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
-    # No mappings: nothing to narrow to (the ConfigMap may be managed outside the chart).
-    (wh,) = one(render(), "ValidatingWebhookConfiguration")["webhooks"]
-    assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
+    assert wh["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "apiVersions": ["v1"],
+            "resources": [resources],
+            "operations": ["UPDATE"],
+            "scope": "Namespaced",
+        }
+        for resources in ("deployments/scale", "deployments")
+    ]
+    # What the match lets through: tests/chart/test_scaling_match.py.
+    assert [c["name"] for c in wh["matchConditions"]] == ["is-mapped-mirror"]
 
 
 def test_policies_and_exemptions_are_configurable(render):
     objs = render(
         {
             "injection": {"failurePolicy": "Ignore", "timeoutSeconds": 3, "extraExemptNamespaces": ["infra"]},
-            "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2, "extraExemptNamespaces": ["infra"]},
+            "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2},
         }
     )
     (m,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
@@ -116,7 +104,6 @@ def test_policies_and_exemptions_are_configurable(render):
         2,
     )
     assert set(m["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", NAMESPACE, "infra"}
-    assert set(v["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", "infra"}
 
 
 # ---------------------------------------------------------------- TLS
@@ -296,8 +283,8 @@ def test_scaling_configmap(render):
     cm = one(render(TWO_MAPPINGS), "ConfigMap", "scaling-webhook-configmap")
     assert cm["metadata"]["namespace"] == NAMESPACE
     assert yaml.safe_load(cm["data"]["mappings"]) == [
-        {"mirror": f"{NAMESPACE}/mirror-a", "machineDeployment": "metal3/md-a"},
-        {"mirror": "mirrors/mirror-b", "machineDeployment": "metal3-b/md-b"},
+        {"mirror": f"{NAMESPACE}/mirror-a", "machineDeployment": "metal3/md-a", "maxReplicas": 10},
+        {"mirror": "mirrors/mirror-b", "machineDeployment": "metal3-b/md-b", "maxReplicas": 4},
     ]
     empty = one(render(), "ConfigMap", "scaling-webhook-configmap")
     assert yaml.safe_load(empty["data"]["mappings"]) == []
@@ -307,13 +294,13 @@ def test_scaling_configmap(render):
         {
             "scaling": {
                 "configMapName": "my-map",
-                "mappings": [mapping("a/m", "b/d", config={"drainTimeoutSeconds": 30})],
+                "mappings": [mapping("a/m", "b/d", config={"capacityAware": True})],
             }
         }
     )
     cm = one(custom, "ConfigMap", "my-map")
     assert yaml.safe_load(cm["data"]["mappings"]) == [
-        {"mirror": "a/m", "machineDeployment": "b/d", "drainTimeoutSeconds": 30}
+        {"mirror": "a/m", "machineDeployment": "b/d", "capacityAware": True}
     ]
     env = {
         e["name"]: e.get("value")
@@ -401,7 +388,7 @@ def test_scaledobject_knobs_and_exporter_metric_names(render):
             "mappings": [
                 mapping("s/m1", "d/md1", "gpu"),
                 mapping("s/m2", "d/md2", "cpu", keda={"query": "sum(x)", "maxReplicaCount": 2}),
-                mapping("s/m3", "d/md3", "off", keda={"enabled": False}),
+                mapping("s/m3", "d/md3", "off", keda={"enabled": False}, maxReplicas=3),
             ]
         },
     }
@@ -445,7 +432,7 @@ def test_max_replicas_follows_keda_or_the_explicit_value(render):
                 mapping("s/explicit-lower", "d/md3", "p3", maxReplicas=2),
                 mapping("s/explicit-equal", "d/md4", "p4", maxReplicas=8),
                 mapping("s/explicit-zero", "d/md5", "p5", maxReplicas=0),
-                mapping("s/keda-off", "d/md6", keda={"enabled": False}),
+                mapping("s/keda-off-capacity", "d/md6", keda={"enabled": False}, config={"capacityAware": True}),
                 mapping("s/keda-off-explicit", "d/md7", keda={"enabled": False, "maxReplicaCount": 1}, maxReplicas=30),
             ]
         },
@@ -457,13 +444,13 @@ def test_max_replicas_follows_keda_or_the_explicit_value(render):
         "s/explicit-lower": 2,
         "s/explicit-equal": 8,
         "s/explicit-zero": 0,
-        "s/keda-off": None,
+        "s/keda-off-capacity": None,
         "s/keda-off-explicit": 30,
     }
-    assert "maxReplicas" not in items["s/keda-off"]
+    assert "maxReplicas" not in items["s/keda-off-capacity"]  # capped by the hosts that can take it
     # Without KEDA: only explicit values appear.
-    plain = _items(render({"scaling": {"mappings": [mapping("s/a", "d/a"), mapping("s/b", "d/b", maxReplicas=3)]}}))
-    assert "maxReplicas" not in plain["s/a"] and plain["s/b"]["maxReplicas"] == 3
+    plain = _items(render({"scaling": {"mappings": [mapping("s/b", "d/b", maxReplicas=3)]}}))
+    assert plain["s/b"]["maxReplicas"] == 3
     # The ScaledObject's maximum is the KEDA one, untouched by an explicit lower maxReplicas.
     sos = {s["metadata"]["name"]: s for s in by_kind(render(values), "ScaledObject")}
     assert sos["explicit-lower"]["spec"]["maxReplicaCount"] == 8
