@@ -650,3 +650,34 @@ def test_network_policy_never_renders_an_allow_all_rule(render):
         for policy in by_kind(render(values), "NetworkPolicy"):
             for rule in policy["spec"]["ingress"]:
                 assert rule.get("from") and rule.get("ports"), rule
+
+
+# ---------------------------------------------------------------- who may scale a mirror
+
+
+def _scale_requesters(objs):
+    env = one(objs, "Deployment", SCL)["spec"]["template"]["spec"]["containers"][0]["env"]
+    return next(e["value"] for e in env if e["name"] == "SLIME_SCALE_REQUESTERS").split(",")
+
+
+KEDA_PAIR = [
+    "system:serviceaccount:keda:keda-operator",  # 0 <-> 1
+    "system:serviceaccount:kube-system:horizontal-pod-autoscaler",  # 1 <-> N, --use-service-account-credentials
+    "system:kube-controller-manager",  # 1 <-> N without it
+]
+
+
+def test_keda_scaled_mirrors_take_scales_from_keda_and_the_hpa_only(render):
+    """Issue 30: KEDA's operator alone would stop every pool at 1; the HPA controller makes the 1 -> N steps."""
+    assert _scale_requesters(render(COMBOS["keda"])) == KEDA_PAIR
+    mine = {**COMBOS["keda"], "scaling": {**COMBOS["keda"]["scaling"], "allowedRequesters": ["ci-robot"]}}
+    assert _scale_requesters(render(mine)) == ["ci-robot", *KEDA_PAIR]
+    elsewhere = {**COMBOS["keda"], "keda": {"enabled": True, "scaleRequesters": ["system:serviceaccount:ops:keda"]}}
+    assert _scale_requesters(render(elsewhere)) == ["system:serviceaccount:ops:keda"]
+    # Without KEDA the chart cannot know who scales: no rule unless you give one (RBAC decides).
+    assert _scale_requesters(render(TWO_MAPPINGS)) == [""]
+    off = {
+        "keda": {"enabled": True},
+        "scaling": {"mappings": [mapping("s/m", "d/md", "p", keda={"enabled": False}, maxReplicas=2)]},
+    }
+    assert _scale_requesters(render(off)) == [""]

@@ -50,6 +50,7 @@ SETTINGS: dict[str, tuple[type[ServiceSettings], str]] = {
     "scaling.patchTimeoutSeconds": (ScalingSettings, "patch_timeout_seconds"),
     "scaling.leaseName": (ScalingSettings, "lease_name"),
     "scaling.allowedRequesters": (ScalingSettings, "scale_requesters"),
+    "keda.scaleRequesters": (ScalingSettings, "scale_requesters"),  # joined to scaling.allowedRequesters
 }
 # Set by the chart itself, from no value (the mounted files, the pod's namespace and name).
 FIXED = {"SLIME_CERT_FILE", "SLIME_KEY_FILE", "SLIME_CLIENT_CA_FILE", "POD_NAMESPACE", "POD_NAME"}
@@ -165,6 +166,7 @@ PATTERNED = [
     "injection.extraJoinData",
     "injection.allowedRequesters",
     "scaling.allowedRequesters",
+    "keda.scaleRequesters",
     "scaling.configMapName",
     "scaling.leaseName",
 ]

@@ -443,6 +443,21 @@ The list items of the scaling ConfigMap, as JSON, after checking the mappings:
 {{- end }}
 {{- end }}
 
+{{/*
+The users the scaling webhook lets scale a mapped mirror (SLIME_SCALE_REQUESTERS), as a comma list:
+scaling.allowedRequesters, and keda.scaleRequesters when the chart's ScaledObjects scale some
+mapping (KEDA's operator writes 0 <-> 1, the HPA controller 1 <-> N). Empty: whoever RBAC lets.
+*/}}
+{{- define "slime.scaleRequesters" -}}
+{{- $names := .Values.scaling.allowedRequesters }}
+{{- $keda := false }}
+{{- range $m := .Values.scaling.mappings }}
+{{- if (include "slime.mappingKeda" (dict "root" $ "mapping" $m) | fromJson).enabled }}{{- $keda = true }}{{- end }}
+{{- end }}
+{{- if $keda }}{{- $names = concat $names .Values.keda.scaleRequesters }}{{- end }}
+{{- join "," ($names | uniq) }}
+{{- end }}
+
 {{- define "slime.apiserverClientName" -}}
 {{- printf "%s-apiserver-client" (include "slime.fullname" .) }}
 {{- end }}
