@@ -10,6 +10,7 @@ setting and the reason: never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 import types
@@ -24,6 +25,7 @@ from common.kube import KubeConfigError
 from common.logs import configure_logging
 from common.serving import CertificateFileError, Listeners, ServiceRunner, check_certificate_files
 from common.settings import ServiceSettings
+from common.version import build_info, version_line
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -84,6 +86,7 @@ def build_parser(settings_type: type[ServiceSettings], prog: str, description: s
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="A flag wins over its environment variable, which wins over the default.",
     )
+    parser.add_argument("--version", action="version", version=version_line(prog), help="print the version and exit")
     for name, info in settings_type.fields().items():
         default = "none" if info.default in (None, "") else info.default
         parser.add_argument(
@@ -156,6 +159,8 @@ def run_service(
     try:
         settings = parse_settings(settings_type, argv, prog, description)
         configure_logging(settings.log_level)
+        # The first line: which SliMe this is (docs/operations.md, "Which version runs").
+        logging.getLogger("slime").info("starting", extra={"service": prog, **build_info()})
         check_certificates(settings)
         listeners = listen(settings)
         try:

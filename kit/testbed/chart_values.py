@@ -80,7 +80,13 @@ COMBOS: dict[str, dict[str, Any] | None] = {
     },
     "everything-off-cm": {"certManager": {"enabled": False}, "keda": {"enabled": True}, **TWO_MAPPINGS},
     "admission-auth": {"admissionAuth": {"enabled": True}},
-    "admission-auth-helm": {"admissionAuth": {"enabled": True}, "certManager": {"enabled": False}, **TWO_MAPPINGS},
+    "admission-auth-helm": {
+        "admissionAuth": {"enabled": True},
+        "certManager": {"enabled": False},
+        "selfSignedTLS": {"generator": "helm"},
+        **TWO_MAPPINGS,
+    },
+    "admission-auth-certgen": {"admissionAuth": {"enabled": True}, "certManager": {"enabled": False}, **TWO_MAPPINGS},
     "admission-auth-own-ca": {
         "admissionAuth": {"enabled": True, "clientCA": {"source": "configMap", "name": "kube-apiserver-ca"}}
     },

@@ -144,8 +144,12 @@ def test_cert_manager_chain(render):
         assert vols["tls"]["secret"]["secretName"] == spec["secretName"]
 
 
+HELM_TLS = {"certManager": {"enabled": False}, "selfSignedTLS": {"generator": "helm"}}
+
+
 def test_self_managed_tls(render):
-    objs = render(COMBOS["no-cert-manager"])
+    """selfSignedTLS.generator=helm: Helm generates the pair and the caBundle at render (certgen: test_certgen.py)."""
+    objs = render(HELM_TLS)
     assert not by_kind(objs, "Certificate") and not by_kind(objs, "Issuer")
     secrets = {s["metadata"]["name"]: s for s in by_kind(objs, "Secret")}
     configs = {c["kind"]: c for c in objs if c["kind"].endswith("WebhookConfiguration")}
@@ -164,7 +168,7 @@ def test_self_managed_tls(render):
 
 def test_self_managed_cert_is_valid_for_the_service(render):
     x509 = pytest.importorskip("cryptography.x509")
-    objs = render(COMBOS["no-cert-manager"])
+    objs = render(HELM_TLS)
     secret = one(objs, "Secret", f"{INJ}-tls")
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
@@ -198,7 +202,7 @@ def test_webhook_deployment(render, svc, command):
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"] == [command]
-    assert c["image"] == "localhost/slime:0.1.0"  # what the documented build makes (docs/install.md, "The image")
+    assert c["image"] == "localhost/slime:0.2.0"  # what the documented build makes (docs/install.md, "The image")
     _check_hardened(pod, c)
     assert pod["serviceAccountName"] == svc
     assert c["resources"]["requests"] and c["resources"]["limits"]

@@ -135,6 +135,16 @@ chart). extraMirrors is refused with createConfigMap=true: nothing would map the
 {{- end }}
 
 {{/*
+"true" when this render talks to a live cluster (helm install/upgrade, --dry-run=server): a lookup of
+the kube-system Namespace, which every cluster has, answers. Empty under `helm template`, `helm lint`
+and --dry-run=client (no cluster: lookup answers nothing). Not the release namespace: with
+`--create-namespace` Helm renders before it creates it, so a first install would look offline.
+*/}}
+{{- define "slime.live" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" }}true{{ end }}
+{{- end }}
+
+{{/*
 Fail early when an optional CRD group the rendered objects need is not served.
 See `crdCheck` in values.yaml. Call with (dict "root" $ "apiVersion" "keda.sh/v1alpha1"
 "kind" "ScaledObject" "value" "keda.enabled" "what" "KEDA").
@@ -144,7 +154,7 @@ See `crdCheck` in values.yaml. Call with (dict "root" $ "apiVersion" "keda.sh/v1
 {{- $mode := $root.Values.crdCheck }}
 {{- $live := false }}
 {{- if eq $mode "auto" }}
-{{- $live = not (empty (lookup "v1" "ServiceAccount" $root.Release.Namespace "default")) }}
+{{- $live = include "slime.live" $root }}
 {{- end }}
 {{- if or (eq $mode "always") $live }}
 {{- if not ($root.Capabilities.APIVersions.Has .apiVersion) }}
