@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from common.kube import KubeConfigError
+from common.kube import KubeConfigError, local_client
 from common.logs import configure_logging
 from common.serving import CertificateFileError, Listeners, ServiceRunner, check_certificate_files
 from common.settings import ServiceSettings
@@ -159,11 +159,12 @@ def run_service(
     try:
         settings = parse_settings(settings_type, argv, prog, description)
         configure_logging(settings.log_level)
-        # The first line: which SliMe this is (docs/operations.md, "Which version runs").
-        logging.getLogger("slime").info("starting", extra={"service": prog, **build_info()})
         check_certificates(settings)
         listeners = listen(settings)
         try:
+            local_client(settings.kubeconfig).close()  # usable, or the one line below and exit 2
+            # The first log line: which SliMe this is (docs/operations.md, "Which version runs").
+            logging.getLogger("slime").info("starting", extra={"service": prog, **build_info()})
             runner = build(settings)
         except KubeConfigError as exc:
             listeners.close()

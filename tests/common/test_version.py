@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import tomllib
@@ -11,10 +12,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from certs.devcerts import main as dev_certs
 from common.metrics import WebhookMetrics
 from common.serving import Readiness, health_app
 from common.version import REVISION_ENV, build_info, version
+from kubemu import Emulator
 from testbed.helm import REPO_ROOT
+from testbed.ports import free_port
 
 SCRIPTS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
@@ -59,20 +63,37 @@ def test_version_on_the_health_port() -> None:
     assert answer.status_code == 200 and answer.json() == build_info()
 
 
-def test_the_first_log_line_says_which_build(tmp_path: Path) -> None:
-    """A service that then exits 2 on a missing certificate: its first line is still the version line."""
-    proc = subprocess.run(
+def test_the_first_log_line_says_which_build(emulator: Emulator, tmp_path: Path) -> None:
+    """The first JSON line a started service writes; a bad setting is still the one line of exit 2 (no JSON before)."""
+    certs = tmp_path / "certs"
+    dev_certs(["--out", str(certs), "--dns", "localhost"])
+    args = ["--cert-file", str(certs / "tls.crt"), "--key-file", str(certs / "tls.key"), "--host", "127.0.0.1"]
+    args += ["--port", str(free_port()), "--metrics-port", str(free_port())]
+    args += ["--kubeconfig", emulator.write_kubeconfig(tmp_path / "kubeconfig")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scaling_webhook.main", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "", REVISION_ENV: "abc", "POD_NAMESPACE": "slime-system"},
+    )
+    try:
+        assert process.stderr is not None
+        first = json.loads(process.stderr.readline())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert (first["msg"], first["service"], first["version"], first["revision"]) == (
+        "starting",
+        "scaling-webhook",
+        version(),
+        "abc",
+    )
+    refused = subprocess.run(
         [sys.executable, "-m", "injection_webhook.main", "--cert-file", str(tmp_path / "none.crt")],
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": "", REVISION_ENV: "abc"},
+        env={"PATH": ""},
     )
-    assert proc.returncode == 2
-    first = json.loads(proc.stderr.splitlines()[0])
-    assert (first["msg"], first["service"], first["version"], first["revision"]) == (
-        "starting",
-        "injection-webhook",
-        version(),
-        "abc",
-    )
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
