@@ -264,3 +264,42 @@ def test_every_page_gives_the_readmes_test_command_as_ci_runs_it() -> None:
         if "pip install" in line and "pytest" in line and command not in line
     ]
     assert not quoted, f"pages quote a test command that is not the README's ({command}): {quoted}"
+
+
+def table_rows(text: str) -> list[list[tuple[int, int]]]:
+    """Each Markdown table of ``text``: its rows as (line number, cell count), outside code blocks.
+
+    A cell boundary is a ``|`` that is not escaped (``\\|``) and not inside a code span."""
+    tables: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        stripped = line.strip()
+        if not fenced and stripped.startswith("|"):
+            bare = re.sub(r"`[^`]*`", "", stripped.replace("\\|", ""))
+            current.append((number, len(bare.strip("|").split("|"))))
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def test_every_table_row_has_the_headers_cells() -> None:
+    """Review 2026-11-26, doc error 1: configuration.md's `--resync-seconds` row had one cell too many."""
+    wrong = []
+    for doc in DOCS:
+        for rows in table_rows(doc.read_text()):
+            (_, header), *rest = rows
+            wrong += [
+                f"{doc.relative_to(REPO)}:{n}: {cells} cells, header {header}" for n, cells in rest if cells != header
+            ]
+    assert not wrong, wrong
+
+
+def test_the_table_check_catches_a_broken_row() -> None:
+    broken = "| a | b |\n|---|---|\n| `x|y` | z \\| w |\n| 1 | 2 | 3 |\n"
+    assert table_rows(broken) == [[(1, 2), (2, 2), (3, 2), (4, 3)]]
