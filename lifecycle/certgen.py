@@ -17,7 +17,11 @@ certificate: two hook Jobs run this command from the product image instead.
   upgrade, copy it to the control plane); one near expiry is reported.
 - ``patch`` (post-install, post-upgrade): each webhook configuration's ``caBundle`` set to its
   Secret's ``ca.crt`` (``--webhook mutating|validating/NAME=SECRET``), with a resourceVersion
-  precondition; nothing is written when it is already right.
+  precondition; nothing is written when it is already right. Given the options of ``create``
+  too (the chart gives them), it first makes or keeps the Secrets exactly as ``create`` does:
+  on the upgrade from ``selfSignedTLS.generator: helm``, Helm deletes the Secrets it rendered
+  before (they left its manifest) after the pre-upgrade Job kept them, and this makes them again
+  under the same CA.
 
 So ``helm template`` renders the same manifest every time and a GitOps sync never changes a
 certificate. Keys never appear in a log line or an error. Exit 0 when done, 1 when the API
@@ -349,16 +353,27 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--kubeconfig", help="kubeconfig [env KUBECONFIG; default: in-cluster]")
     sub = command.add_subparsers(dest="step", required=True, parser_class=_Parser)
     create = sub.add_parser("create", parents=[common], help="make or keep the CA and the certificate Secrets")
-    create.add_argument("--ca-secret", required=True, help="Secret holding the CA (its key is read by this Job only)")
-    create.add_argument("--serving", action="append", default=[], metavar="SECRET=HOST[,HOST...]", required=True)
-    create.add_argument("--client", metavar="SECRET=COMMON_NAME", help="kube-apiserver's client certificate")
-    create.add_argument("--ca-days", type=int, default=3650)
-    create.add_argument("--cert-days", type=int, default=3650)
-    create.add_argument("--renew-days", type=int, default=30, help="renew what expires within this many days")
-    create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label the Secrets")
-    patch = sub.add_parser("patch", parents=[common], help="set the webhook configurations' caBundle")
+    _secrets_options(create, required=True)
+    patch = sub.add_parser(
+        "patch",
+        parents=[common],
+        help="set the webhook configurations' caBundle; with the create options, make or keep the Secrets first",
+    )
     patch.add_argument("--webhook", action="append", required=True, metavar="mutating|validating/NAME=SECRET")
+    _secrets_options(patch, required=False)
     return command
+
+
+def _secrets_options(command: argparse.ArgumentParser, required: bool) -> None:
+    command.add_argument(
+        "--ca-secret", required=required, help="Secret holding the CA (its key is read by this Job only)"
+    )
+    command.add_argument("--serving", action="append", default=[], metavar="SECRET=HOST[,HOST...]", required=required)
+    command.add_argument("--client", metavar="SECRET=COMMON_NAME", help="kube-apiserver's client certificate")
+    command.add_argument("--ca-days", type=int, default=3650)
+    command.add_argument("--cert-days", type=int, default=3650)
+    command.add_argument("--renew-days", type=int, default=30, help="renew what expires within this many days")
+    command.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label the Secrets")
 
 
 def _pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:
@@ -381,7 +396,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     try:
-        if options.step == "create":
+        if options.step == "patch" and bool(options.ca_secret) != bool(options.serving):
+            raise UsageError(
+                "patch: give --ca-secret and --serving together (to make or keep the Secrets first), or neither"
+            )
+        if options.ca_secret:
             if min(options.ca_days, options.cert_days) <= options.renew_days or options.renew_days < 0:
                 raise UsageError("--ca-days and --cert-days must be more than --renew-days (>= 0)")
             serving = [(secret, hosts.split(",")) for secret, hosts in _pairs(options.serving, "--serving")]
@@ -393,7 +412,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             if options.client:
                 ((secret, name),) = _pairs([options.client], "--client")
                 ensure_client(store, secret, name, plan)
-        else:
+        if options.step == "patch":
             for target, secret_name in _pairs(options.webhook, "--webhook"):
                 kind, slash, name = target.partition("/")
                 if kind not in CONFIGURATIONS or not slash or not name:

@@ -254,3 +254,32 @@ def test_the_ca_key_is_in_its_own_secret_the_webhooks_never_mount(installed: Any
         if "secret" in v
     }
     assert "slime-certgen-ca" not in mounted and {f"{INJ}-tls", f"{SCL}-tls"} <= mounted
+
+
+def test_moving_from_helms_generator_keeps_working_though_helm_deletes_its_secrets(
+    emulator: Emulator, installed: Any, tmp_path: Path
+) -> None:
+    """generator helm -> job: the pre-upgrade Job re-issues Helm's pairs under its own CA; Helm then deletes the
+    Secrets it had rendered (they left its manifest); the post-upgrade Job makes them again, same CA, and the
+    caBundle matches what the pods will serve."""
+    objects, run = installed
+    helm_rendered = [
+        s for s in by_kind(rendered(tmp_path, {**VALUES, "selfSignedTLS": {"generator": "helm"}}), "Secret")
+    ]
+    assert {s["metadata"]["name"] for s in helm_rendered} == {f"{INJ}-tls", f"{SCL}-tls", "slime-apiserver-client"}
+    for secret in helm_rendered:
+        emulator.create(secret)
+    client_before = secret_data(emulator, "slime-apiserver-client")
+    run(job_args(objects, "create"))  # pre-upgrade
+    ca = secret_data(emulator, "slime-certgen-ca")["tls.crt"]
+    for secret in helm_rendered:  # helm upgrade: no longer in the manifest
+        emulator.delete("v1", "secrets", NAMESPACE, secret["metadata"]["name"])
+    out = run(job_args(objects, "patch"))  # post-upgrade
+    assert "serving certificate created" in out and "caBundle set" in out
+    for name in (INJ, SCL):
+        data = secret_data(emulator, f"{name}-tls")
+        cert(data).verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+        assert base64.b64decode(bundles(emulator)[name]) == data["ca.crt"]
+    # kube-apiserver's client certificate is made anew: its copy on the control plane must be replaced
+    # (CHANGELOG.md's upgrade note says so).
+    assert secret_data(emulator, "slime-apiserver-client")["tls.crt"] != client_before["tls.crt"]
