@@ -21,9 +21,10 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from common.certificates import CertificateFileError, check_certificate_files
 from common.kube import KubeConfigError, local_client
 from common.logs import configure_logging
-from common.serving import CertificateFileError, Listeners, ServiceRunner, check_certificate_files
+from common.serving import Listeners, ServiceRunner
 from common.settings import ServiceSettings
 from common.version import build_info, version_line
 
@@ -38,21 +39,11 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-_METAVARS = {
-    "host": "ADDRESS",
-    "log_level": "LEVEL",
-    "namespace": "NAME",
-    "config_map": "NAME",
-    "controller_selector": "SELECTOR",
-    "conf_server_policy": "POLICY",
-    "conf_server_node_addresses": "ADDRESSES",
-    "extra_join_data": "ITEMS",
-}
-
-
 def _metavar(name: str, info: FieldInfo) -> str:
-    if name in _METAVARS:
-        return _METAVARS[name]
+    """A field's own ``metavar`` (``json_schema_extra``), else one read off its name and type."""
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("metavar"), str):
+        return str(extra["metavar"])
     kind = info.annotation
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))

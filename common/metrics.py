@@ -45,8 +45,8 @@ class WebhookMetrics:
         )
         self.malformed = Counter(
             "slime_webhook_malformed_requests_total",
-            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415), by "
-            "code.",
+            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415; 499: the "
+            "client went away before its request was whole), by code.",
             ["webhook", "code"],
             registry=self.registry,
         )
@@ -58,20 +58,25 @@ class WebhookMetrics:
         )
         self.busy = Counter(
             "slime_webhook_busy_total",
-            "Large reviews (over 64 KiB) answered 503 because another large review was being handled.",
-            ["webhook"],
+            "Reviews answered 503 before they were read, by reason: another large review (over 64 KiB) was being "
+            "handled (large-review), or the bodies being read already held --max-body-bytes-in-flight (body-budget).",
+            ["webhook", "reason"],
             registry=self.registry,
         )
         self.connections = Counter(
             "slime_webhook_connections_total",
-            "TLS connections the admission port accepted. kube-apiserver keeps its connections, so this grows "
-            "slowly; growing with the requests means a TLS handshake per admission.",
+            "Connections accepted, by port (admission: TLS; health: the plain-HTTP health and metrics port). "
+            "kube-apiserver keeps its connections, so the admission count grows slowly; growing with the requests "
+            "means a TLS handshake per admission.",
+            ["port"],
             registry=self.registry,
         )
         self.dropped_connections = Counter(
             "slime_webhook_dropped_connections_total",
-            "Connections closed by the server: a request not read in full in time (slow), or over the connection cap.",
-            ["reason"],
+            "Connections closed by the server, by port and reason: a request not read in full in time (slow), headers "
+            "over 64 KiB, an idle or stalled connection closed to make room for a new one (evicted), or a new one "
+            "closed because the port (connection-cap) or its peer address (peer-cap) had no room.",
+            ["port", "reason"],
             registry=self.registry,
         )
         self.cert_reloads = Counter(

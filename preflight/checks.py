@@ -1,5 +1,6 @@
-"""slime-check's checks, in the order a new node needs their answers: the release, the APIs, Slinky and the
-key, CAPM3's identity, the mappings, the webhooks as the API server reaches them, slurmrestd.
+"""slime-check's checks, in the order a new node needs their answers: the release, the APIs, the bindings
+that let each template have join data, Slinky and the key, CAPM3's identity, the mappings, the webhooks as
+the API server reaches them, slurmrestd.
 
 Each yields :class:`~preflight.report.Finding` lines. They read the cluster with the identity
 slime-check runs as; where that identity may not read something (the chart's ``helm test``
@@ -19,6 +20,7 @@ from preflight.injection import capm3_identity, slinky
 from preflight.install import forbidden
 from preflight.report import Finding, fail, ok, skip, warn
 from preflight.scaling import mappings, slurmrestd
+from preflight.templates import bindings
 from preflight.version import running
 from preflight.webhooks import admissions, webhooks
 
@@ -75,6 +77,7 @@ def release(ctx: Context) -> Iterator[Finding]:
 STEPS: tuple[tuple[str, Callable[[Context], Iterator[Finding]]], ...] = (
     ("release", release),
     ("api", apis),
+    ("bindings", bindings),
     ("slinky", slinky),
     ("capm3", capm3_identity),
     ("mapping", mappings),

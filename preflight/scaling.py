@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import httpx
 
+from common.apis import CAPI_VERSIONS, CONFIGMAPS, DEPLOYMENTS
 from common.kube import ResourcePath
 from common.names import CAPI_GROUP
 from preflight.apis import KEDA_API, served
-from preflight.context import CONFIGMAPS, DEPLOYMENTS, Context, metadata_of, ref_of
+from preflight.context import Context, metadata_of, ref_of
 from preflight.report import Finding, fail, ok, skip, warn
-from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
-from scaling_webhook.machinedeployments import CAPI_VERSIONS
+from scaling_webhook.decision import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.mappings import Mapping, MappingError, parse_mappings
 from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
 from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable

@@ -9,15 +9,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from common.apis import DEPLOYMENTS, METAL3_VERSIONS, SECRETS, SERVICES
 from common.kube import KubeError
-from common.names import METADATA_KEY, METAL3_GROUP
-from injection_webhook.handler import DRY_RUN_WARNING
-from injection_webhook.resolver import METAL3_VERSIONS
+from common.names import INJECT_CA_FROM_ANNOTATION, METADATA_KEY, METAL3_GROUP
+from injection_webhook.decision import DRY_RUN_WARNING
 from preflight import tls
-from preflight.context import DEPLOYMENTS, INSTALL, SECRETS, SERVICES, Context, annotations_of, metadata_of
+from preflight.context import INSTALL, Context, annotations_of, metadata_of
 from preflight.install import Component, forbidden
 from preflight.report import Finding, fail, ok, skip, warn
-from scaling_webhook.handler import DRY_RUN_WARNING_PREFIX, replicas_of
+from scaling_webhook.decision import DRY_RUN_WARNING_PREFIX, replicas_of
 
 
 def webhooks(ctx: Context) -> Iterator[Finding]:
@@ -41,7 +41,7 @@ def _webhook(ctx: Context, component: Component, kind: str, config: dict[str, An
     name = metadata_of(config)["name"]
     hook = (config.get("webhooks") or [{}])[0]
     client_config = hook.get("clientConfig") or {}
-    injected_by = annotations_of(config).get("cert-manager.io/inject-ca-from")
+    injected_by = annotations_of(config).get(INJECT_CA_FROM_ANNOTATION)
     tls_fix = (
         f"cert-manager's cainjector fills it from Certificate {injected_by}: kubectl -n {ctx.install.namespace} get "
         "certificates, and the cainjector's log"

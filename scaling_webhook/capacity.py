@@ -23,13 +23,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from common.names import BMH_PAUSED_ANNOTATION, NODE_REUSE_LABEL
+from common.names import BMH_PAUSED_ANNOTATION, NODE_REUSE_LABEL, UNHEALTHY_ANNOTATIONS
 
 Obj = dict[str, Any]
 
 METAL3_MACHINE_TEMPLATE = "Metal3MachineTemplate"
 AVAILABLE_STATES = frozenset({"available", "ready"})  # "ready" is BMO's name for it before 0.5
-UNHEALTHY_ANNOTATIONS = ("capm3.metal3.io/unhealthy", "capi.metal3.io/unhealthy")
 # CAPM3 node reuse: a host with this label is kept for the pool its value names; CAPM3 compares
 # it with "md-" + the MachineDeployment's name (getMachineDeploymentName in
 # baremetal/metal3machine_manager.go), so it is free only for that pool.

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.apis import LEASES
+from common.kube import KubeClient, KubeError
 
 log = logging.getLogger("slime.scaling.leader")
 
-LEASES = ResourcePath("coordination.k8s.io", "v1", "leases")
 LEASE_SECONDS = 15.0
 RENEW_DEADLINE_SECONDS = 10.0
 RETRY_SECONDS = 2.0

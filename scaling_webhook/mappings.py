@@ -2,16 +2,18 @@
 
 Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
 
-* the thesis form: ``machineDeploymentName`` and ``machineDeploymentNamespace``, plus optional
-  ``mirrorDeploymentName`` (default ``mirror-deployment``) and ``mirrorDeploymentNamespace``
-  (default: the webhook's namespace);
+* the single-mapping keys: ``machineDeploymentName``, ``machineDeploymentNamespace`` and
+  ``maxReplicas``, plus optional ``mirrorDeploymentName`` (default ``mirror-deployment``) and
+  ``mirrorDeploymentNamespace`` (default: the webhook's namespace);
 * ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
   with optional ``maxReplicas`` (the most replicas the MachineDeployment is ever set to; the
   chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn``, ``capacityAware`` and
   ``nodeDemand`` (docs/scaling.md).
 
 One MachineDeployment has one writer: two mappings onto the same MachineDeployment, or from the
-same mirror, are an error naming both.
+same mirror, are an error naming both. A pool is never uncapped: a mapping needs ``maxReplicas``
+unless ``capacityAware`` caps it by the hosts that can take it; anyone allowed to scale the mirror
+could otherwise ask for 2^31-1 Machines.
 
 :func:`parse_mappings` is pure and strict: every problem raises :class:`MappingError` naming
 the key and what is wrong. :class:`MappingSource` follows the ConfigMap through an informer,
@@ -31,8 +33,9 @@ from typing import Any
 
 import yaml
 
+from common.apis import CONFIGMAPS
 from common.cache import Informer
-from common.kube import KubeClient, ResourcePath
+from common.kube import KubeClient
 from common.meta import is_dns1123_label, is_dns1123_subdomain
 from common.names import CAPACITY_AWARE_KEY, MAPPINGS_KEY, MAX_REPLICAS_KEY, NODE_DEMAND_KEY, SAFE_SCALE_IN_KEY
 from scaling_webhook.safe_scale_in.config import (
@@ -48,7 +51,7 @@ log = logging.getLogger("slime.scaling.mappings")
 Ref = tuple[str, str]  # (namespace, name)
 
 DEFAULT_MIRROR_NAME = "mirror-deployment"
-THESIS_KEYS = (
+SINGLE_MAPPING_KEYS = (
     "machineDeploymentName",
     "machineDeploymentNamespace",
     "mirrorDeploymentName",
@@ -78,7 +81,7 @@ class Mapping:
     mirror: Ref
     machine_deployment: Ref
     options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
-    source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
+    source: str = ""  # where it was declared, for messages: "the single-mapping keys" or "mappings[0]"
     max_replicas: int | None = None  # the MachineDeployment is never set above this
     capacity_aware: bool = False  # increases are capped at the hosts that can take them (scaling_webhook.capacity)
 
@@ -242,9 +245,14 @@ def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
     }
 
 
-def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
-    present = [k for k in THESIS_KEYS if k in data]
+def _single_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
+    present = [k for k in SINGLE_MAPPING_KEYS if k in data]
     if not present:
+        if MAX_REPLICAS_KEY in data:
+            raise MappingError(
+                f"{MAX_REPLICAS_KEY}: belongs to the single-mapping keys (machineDeploymentName, ...), which are "
+                f"absent; an item of {MAPPINGS_KEY} takes its own {MAX_REPLICAS_KEY}"
+            )
         return None
     for key in ("machineDeploymentName", "machineDeploymentNamespace"):
         if key not in data:
@@ -263,7 +271,13 @@ def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | Non
         _check_namespace(values.get("mirrorDeploymentNamespace", namespace), "mirrorDeploymentNamespace"),
         _check_name(values.get("mirrorDeploymentName", DEFAULT_MIRROR_NAME), "mirrorDeploymentName"),
     )
-    return Mapping(mirror=mirror, machine_deployment=md, source="thesis keys")
+    max_replicas = None
+    if MAX_REPLICAS_KEY in data:
+        text = data[MAX_REPLICAS_KEY]
+        if not isinstance(text, str) or not text.strip().isdigit():
+            raise MappingError(f"{MAX_REPLICAS_KEY}: must be an integer from 0 to {MAX_INT32}, got {text!r}")
+        max_replicas = _max_replicas(int(text), MAX_REPLICAS_KEY)
+    return Mapping(mirror=mirror, machine_deployment=md, source="the single-mapping keys", max_replicas=max_replicas)
 
 
 def _list_mappings(text: Any) -> list[Mapping]:
@@ -335,19 +349,29 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
+def uncapped_message(source: str, mirror: str) -> str:
+    """Why a mapping without a ceiling is refused (the chart refuses it with the same words)."""
+    return (
+        f"{source} (mirror {mirror}): {MAX_REPLICAS_KEY} is required unless {CAPACITY_AWARE_KEY} caps the pool: a "
+        f"mirror anyone can scale would otherwise ask for up to {MAX_INT32} Machines"
+    )
+
+
 def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> MappingTable:
     """The table described by a ConfigMap's ``data``; ``namespace`` is the webhook's own."""
     data = data or {}
     mappings: list[Mapping] = []
-    thesis = _thesis_mapping(data, namespace)
-    if thesis is not None:
-        mappings.append(thesis)
+    single = _single_mapping(data, namespace)
+    if single is not None:
+        mappings.append(single)
     if MAPPINGS_KEY in data:
         mappings.extend(_list_mappings(data[MAPPINGS_KEY]))
     by_mirror: dict[Ref, Mapping] = {}
     by_machine_deployment: dict[Ref, Mapping] = {}
     by_partition: dict[str, Mapping] = {}
     for mapping in mappings:
+        if mapping.max_replicas is None and not mapping.capacity_aware:
+            raise MappingError(uncapped_message(mapping.source, mapping.mirror_ref))
         first = by_mirror.get(mapping.mirror)
         if first is not None:
             raise MappingError(
@@ -376,8 +400,6 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
 
 
 # --- the live source -----------------------------------------------------------------------------
-
-CONFIGMAPS = ResourcePath("", "v1", "configmaps")
 
 
 class MappingSource:

@@ -20,21 +20,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from common.apis import BAREMETALHOSTS, DEPLOYMENTS, METAL3_VERSIONS
 from common.cache import Informer
 from common.kube import KubeClient, KubeError, ResourcePath
 from common.names import CAPI_GROUP, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, METAL3_GROUP
 from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_name
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.machinedeployments import DEPLOYMENTS, MachineDeploymentScaler
+from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable, Ref
 from scaling_webhook.safe_scale_in.victims import machine_annotations
 
 log = logging.getLogger("slime.scaling.watches")
 
 Obj = dict[str, Any]
-
-BAREMETALHOSTS = ResourcePath("metal3.io", "v1alpha1", "baremetalhosts")
-METAL3_VERSIONS = ("v1beta2", "v1beta1")
 
 
 def _slim_host(obj: Obj) -> Obj:

@@ -65,7 +65,7 @@ def test_imports_keep_the_layering() -> None:
     ("package", "source", "expected"),
     [
         ("injection_webhook", "from scaling_webhook.mappings import Mapping\n", "imports scaling_webhook"),
-        ("scaling_webhook", "import injection_webhook.handler\n", "imports injection_webhook"),
+        ("scaling_webhook", "import injection_webhook.decision\n", "imports injection_webhook"),
         ("common", "from kubemu import Emulator\n", "imports kubemu"),
         ("scaling_webhook", "from preflight.checks import Checks\n", "imports preflight"),
         ("preflight", "from testbed.world import b64\n", "imports testbed"),

@@ -58,7 +58,7 @@ from testbed.world import (
 
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 OWN_METRIC = "slime_webhook_latency_seconds"
-CONNECTIONS = "slime_webhook_connections_total"
+CONNECTIONS = 'slime_webhook_connections_total{port="admission"}'
 LOAD_LIMIT_SECONDS = 900  # a CPU burner outlives no run, even one the bench never stops
 WEBHOOKS = {"injection": ("injection.webhook.slime", "admit"), "scaling": ("scaling.webhook.slime", "validating")}
 QUANTILES = (0.5, 0.9, 0.99)

@@ -223,7 +223,11 @@ def seed_cluster(emu: Any) -> dict[str, Any]:
     for name in ("mirror-a", "unmapped"):
         emu.create(world.mirror(name))
     emu.create(world.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
-    emu.create(world.config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    emu.create(
+        world.config_map(
+            {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"}
+        )
+    )
     return world.metadata_secret(data)
 
 
@@ -412,13 +416,13 @@ def per_call(fn: Callable[[], Any], calls: int, warm: int = 2000) -> dict[str, f
 def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) -> dict[str, Any]:
     from common.admission import decode_review, encode_review
     from common.kube import local_client
-    from injection_webhook.handler import JoinInfo, join_data, select
-    from injection_webhook.handler import respond as injection_respond
+    from injection_webhook.decision import JoinInfo, join_data, select
+    from injection_webhook.decision import respond as injection_respond
     from injection_webhook.metadata import merged_metadata
     from injection_webhook.resolver import InjectionResolver
     from injection_webhook.settings import InjectionSettings
-    from scaling_webhook.handler import Observed, decide, scale_target
-    from scaling_webhook.handler import respond as scaling_respond
+    from scaling_webhook.decision import Observed, decide, scale_target
+    from scaling_webhook.decision import respond as scaling_respond
     from scaling_webhook.mappings import parse_mappings
 
     resolver = InjectionResolver(
@@ -470,7 +474,10 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
     finally:
         resolver.stop()
     table = parse_mappings(
-        {"mappings": f"- mirror: {world.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"},
+        {
+            "mappings": f"- mirror: {world.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"
+            "  maxReplicas: 100\n"
+        },
         world.SLIME_NAMESPACE,
     )
     mapped = scale_request("mirror-a", 3)

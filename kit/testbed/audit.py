@@ -96,8 +96,21 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
     return {"scaling": {"mappings": mappings, "safeScaleIn": safe_scale_in, "capacityAware": capacity_aware}}
 
 
+def injection_values(calls: list[ApiRequest]) -> dict[str, Any]:
+    """The operator's values that make these calls legitimate: the key Secrets read by name, and a workload
+    binding for each namespace whose kubeconfig Secret was read (the RBAC must follow the bindings)."""
+    secrets = {(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name}
+    kubeconfigs = sorted({ns for ns, name in secrets if name.endswith("-kubeconfig")})
+    keys = sorted({name for _, name in secrets if not name.endswith("-kubeconfig")})
+    injection: dict[str, Any] = {"slurmBindings": [f"{ns}=workload:slurm" for ns in kubeconfigs]}
+    if keys:
+        injection["slurmKeySecretNames"] = keys
+    return {"injection": injection}
+
+
 def audit_injection(calls: list[ApiRequest], workdir: Path) -> None:
-    assert_rbac_covers(render({}, workdir, NAMESPACE), f"{RELEASE}-injection-webhook", NAMESPACE, calls)
+    values = injection_values(calls)
+    assert_rbac_covers(render(values, workdir, NAMESPACE), f"{RELEASE}-injection-webhook", NAMESPACE, calls)
 
 
 def audit_scaling(calls: list[ApiRequest], workdir: Path) -> None:

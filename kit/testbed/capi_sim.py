@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.names import DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK
-from kubemu import Emulator
+from kubemu import AdmissionAttributes, Emulator
 from testbed.fake_slurmrestd import FakeSlurmrestd
 from testbed.services import Scaling
 from testbed.world import CAPI, SLIME_NAMESPACE, config_map, md_replicas, scale_mirror
@@ -44,7 +44,8 @@ def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
     return config_map(
         {
             "mappings": (
-                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  maxReplicas: 100\n"
+                f"  safeScaleIn: {{{inner}}}\n"
             )
         }
     )
@@ -172,6 +173,52 @@ class MachineSetStandIn:
         return released
 
 
+class PoolInvariant:
+    """An admission hook that checks, at every write to the pool, the rule safe scale-in keeps: the
+    MachineDeployment never asks for fewer Machines than exist, or are being created, minus the ones
+    marked for deletion. At a write that breaks it, Cluster API (whenever it looks) would delete an
+    unmarked Machine: each such write is recorded in ``broken``.
+
+    Installed in front of the emulator's own hook (``install``), so the scaling webhooks still see
+    the writes they admit."""
+
+    def __init__(self, emulator: Emulator) -> None:
+        self.emulator = emulator
+        self.broken: list[str] = []
+        self._next = emulator.app.admission
+
+    def install(self) -> PoolInvariant:
+        self.emulator.app.admission = self
+        return self
+
+    def __call__(self, attrs: AdmissionAttributes) -> Any:
+        result = self._next(attrs) if self._next is not None else None
+        if attrs.namespace != MD_NS or attrs.operation != "UPDATE" or attrs.object is None:
+            return result
+        machines = {m["metadata"]["name"]: m for m in self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)}
+        replicas_before = md_replicas(self.emulator, MD_NS, MD) or 0
+        replicas = replicas_before
+        if attrs.resource == "machinedeployments" and attrs.name == MD:
+            replicas = int((attrs.object.get("spec") or {}).get("replicas") or 0)
+        elif attrs.resource == "machines" and not attrs.subresource:
+            machines[attrs.name] = attrs.object
+        else:
+            return result
+        pool = [
+            m
+            for m in machines.values()
+            if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == MD
+            and not m["metadata"].get("deletionTimestamp")
+        ]
+        marked = sum(1 for m in pool if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION))
+        present = max(len(pool), replicas_before)  # existing, or being created for the replicas asked before
+        if replicas < present - marked:
+            self.broken.append(
+                f"{attrs.resource} {attrs.name}: replicas {replicas} < {present} present - {marked} marked"
+            )
+        return result
+
+
 @dataclass
 class CapiSim(MachineSetStandIn):
     """The stand-in with the fake slurmrestd's nodes as hosts."""
@@ -240,7 +287,7 @@ class Env:
         then the reconciler acts on it (it also would on the watch event; a pass here makes it now)."""
         scale_mirror(self.emulator, SLIME_NAMESPACE, MIRROR, replicas)
         scaling.sees_mirror(SLIME_NAMESPACE, MIRROR, replicas)
-        scaling.service.reconcile_once()
+        scaling.reconcile()
 
     def annotated(self) -> list[str]:
         return self.capi.annotated()

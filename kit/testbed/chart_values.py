@@ -68,12 +68,13 @@ COMBOS: dict[str, dict[str, Any] | None] = {
             ]
         }
     },
-    "slurm-namespaces": {
+    "slurm-bindings": {
         "injection": {
-            "slurmNamespaces": ["slurm", "slurm-b"],
+            "slurmBindings": ["metal3=slurm", "metal3=workload:slurm-b", "*=slurm-site"],
             "metal3Namespaces": ["metal3"],
             "slurmKeySecretNames": ["slurm-auth-slurm"],
             "jwtKeySecretNames": ["slurm-auth-jwths256"],
+            "templateOptIns": ["controller-name"],
             "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21"]},
             "extraJoinData": ["controller-name", "jwt-key"],
         }

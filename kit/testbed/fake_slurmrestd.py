@@ -137,8 +137,9 @@ class FakeSlurmrestd:
         self.drains: list[str] = []
         self.undrains: list[str] = []
         self.tokens_seen: list[dict[str, Any]] = []
-        # Called after every GET of the node list has been answered (tests use it to play a race).
+        # Called after every GET of the node list (or of one node) has been answered (tests use them to play a race).
         self.after_nodes_read: Callable[[], None] | None = None
+        self.after_node_read: Callable[[], None] | None = None
         self._next_job = 1
         self.started: dict[int, int] = {}  # job id -> when it became eligible (it started at once)
         self.pending: dict[int, dict[str, Any]] = {}  # job id -> its record, as GET jobs lists it
@@ -173,6 +174,8 @@ class FakeSlurmrestd:
                 self._answer(status, body)
                 if method == "GET" and "/nodes" in self.path and fake.after_nodes_read is not None:
                     fake.after_nodes_read()
+                if method == "GET" and "/node/" in self.path and fake.after_node_read is not None:
+                    fake.after_node_read()
 
             def do_GET(self) -> None:
                 self._handle("GET")
@@ -363,6 +366,23 @@ class FakeSlurmrestd:
                 )
             node = self.nodes.get(name or "")
             record = self.future.get(name or "")
+            if name is not None and method == "GET":  # one node; unknown and FUTURE ones are not shown
+                if node is None:
+                    return 200, self._body(
+                        errors=[_error(f"Failure to query node {name}", 2018, "Invalid node name specified", "_dump")]
+                    )
+                return 200, self._body(
+                    nodes=[
+                        {
+                            "name": node.name,
+                            "hostname": node.hostname,
+                            "address": node.address,
+                            "state": node.states(),
+                            "reason": node.reason,
+                            "reason_set_by_user": node.reason_set_by_user,
+                        }
+                    ]
+                )
             if node is None and record is None:
                 return self.dialect.error_status, self._body(
                     errors=[

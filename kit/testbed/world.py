@@ -24,14 +24,18 @@ from common.names import (
     ACTIVE_CONTROLLER_LABEL,
     ADOPTED_ANNOTATION,
     CAPI_PROVIDER_LABEL,
+    CAPI_SECRET_TYPE,
     CAPM3_MANAGER_USERNAME,
     CAPM3_PROVIDER,
+    CLUSTER_NAME_LABEL,
 )
 
 Obj = dict[str, Any]
 
 CAPI = "cluster.x-k8s.io"
 SLIME_NAMESPACE = "slime-system"  # where the tests, the demo and the docs install SliMe (docs/install.md says why)
+# The test world's operator binds its tenant namespace (Metal3 objects) to its Slurm namespace (Slinky).
+SLURM_BINDINGS = "metal3=slurm"
 SCALING_CONFIG_MAP = "scaling-webhook-configmap"
 CONTROLLER_SELECTOR_LABELS = {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/component": "controller"}
 SLURMCTLD_IMAGE = "ghcr.io/slinkyproject/slurmctld:25.05"
@@ -386,6 +390,26 @@ def seed_metal3(
         }
     )
     return tmpl, data
+
+
+def kubeconfig_secret(
+    kubeconfig: dict[str, Any] | str,
+    cluster: str = "bm-cluster",
+    namespace: str = "metal3",
+    secret_type: str = CAPI_SECRET_TYPE,
+    cluster_label: str | None = None,
+) -> Obj:
+    """The ``<cluster>-kubeconfig`` Secret Cluster API writes for a Cluster (type, label and ``value``);
+    a kubeconfig given as a string is stored as it is (for kubeconfigs no YAML dump would make)."""
+    text = kubeconfig if isinstance(kubeconfig, str) else yaml.safe_dump(kubeconfig)
+    labels = {CLUSTER_NAME_LABEL: cluster if cluster_label is None else cluster_label}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": secret_type,
+        "metadata": {"name": f"{cluster}-kubeconfig", "namespace": namespace, "labels": labels},
+        "data": {"value": b64(text)},
+    }
 
 
 def metadata_secret(data: Obj, machine: str = "m3m-0", extra: dict[str, str] | None = None, host: str = "bmh-0") -> Obj:

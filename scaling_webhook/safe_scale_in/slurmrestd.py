@@ -30,12 +30,12 @@ from urllib.parse import quote
 import httpx
 import jwt
 
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.apis import SECRETS
+from common.kube import KubeClient, KubeError
 from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.slurmrestd")
 
-SECRETS = ResourcePath("", "v1", "secrets")
 TOKEN_LIFETIME_SECONDS = 60
 TIMEOUT_SECONDS = 2.0
 BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
@@ -155,9 +155,12 @@ class SlurmClient:
 
     # --- transport ---------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = None, gone_raises: bool = False) -> dict[str, Any]:
+    def _call(
+        self, method: str, path: str, body: Any = None, gone_raises: bool = False, missing_ok: bool = False
+    ) -> dict[str, Any]:
         """One request (signed, the key read again once after 401/511);
-        with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`."""
+        with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`; with ``missing_ok``, a 200
+        whose errors say the node could not be found is an answer with no node, not a failure."""
         for attempt in (1, 2):
             headers = {"X-SLURM-USER-TOKEN": self._token(), "Accept": "application/json"}
             try:
@@ -190,6 +193,8 @@ class SlurmClient:
             except ValueError:
                 raise SlurmUnavailable(f"{self.where} answered {method} {path} with a body that is not JSON") from None
             problems = _errors_of(data)
+            if problems and missing_ok and not (data.get("nodes") if isinstance(data, dict) else None):
+                return {"nodes": []}
             if problems:
                 raise SlurmUnavailable(f"{self.where} reported errors for {method} {path}: {problems}")
             return data if isinstance(data, dict) else {}
@@ -228,6 +233,17 @@ class SlurmClient:
 
     def nodes(self) -> list[SlurmNode]:
         return [parse_node(n) for n in self._list("nodes", f"/slurm/{self.version()}/nodes/") if n.get("name")]
+
+    def node(self, name: str) -> SlurmNode | None:
+        """One node, read now (``GET node/<name>``): the fresh read a release or a drain is decided on.
+
+        None when slurmctld has no such node to show: it answers an unknown name (and a record
+        returned to FUTURE, which it hides) with no node and an error, not a failure of the call."""
+        data = self._call("GET", f"/slurm/{self.version()}/node/{quote(name)}", missing_ok=True)
+        found = [parse_node(n) for n in data.get("nodes") or [] if isinstance(n, dict) and n.get("name") == name]
+        if not found or FUTURE in found[0].states:
+            return None
+        return found[0]
 
     def jobs(self, since: int | None = None) -> JobListing:
         """Every job slurmctld knows (pending, running and recently finished), as slurmrestd lists them;

@@ -256,6 +256,9 @@ def test_conf_server_values_reach_the_process_and_it_accepts_them(render):
             "injection": {
                 "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21", "k8s-2.example.org"]},
                 "extraJoinData": ["controller-name", "jwt-key"],
+                "jwtKeySecretNames": ["slurm-auth-jwths256"],
+                "slurmBindings": ["metal3=slurm", "*=workload:slurm"],
+                "templateOptIns": ["controller-name"],
             }
         }
     )
@@ -264,15 +267,20 @@ def test_conf_server_values_reach_the_process_and_it_accepts_them(render):
     assert env["SLIME_CONF_SERVER_POLICY"] == "service"
     assert env["SLIME_CONF_SERVER_NODE_ADDRESSES"] == "192.0.2.21,k8s-2.example.org"
     assert env["SLIME_EXTRA_JOIN_DATA"] == "controller-name,jwt-key"
-    options = InjectionSettings(
+    settings = InjectionSettings(
         conf_server_policy=env["SLIME_CONF_SERVER_POLICY"],
         conf_server_node_addresses=env["SLIME_CONF_SERVER_NODE_ADDRESSES"],
         extra_join_data=env["SLIME_EXTRA_JOIN_DATA"],
-    ).join_options()
+        slurm_bindings=env["SLIME_SLURM_BINDINGS"],
+        template_opt_ins=env["SLIME_TEMPLATE_OPT_INS"],
+    )
+    options = settings.join_options()
     assert options.node_addresses == ("192.0.2.21", "k8s-2.example.org") and options.extras == {
         "controller-name",
         "jwt-key",
     }
+    assert options.template_opt_ins == {"controller-name"}
+    assert str(settings.bindings()) == "metal3=slurm,*=workload:slurm"
 
 
 def test_single_replica_has_no_pdb(render):

@@ -32,7 +32,10 @@ BAD = {
         {"scaling": {"mappings": [mapping("s/m", "Not.A.Label/d")]}},
         "/scaling/mappings/0/machineDeployment/namespace",
     ),
-    "bad-slurm-namespace": ({"injection": {"slurmNamespaces": ["UPPER"]}}, "/injection/slurmNamespaces/0"),
+    "bad-slurm-binding": ({"injection": {"slurmBindings": ["UPPER=slurm"]}}, "/injection/slurmBindings/0"),
+    "binding-without-target": ({"injection": {"slurmBindings": ["metal3="]}}, "/injection/slurmBindings/0"),
+    "template-opt-in": ({"injection": {"templateOptIns": ["munge-key"]}}, "/injection/templateOptIns/0"),
+    "no-key-secret-names": ({"injection": {"slurmKeySecretNames": []}}, "/injection/slurmKeySecretNames"),
     "conf-server-policy": (
         {"injection": {"confServer": {"policy": "slurm_ctld:6817"}}},
         "/injection/confServer/policy",

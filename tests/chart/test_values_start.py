@@ -50,6 +50,9 @@ EDGES: dict[str, dict[str, Any]] = {
             "controllerSelector": "app.kubernetes.io/name in (slurmctld, slurm-ctld),!skip,tier!=x",
             "confServer": {"policy": "[2001:db8::1]:65535", "nodeAddresses": ["192.0.2.1", "node-1.example", "::1"]},
             "extraJoinData": ["controller-name", "jwt-key"],
+            "templateOptIns": ["controller-name", "jwt-key"],
+            "jwtKeySecretNames": ["slurm-auth-jwths256"],
+            "slurmBindings": ["metal3=slurm", "*=slurm-site", "metal3-b=workload:slurm"],
             "allowedRequesters": ["system:serviceaccount:capm3-system:capm3-manager", "system:kube-controller-manager"],
         },
         "scaling": {
@@ -144,7 +147,7 @@ def start(container: dict[str, Any], pod: str, kubeconfig: str, certs: Path) -> 
 
 
 # Starting processes costs seconds: the combinations that change what the processes do at start.
-STARTED = ["defaults", "admission-auth", "slurm-namespaces", "upper-bounds", "lower-bounds"]
+STARTED = ["defaults", "admission-auth", "slurm-bindings", "upper-bounds", "lower-bounds"]
 
 
 @pytest.mark.parametrize("case", STARTED)

@@ -24,7 +24,7 @@ from kubemu import Emulator
 from testbed.ports import free_port
 from testbed.reviews import secret_request
 from testbed.wait import wait_for
-from testbed.world import metadata_secret, seed_metal3, seed_nodeport, seed_slinky
+from testbed.world import SLURM_BINDINGS, metadata_secret, seed_metal3, seed_nodeport, seed_slinky
 
 
 def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Emulator, tmp_path: Path) -> None:
@@ -51,6 +51,8 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
             str(port),
             "--metrics-port",
             str(metrics_port),
+            "--slurm-bindings",
+            SLURM_BINDINGS,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

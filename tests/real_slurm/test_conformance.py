@@ -289,6 +289,8 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
             answers.append((what, _reduce(target, client.request(method, path, content=content, headers=headers))))
 
         send("list nodes", "GET", f"/slurm/{V}/nodes/")
+        send("get one node", "GET", f"/slurm/{V}/node/{IDLE}")
+        send("get unknown node", "GET", f"/slurm/{V}/node/nosuch")
         send("ping", "GET", f"/slurm/{V}/ping/")
         for version in target.unserved:
             send(f"list nodes {version} (not served)", "GET", f"/slurm/{version}/nodes/")
@@ -354,6 +356,7 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
         )
         send("FUTURE drained idle node", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
         send("after FUTURE", "GET", f"/slurm/{V}/nodes/")
+        send("get the FUTURE node", "GET", f"/slurm/{V}/node/{IDLE}")
         send("partitions after FUTURE", "GET", f"/slurm/{V}/partitions/")
         send("FUTURE again", "POST", f"/slurm/{V}/node/{IDLE}", {"state": ["FUTURE"]})
         target.reboot(IDLE)

@@ -22,8 +22,8 @@ def seeded(emulator: Emulator) -> Emulator:
     emulator.create(
         config_map(
             {
-                "mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"
-                "- mirror: slime-system/mirror-b\n  machineDeployment: metal3-b/md-b\n"
+                "mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"
+                "- mirror: slime-system/mirror-b\n  machineDeployment: metal3-b/md-b\n  maxReplicas: 100\n"
             }
         )
     )

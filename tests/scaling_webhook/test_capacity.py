@@ -167,7 +167,7 @@ def test_the_ceiling_is_hosts_in_use_by_the_pool_plus_free_matching_hosts() -> N
 def capacity_config(capacity_aware: bool = True) -> dict[str, Any]:
     return config_map(
         {
-            "mappings": f"- mirror: {SLIME_NAMESPACE}/mirror\n  machineDeployment: {NS}/{MD}\n"
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/mirror\n  machineDeployment: {NS}/{MD}\n  maxReplicas: 100\n"
             f"  capacityAware: {'true' if capacity_aware else 'false'}\n"
         }
     )

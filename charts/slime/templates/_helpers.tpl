@@ -513,3 +513,10 @@ secret:
   defaultMode: 0440
 {{- end }}
 {{- end }}
+
+{{/*
+The scheduling gate that keeps every mirror pod unscheduled (common/names.py MIRROR_SCHEDULING_GATE).
+*/}}
+{{- define "slime.mirrorGate" -}}
+slime/mirror-never-runs
+{{- end }}
