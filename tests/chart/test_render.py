@@ -679,13 +679,18 @@ KEDA_PAIR = [
 ]
 
 
+SELF = f"system:serviceaccount:{NAMESPACE}:{SCL}"  # the leader adopts mirrors: it sets their replicas
+
+
 def test_keda_scaled_mirrors_take_scales_from_keda_and_the_hpa_only(render):
     """Issue 30: KEDA's operator alone would stop every pool at 1; the HPA controller makes the 1 -> N steps."""
-    assert _scale_requesters(render(COMBOS["keda"])) == KEDA_PAIR
+    assert _scale_requesters(render(COMBOS["keda"])) == [*KEDA_PAIR, SELF]
     mine = {**COMBOS["keda"], "scaling": {**COMBOS["keda"]["scaling"], "allowedRequesters": ["ci-robot"]}}
-    assert _scale_requesters(render(mine)) == ["ci-robot", *KEDA_PAIR]
+    assert _scale_requesters(render(mine)) == ["ci-robot", *KEDA_PAIR, SELF]
     elsewhere = {**COMBOS["keda"], "keda": {"enabled": True, "scaleRequesters": ["system:serviceaccount:ops:keda"]}}
-    assert _scale_requesters(render(elsewhere)) == ["system:serviceaccount:ops:keda"]
+    assert _scale_requesters(render(elsewhere)) == ["system:serviceaccount:ops:keda", SELF]
+    rule_off = {**COMBOS["keda"], "keda": {"enabled": True, "scaleRequesters": []}}
+    assert _scale_requesters(render(rule_off)) == [""]
     # Without KEDA the chart cannot know who scales: no rule unless you give one (RBAC decides).
     assert _scale_requesters(render(TWO_MAPPINGS)) == [""]
     off = {

@@ -456,7 +456,9 @@ The list items of the scaling ConfigMap, as JSON, after checking the mappings:
 {{/*
 The users the scaling webhook lets scale a mapped mirror (SLIME_SCALE_REQUESTERS), as a comma list:
 scaling.allowedRequesters, and keda.scaleRequesters when the chart's ScaledObjects scale some
-mapping (KEDA's operator writes 0 <-> 1, the HPA controller 1 <-> N). Empty: whoever RBAC lets.
+mapping (KEDA's operator writes 0 <-> 1, the HPA controller 1 <-> N), and then the scaling webhook's
+own ServiceAccount (its leader adopts a new mirror: it sets the mirror's replicas). Empty: whoever
+RBAC lets.
 */}}
 {{- define "slime.scaleRequesters" -}}
 {{- $names := .Values.scaling.allowedRequesters }}
@@ -465,6 +467,10 @@ mapping (KEDA's operator writes 0 <-> 1, the HPA controller 1 <-> N). Empty: who
 {{- if (include "slime.mappingKeda" (dict "root" $ "mapping" $m) | fromJson).enabled }}{{- $keda = true }}{{- end }}
 {{- end }}
 {{- if $keda }}{{- $names = concat $names .Values.keda.scaleRequesters }}{{- end }}
+{{- if $names }}
+{{- /* The leader itself writes a mirror's replicas when it adopts it (a Deployment UPDATE the webhook judges). */}}
+{{- $names = append $names (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "slime.componentName" (dict "root" $ "component" "scaling"))) }}
+{{- end }}
 {{- join "," ($names | uniq) }}
 {{- end }}
 
