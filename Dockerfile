@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for both webhooks, `injection-webhook` (default CMD) and `scaling-webhook`, the
-# preflight check `slime-check` (the chart's `helm test` runs it) and `slime-certgen` (the chart's
-# certificate hook Jobs).
+# preflight check `slime-check` (the chart's `helm test` runs it), `slime-certgen` (the chart's
+# certificate hook Jobs) and `slime-teardown` (its pre-delete hook Job).
 #   podman build -t localhost/slime:0.2.0 .
 #   podman run --rm localhost/slime:0.2.0 scaling-webhook --version
 # Build arguments (docs/install.md, "The image" and "Air-gapped sites"):
@@ -42,9 +42,9 @@ COPY lifecycle ./lifecycle
 RUN --mount=type=secret,id=pip_ca,required=false \
     if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
  && pip install --index-url "$PIP_INDEX_URL" --no-deps . \
- && python -c "import injection_webhook.main, scaling_webhook.main, preflight.main, lifecycle.certgen" \
+ && python -c "import injection_webhook.main, scaling_webhook.main, preflight.main, lifecycle.certgen, lifecycle.teardown" \
  && test -x /opt/venv/bin/injection-webhook && test -x /opt/venv/bin/scaling-webhook \
- && test -x /opt/venv/bin/slime-check && test -x /opt/venv/bin/slime-certgen \
+ && test -x /opt/venv/bin/slime-check && test -x /opt/venv/bin/slime-certgen && test -x /opt/venv/bin/slime-teardown \
  && built="$(python -c 'from importlib.metadata import version; print(version("slime"))')" \
  && if [ "$built" != "$VERSION" ]; then echo "--build-arg VERSION=$VERSION, but the checkout is $built" >&2; exit 1; fi
 

@@ -16,6 +16,7 @@ from typing import Final
 # --- the services: their Event component and API user agent --------------------------------
 INJECTION_COMPONENT: Final = "slime-injection-webhook"
 SCALING_COMPONENT: Final = "slime-scaling-webhook"
+TEARDOWN_COMPONENT: Final = "slime-teardown"  # the chart's pre-delete hook (helm uninstall)
 
 # The identity CAPM3's manager runs as in its upstream manifests (cluster-api-provider-metal3
 # config/default/capm3/kustomization.yaml: namespace capm3-system, namePrefix capm3-; and
@@ -88,7 +89,7 @@ NODE_DEMAND_KEY: Final = "nodeDemand"
 # --- labels and annotations the chart sets (no code reads them; named here so they stay unique) --
 MIRROR_LABEL: Final = "slime/mirror"  # on mirror Deployments and their ScaledObjects: the mirror's name
 MD_NAMESPACE_ANNOTATION: Final = "slime/machine-deployment-namespace"  # on mirrors: where their pool lives
-MIRROR_SCHEDULING_GATE: Final = "slime/mirror-never-runs"  # on mirror pods: they stay API objects only
+MIRROR_SCHEDULING_GATE: Final = "slime/never-scheduled"  # on mirror pods: they stay API objects only
 TLS_SOURCE_ANNOTATION: Final = "slime/tls-source"  # on chart-generated TLS Secrets
 PURPOSE_ANNOTATION: Final = "slime/purpose"  # on the generated kube-apiserver client certificate
 PREREQUISITES_ANNOTATION: Final = "slime/prerequisites"  # in Chart.yaml: the optional CRD groups

@@ -1,5 +1,7 @@
-"""The release's lifecycle in the cluster: what the chart's hook Jobs run from the product image.
+"""Commands the chart runs as Helm hook Jobs around the services (not the services themselves), from the product
+image.
 
-``slime-certgen`` (:mod:`lifecycle.certgen`) makes the webhooks' certificates once and keeps them,
-so a chart rendered by ``helm template`` (Argo CD, Flux) holds no key and renders the same every time.
+- ``slime-certgen`` (:mod:`lifecycle.certgen`): makes the webhooks' certificates once and keeps them, so a
+  chart rendered by ``helm template`` (Argo CD, Flux) holds no key and renders the same every time.
+- ``slime-teardown`` (:mod:`lifecycle.teardown`): the pre-delete hook of ``helm uninstall``.
 """

@@ -63,7 +63,12 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
     return {
         "certManager": {"enabled": False},
         "selfSignedTLS": {"generator": "helm"},  # kubemu runs no hook Job; the demo sets the caBundle itself
-        "injection": {"replicas": 1, "port": ports.get("injection", 8443)},
+        "injection": {
+            "replicas": 1,
+            "port": ports.get("injection", 8443),
+            "slurmBindings": [SLURM_BINDINGS],
+            "templateOptIns": [TEMPLATE_OPT_INS],
+        },
         "scaling": {
             "replicas": 1,
             "port": ports.get("scaling", 8444),

@@ -31,7 +31,11 @@ RELEASE, NAMESPACE = "slime", SLIME_NAMESPACE
 # Every API call made to a *management-cluster* emulator during this session (the emulator
 # fixtures and the demo tests add them). The RBAC audit checks each one the services made.
 RECORDED_CALLS: list[RecordedRequest] = []
-USER_AGENTS = {"injection-webhook": "slime-injection-webhook", "scaling-webhook": "slime-scaling-webhook"}
+USER_AGENTS = {
+    "injection-webhook": "slime-injection-webhook",
+    "scaling-webhook": "slime-scaling-webhook",
+    "teardown": "slime-teardown",  # the chart's pre-delete hook Job
+}
 
 
 # --- RBAC ---------------------------------------------------------------------------------------
@@ -124,6 +128,15 @@ def audit_scaling(calls: list[ApiRequest], workdir: Path) -> None:
         assert_rbac_covers(render(release_values, workdir, namespace), f"{RELEASE}-scaling-webhook", namespace, own)
 
 
+def audit_teardown(calls: list[ApiRequest], workdir: Path) -> None:
+    """The hook's calls against its own hook-scoped RBAC, rendered with the pools and Secrets it touched."""
+    values = scaling_values(calls)
+    assert_rbac_covers(render(values, workdir, NAMESPACE), f"{RELEASE}-teardown", NAMESPACE, calls)
+
+
+AUDITS = {"injection-webhook": audit_injection, "scaling-webhook": audit_scaling, "teardown": audit_teardown}
+
+
 def audit_rbac(recorded: list[RecordedRequest], started: set[str], workdir: Path) -> dict[str, int]:
     """Check every recorded call of each started service against the rendered chart; calls checked per service."""
     checked = {}
@@ -134,7 +147,7 @@ def audit_rbac(recorded: list[RecordedRequest], started: set[str], workdir: Path
                 f"RBAC audit: {service} was started in this session but no API call of it was recorded"
             )
         if calls:
-            (audit_injection if service == "injection-webhook" else audit_scaling)(calls, workdir)
+            AUDITS[service](calls, workdir)
         checked[service] = len(calls)
     return checked
 

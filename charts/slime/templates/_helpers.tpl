@@ -524,5 +524,5 @@ secret:
 The scheduling gate that keeps every mirror pod unscheduled (common/names.py MIRROR_SCHEDULING_GATE).
 */}}
 {{- define "slime.mirrorGate" -}}
-slime/mirror-never-runs
+slime/never-scheduled
 {{- end }}
