@@ -4,8 +4,8 @@ Each case is a ``scaling.mappings`` item (its ``config`` keys are copied into th
 The chart renders it (``helm template``); the service's own parser
 (:func:`scaling_webhook.mappings.parse_mappings`) reads the ConfigMap item the chart would write.
 Both must accept, or both refuse with the same message: the chart's ``fail`` text is the
-service's (a ``null`` never reaches the ConfigMap: Helm drops null keys from values). A pool with
-no cap is refused with :data:`scaling_webhook.messages.UNCAPPED_MAPPING` (the text both sides share).
+service's (a ``null`` never reaches the ConfigMap: Helm drops null keys from values), the refusal of
+a pool with no cap included (its text is the service's, scaling_webhook/mappings.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from scaling_webhook.mappings import MappingError, parse_mappings
-from scaling_webhook.messages import uncapped_mapping
 from testbed.chart_values import NAMESPACE, HelmError
 
 SAFE = {"slurmrestd": "http://slurm-restapi.slurm:6820", "jwtSecret": "slurm/slurm-auth-jwths256"}
@@ -50,13 +49,9 @@ def configmap_item(mapping: dict[str, Any]) -> dict[str, Any]:
 def service_message(mappings: list[dict[str, Any]]) -> str | None:
     text = yaml.safe_dump([configmap_item(m) for m in mappings])
     try:
-        table = parse_mappings({"mappings": text}, NAMESPACE)
+        parse_mappings({"mappings": text}, NAMESPACE)
     except MappingError as exc:
         return str(exc)
-    # The cap the service is being taught (issue 29): the same rule, the same words.
-    for index, mapping in enumerate(table):
-        if mapping.max_replicas is None and not mapping.capacity_aware:
-            return uncapped_mapping(f"mappings[{index}]", mapping.mirror_ref)
     return None
 
 

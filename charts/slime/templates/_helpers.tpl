@@ -317,8 +317,8 @@ use (nodeDemand only).
 {{/*
 One ConfigMap list item, checked as the scaling webhook's parser checks it (scaling_webhook/mappings.py),
 failing with its messages: the keys a mapping's `config` may add, the safeScaleIn and nodeDemand
-blocks, capacityAware. Then the cap: a pool is never uncapped (scaling_webhook/messages.py holds
-the text the service and this template share). (dict "item" $item "where" "mappings[0]")
+blocks, capacityAware. Then the cap: a pool is never uncapped (the service's text,
+scaling_webhook/mappings.py; tests/chart/test_mapping_messages.py compares them). (dict "item" $item "where" "mappings[0]")
 */}}
 {{- define "slime.checkMappingItem" -}}
 {{- $item := .item }}
