@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from common.metrics import WebhookMetrics
+from common.version import build_info
 
 
 @dataclass
@@ -33,7 +34,8 @@ class Readiness:
 
 
 def health_app(metrics: WebhookMetrics, readiness: Readiness, extra_routes: Sequence[Route] = ()) -> Starlette:
-    """The plain-HTTP port: liveness, readiness, Prometheus metrics, and a service's own read-only routes."""
+    """The plain-HTTP port: liveness, readiness, Prometheus metrics, the build (/version), and a service's own
+    read-only routes."""
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
@@ -47,5 +49,14 @@ def health_app(metrics: WebhookMetrics, readiness: Readiness, extra_routes: Sequ
     async def metrics_endpoint(_: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint), *extra_routes]
+    async def version(_: Request) -> Response:
+        return JSONResponse(build_info())  # read by slime-check through the API server's pod proxy
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
+        Route("/version", version),
+        *extra_routes,
+    ]
     return Starlette(routes=routes)

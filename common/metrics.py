@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from common.version import build_info
+
 # No ``*_created`` series: they carry the process start time on every counter and histogram,
 # which nobody alerts on and which doubles the page.
 disable_created_metrics()
@@ -83,6 +85,13 @@ class WebhookMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.build_info = Gauge(
+            "slime_build_info",
+            "The running SliMe: its version and the git commit its image was built from (always 1).",
+            ["version", "revision"],
+            registry=self.registry,
+        )
+        self.build_info.labels(**build_info()).set(1)
         self.cert_not_after = Gauge(
             "slime_certificate_expiry_timestamp_seconds",
             "notAfter of the serving certificate in use, as a Unix time.",

@@ -30,6 +30,7 @@ from common.events import EventRecorder
 from common.kube import KubeClient, KubeConfigError, KubeError, local_client
 from common.metrics import WebhookMetrics
 from common.names import PRE_TERMINATE_HOOK, SCALING_COMPONENT, TEARDOWN_COMPONENT
+from common.version import version_line
 from scaling_webhook.errors import ScaleError
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingError, parse_mappings
@@ -51,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
         description="Take everything of SliMe's off the cluster before its release is deleted (the chart's pre-delete "
         "hook; docs/operations.md, 'Uninstalling').",
     )
+    command.add_argument("--version", action="version", version=version_line("slime-teardown"))
     command.add_argument("--kubeconfig", metavar="FILE", help="[env KUBECONFIG; default: in-cluster]")
     command.add_argument(
         "--namespace", metavar="NAME", required=True, help="the release's namespace (its ConfigMap, its Lease)"

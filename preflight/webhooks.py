@@ -211,6 +211,16 @@ def _scaling_dry_run(ctx: Context) -> Finding:
                     f"scaling-webhook: this identity may not scale {mapping.mirror_ref}, which {what} needs (helm "
                     "test's ServiceAccount may not, on purpose)",
                 )
+            if (
+                "admission webhook" in exc.message
+                and f"may not scale mirror Deployment {mapping.mirror_ref}" in exc.message
+            ):
+                # The webhook answered: scaling.allowedRequesters (and keda.scaleRequesters) do not list this identity.
+                return ok(
+                    "admission",
+                    f"scaling-webhook: the API server called it for {what}; it refused this identity, which the "
+                    "requester rule does not list, as it must",
+                )
             return fail(
                 "admission",
                 f"scaling-webhook: {what} failed: {exc.message}",
@@ -222,7 +232,7 @@ def _scaling_dry_run(ctx: Context) -> Finding:
             "admission",
             f"scaling-webhook: the API server admitted {what} without an answer from the webhook (failurePolicy Ignore "
             "hides a failed call from every client)",
-            "the ValidatingWebhookConfiguration's match (scaling.narrowToMirrors, scaling.extraExemptNamespaces), its "
-            f"Service and endpoints, the network policy ({INSTALL}), and the webhook line above",
+            "the ValidatingWebhookConfiguration's match (the mirrors it names: scaling.mappings, extraMirrors), "
+            f"its Service and endpoints, the network policy ({INSTALL}), and the webhook line above",
         )
     return skip("admission", "scaling-webhook: no mapped mirror exists to send a dry run to")

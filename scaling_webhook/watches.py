@@ -3,7 +3,7 @@
 One list+watch cache per named object (``fieldSelector=metadata.name=<name>``, which RBAC can
 narrow with ``resourceNames``). Mappings with ``safeScaleIn`` or ``capacityAware`` also
 watch the pool's Machines (by the ``cluster.x-k8s.io/deployment-name`` label), so a new Machine
-gets its pre-drain hook at once and a scale-up finds the Machines to reclaim without a list;
+gets its pre-terminate hook at once and a scale-up finds the Machines to reclaim without a list;
 ``capacityAware`` ones also the pool's Metal3MachineTemplate (by name) and the BareMetalHosts of
 its namespace, so a host becoming available raises a capped pool at once
 (:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the

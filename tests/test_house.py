@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("common", "injection_webhook", "scaling_webhook", "certs", "preflight")
+PRODUCT = ("common", "injection_webhook", "scaling_webhook", "certs", "preflight", "lifecycle")
 KIT = ("kubemu", "demo", "bench", "testbed")  # the slime-kit distribution, in kit/
 SERVICES = ("injection_webhook", "scaling_webhook")
 TOOLS = ("kubemu", "demo", "bench", "testbed", "tests")

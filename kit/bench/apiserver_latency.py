@@ -171,6 +171,7 @@ def run(admissions: int, rate: float, loads: list[int], runner: str, workdir: Pa
                     {
                         "mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE},
                         "machineDeployment": {"name": "md-a", "namespace": "metal3"},
+                        "maxReplicas": 10,
                     }
                 ],
             ),

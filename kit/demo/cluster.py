@@ -62,6 +62,7 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
     ports = ports or {}
     return {
         "certManager": {"enabled": False},
+        "selfSignedTLS": {"generator": "helm"},  # kubemu runs no hook Job; the demo sets the caBundle itself
         "injection": {
             "replicas": 1,
             "port": ports.get("injection", 8443),

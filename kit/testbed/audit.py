@@ -91,6 +91,7 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
             {
                 "mirror": {"namespace": mirror[0], "name": mirror[1]},
                 "machineDeployment": {"namespace": md[0], "name": md[1]},
+                "maxReplicas": 10,
             }
         )
     jwt_secrets = sorted({(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name})

@@ -45,8 +45,8 @@ INJECTION_CALLS = [
 SCALING_VALUES = {
     "scaling": {
         "mappings": [
-            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a"),
-            mapping("mirrors/mirror-b", "metal3-b/md-b", "b"),
+            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a", maxReplicas=4),
+            mapping("mirrors/mirror-b", "metal3-b/md-b", "b", maxReplicas=4),
         ],
         "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
         "capacityAware": {"enabled": True},

@@ -172,9 +172,9 @@ def test_bad_values_are_rejected(render, lint, case):
             {
                 "scaling": {
                     "mappings": [
-                        mapping("metal3/m0", "metal3/md-a"),
-                        mapping("s/m1", "metal3/md-b"),
-                        mapping("s/m2", "metal3/md-a"),
+                        mapping("metal3/m0", "metal3/md-a", maxReplicas=2),
+                        mapping("s/m1", "metal3/md-b", maxReplicas=2),
+                        mapping("s/m2", "metal3/md-a", maxReplicas=2),
                     ]
                 }
             },
@@ -185,7 +185,10 @@ def test_bad_values_are_rejected(render, lint, case):
             {
                 "scaling": {
                     "createConfigMap": False,
-                    "mappings": [mapping("s/m0", "metal3/md-a"), mapping("s/m0", "metal3/md-b")],
+                    "mappings": [
+                        mapping("s/m0", "metal3/md-a", maxReplicas=2),
+                        mapping("s/m0", "metal3/md-b", maxReplicas=2),
+                    ],
                 }
             },
             "scaling.mappings[0] and scaling.mappings[1] both use mirror Deployment s/m0; a mirror may drive only one "

@@ -168,6 +168,7 @@ def cm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertStack]:
                     "mirror": {"name": k8s.MIRROR, "namespace": SLIME_NAMESPACE},
                     "machineDeployment": {"name": k8s.MD_NAME, "namespace": k8s.MD_NAMESPACE},
                     "partition": "batch",
+                    "maxReplicas": 10,
                 }
             ],
             certManager={"enabled": True},

@@ -43,6 +43,7 @@ IMAGE_INPUTS = (
     "scaling_webhook",
     "certs",
     "preflight",
+    "lifecycle",
 )
 PODMAN_COMMANDS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 

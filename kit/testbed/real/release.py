@@ -77,6 +77,9 @@ def tier_values(image: str, mappings: list[dict[str, Any]], **overrides: Any) ->
     values: dict[str, Any] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "certManager": {"enabled": False},
+        # The tiers play the kubelet for the webhooks' pods, not for hook Jobs: Helm makes the
+        # certificates (the certgen Jobs have tests of their own, tests/real_k8s/test_certgen.py).
+        "selfSignedTLS": {"generator": "helm"},
         "admissionAuth": {"enabled": True},
         "logLevel": "INFO",
     }

@@ -104,6 +104,7 @@ def start_stack(workdir: Path) -> Stack:
                     "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
                     "machineDeployment": {"name": MD_NAME, "namespace": MD_NAMESPACE},
                     "partition": "batch",
+                    "maxReplicas": 10,
                 }
             ],
         )
