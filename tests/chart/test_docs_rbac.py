@@ -80,6 +80,7 @@ OPT_INS: dict[str, Any] = {
         **TWO_MAPPINGS["scaling"],
         "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-auth-jwths256", "namespace": "slurm"}]},
         "capacityAware": {"enabled": True},
+        "slurmHealth": {"enabled": True, "jwtSecrets": [{"name": "slurm-auth-jwths256", "namespace": "slurm"}]},
     },
 }
 

@@ -134,6 +134,42 @@ CASES: dict[str, list[dict[str, Any]]] = {
         item(safeScaleIn=SAFE, nodeDemand={"partition": "b", "slurmrestd": "http://x:1"})
     ],
     "demand-bad-url-with-safe": [item(safeScaleIn=SAFE, nodeDemand={"partition": "b", **SAFE, "slurmrestd": "x"})],
+    "safe-api-version-46": [item(safeScaleIn={**SAFE, "apiVersion": "v0.0.46"})],
+    # slurmHealth: accepted by both
+    "health-minimal": [item(slurmHealth=SAFE)],
+    "health-full": [
+        item(
+            slurmHealth={
+                **SAFE,
+                "registrationTimeout": "20m",
+                "unhealthyTimeout": "1h30m",
+                "remediate": True,
+                "maxUnhealthy": "25%",
+                "slurmUser": "slurmadm",
+            }
+        )
+    ],
+    "health-seconds-and-count": [item(slurmHealth={**SAFE, "registrationTimeout": 900, "maxUnhealthy": 2})],
+    "health-shares-safe-endpoint": [item(safeScaleIn=SAFE, slurmHealth={"remediate": True})],
+    "health-shares-demand-endpoint": [item(nodeDemand={"partition": "b", **SAFE}, slurmHealth={})],
+    # slurmHealth: refused by both, with the same words
+    "health-no-endpoint": [item(slurmHealth={"remediate": True})],
+    "health-half-endpoint-with-safe": [item(safeScaleIn=SAFE, slurmHealth={"slurmrestd": "http://x:1"})],
+    "health-unknown-key": [item(slurmHealth={**SAFE, "nodeStartupTimeout": "10m"})],
+    "health-not-a-map": [item(slurmHealth=True)],
+    "health-bad-duration": [item(slurmHealth={**SAFE, "registrationTimeout": "soon"})],
+    "health-duration-no-unit": [item(slurmHealth={**SAFE, "unhealthyTimeout": "15"})],
+    "health-zero-duration": [item(slurmHealth={**SAFE, "unhealthyTimeout": "0m"})],
+    "health-zero-seconds": [item(slurmHealth={**SAFE, "registrationTimeout": 0})],
+    "health-negative-seconds": [item(slurmHealth={**SAFE, "registrationTimeout": -5})],
+    "health-bool-duration": [item(slurmHealth={**SAFE, "registrationTimeout": False})],
+    "health-remediate-string": [item(slurmHealth={**SAFE, "remediate": "yes"})],
+    "health-max-over-100": [item(slurmHealth={**SAFE, "maxUnhealthy": "140%"})],
+    "health-max-negative": [item(slurmHealth={**SAFE, "maxUnhealthy": -1})],
+    "health-max-fraction": [item(slurmHealth={**SAFE, "maxUnhealthy": 1.5})],
+    "health-bad-user": [item(slurmHealth={**SAFE, "slurmUser": "Robert Tables"})],
+    "health-user-number": [item(slurmHealth={**SAFE, "slurmUser": 64030})],
+    "health-bad-url": [item(slurmHealth={**SAFE, "slurmrestd": "slurm:6820"})],
     "duplicate-partition": [
         item(0, nodeDemand={"partition": "a", **SAFE}),
         item(1, nodeDemand={"partition": "a", **SAFE}),

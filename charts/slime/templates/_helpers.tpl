@@ -307,9 +307,66 @@ use (nodeDemand only).
 {{- if not (regexMatch "^[-._a-zA-Z0-9]+$" $jwtKey) }}
 {{- fail (printf "%s.jwtKey: %s is not a valid Secret key" $where (include "slime.pyrepr" $jwtKey)) }}
 {{- end }}
-{{- if and (hasKey $b "apiVersion") (not (has (trim $b.apiVersion) (list "v0.0.42" "v0.0.43" "v0.0.44" "v0.0.45"))) }}
-{{- fail (printf "%s.apiVersion: %s is not supported; use one of v0.0.42, v0.0.43, v0.0.44, v0.0.45" $where (include "slime.pyrepr" $b.apiVersion)) }}
+{{- if and (hasKey $b "apiVersion") (not (has (trim $b.apiVersion) (list "v0.0.42" "v0.0.43" "v0.0.44" "v0.0.45" "v0.0.46"))) }}
+{{- fail (printf "%s.apiVersion: %s is not supported; use one of v0.0.42, v0.0.43, v0.0.44, v0.0.45, v0.0.46" $where (include "slime.pyrepr" $b.apiVersion)) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A mapping's slurmHealth block, checked as scaling_webhook/mappings.py's _slurm_health checks it
+(and scaling_webhook/machine_health/config.py's parse_duration and parse_max_unhealthy), in the
+same order, with the same messages. (dict "block" $b "where" "mappings[0].slurmHealth" "shared"
+true|false): shared = the mapping has a safeScaleIn or nodeDemand endpoint this block may use.
+*/}}
+{{- define "slime.checkSlurmHealth" -}}
+{{- $b := .block }}
+{{- $where := .where }}
+{{- $allowed := list "slurmrestd" "jwtSecret" "jwtKey" "apiVersion" "tokenUser" "registrationTimeout" "unhealthyTimeout" "remediate" "maxUnhealthy" "slurmUser" }}
+{{- include "slime.checkSlurmBlock" (dict "block" $b "where" $where "allowed" $allowed "shared" .shared "keysOnly" true) }}
+{{- if and (not .shared) (not (and (hasKey $b "slurmrestd") (hasKey $b "jwtSecret"))) }}
+{{- fail (printf "%s: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn or nodeDemand block)" $where) }}
+{{- end }}
+{{- include "slime.checkSlurmBlock" (dict "block" $b "where" $where "allowed" $allowed "shared" .shared) }}
+{{- range $key := list "registrationTimeout" "unhealthyTimeout" }}
+{{- if hasKey $b $key }}
+{{- $v := get $b $key }}
+{{- $w := printf "%s.%s" $where $key }}
+{{- if or (kindIs "bool" $v) (kindIs "invalid" $v) (kindIs "map" $v) (kindIs "slice" $v) (and (kindIs "string" $v) (not (trim $v))) }}
+{{- fail (printf "%s: must be a duration such as 15m or 900s, got %s" $w (include "slime.pyrepr" $v)) }}
+{{- else if kindIs "string" $v }}
+{{- if not (regexMatch "^([0-9]+(\\.[0-9]+)?(ms|h|m|s))+$" (trim $v)) }}
+{{- fail (printf "%s: %s is not a duration such as 15m, 90s or 1h30m" $w (include "slime.pyrepr" $v)) }}
+{{- end }}
+{{- if regexMatch "^(0+(\\.0+)?(ms|h|m|s))+$" (trim $v) }}
+{{- fail (printf "%s: must be longer than 0, got %s" $w (include "slime.pyrepr" $v)) }}
+{{- end }}
+{{- else if le (float64 $v) 0.0 }}
+{{- fail (printf "%s: must be longer than 0, got %s" $w (include "slime.pyrepr" $v)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if hasKey $b "maxUnhealthy" }}
+{{- $v := $b.maxUnhealthy }}
+{{- $ok := false }}
+{{- if and (or (kindIs "int" $v) (kindIs "int64" $v) (and (kindIs "float64" $v) (eq (float64 (int64 $v)) $v))) (ge (int64 $v) 0) }}{{- $ok = true }}{{- end }}
+{{- if kindIs "string" $v }}
+{{- $t := trim $v }}
+{{- if regexMatch "^[0-9]+$" $t }}{{- $ok = true }}{{- end }}
+{{- if and (regexMatch "^[0-9]{1,3}%$" $t) (le (int (trimSuffix "%" $t)) 100) }}{{- $ok = true }}{{- end }}
+{{- end }}
+{{- if not $ok }}
+{{- fail (printf "%s.maxUnhealthy: %s is neither a count (0 or more) nor a percentage from 0%% to 100%% of the pool's Machines" $where (include "slime.pyrepr" $v)) }}
+{{- end }}
+{{- end }}
+{{- if and (hasKey $b "remediate") (not (kindIs "bool" $b.remediate)) }}
+{{- fail (printf "%s.remediate: must be true or false, got %s" $where (include "slime.pyrepr" $b.remediate)) }}
+{{- end }}
+{{- if hasKey $b "slurmUser" }}
+{{- $u := $b.slurmUser }}
+{{- if or (not (kindIs "string" $u)) (not (regexMatch "^[a-z_][a-z0-9_-]{0,31}$" (trim (toString $u)))) }}
+{{- fail (printf "%s.slurmUser: %s is not a user name (SlurmUser in slurm.conf)" $where (include "slime.pyrepr" $u)) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -323,13 +380,13 @@ scaling_webhook/mappings.py; tests/chart/test_mapping_messages.py compares them)
 {{- define "slime.checkMappingItem" -}}
 {{- $item := .item }}
 {{- $where := .where }}
-{{- $options := list "maxReplicas" "safeScaleIn" "capacityAware" "nodeDemand" }}
+{{- $options := list "maxReplicas" "safeScaleIn" "capacityAware" "nodeDemand" "slurmHealth" }}
 {{- $unknown := list }}
 {{- $hint := false }}
 {{- range $k := keys $item }}
 {{- if not (has $k (concat (list "mirror" "machineDeployment") $options)) }}
 {{- $unknown = append $unknown $k }}
-{{- if has (lower $k) (list "maxreplicas" "safescalein" "capacityaware" "nodedemand") }}{{- $hint = true }}{{- end }}
+{{- if has (lower $k) (list "maxreplicas" "safescalein" "capacityaware" "nodedemand" "slurmhealth") }}{{- $hint = true }}{{- end }}
 {{- end }}
 {{- end }}
 {{- if $unknown }}
@@ -362,6 +419,9 @@ scaling_webhook/mappings.py; tests/chart/test_mapping_messages.py compares them)
 {{- fail (printf "%s: missing key partition" $w) }}
 {{- end }}
 {{- include "slime.checkSlurmBlock" (dict "block" $b "where" $w "allowed" $allowed "shared" (hasKey $item "safeScaleIn")) }}
+{{- end }}
+{{- if hasKey $item "slurmHealth" }}
+{{- include "slime.checkSlurmHealth" (dict "block" $item.slurmHealth "where" (printf "%s.slurmHealth" $where) "shared" (or (hasKey $item "safeScaleIn") (hasKey $item "nodeDemand"))) }}
 {{- end }}
 {{- if and (hasKey $item "capacityAware") (not (kindIs "bool" $item.capacityAware)) }}
 {{- fail (printf "%s.capacityAware: must be true or false, got %s" $where (include "slime.pyrepr" $item.capacityAware)) }}
