@@ -19,7 +19,7 @@ from preflight.context import INSTALL, Context, Options, ref_of
 from preflight.injection import capm3_identity, slinky
 from preflight.install import forbidden
 from preflight.report import Finding, fail, ok, skip, warn
-from preflight.scaling import mappings, slurmrestd
+from preflight.scaling import health, mappings, slurmrestd
 from preflight.templates import bindings
 from preflight.version import running
 from preflight.webhooks import admissions, webhooks
@@ -84,6 +84,7 @@ STEPS: tuple[tuple[str, Callable[[Context], Iterator[Finding]]], ...] = (
     ("webhook", webhooks),
     ("admission", admissions),
     ("slurmrestd", slurmrestd),
+    ("health", health),
 )
 
 

@@ -135,7 +135,7 @@ def test_every_alert_has_for_a_severity_and_a_runbook_that_exists(objects: list[
     anchors = slugs(OPERATIONS)
     base = ALL_ON["monitoring"]["prometheusRule"]["runbookBaseURL"]
     alerts = [r for r in rules(objects) if "alert" in r]
-    assert len(alerts) >= 11
+    assert len(alerts) >= 13
     for alert in alerts:
         assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
         assert alert["labels"]["severity"] in ("critical", "warning"), alert["alert"]
@@ -271,6 +271,15 @@ def test_the_other_alerts_fire_on_their_series(objects: list[dict[str, Any]], pr
             {"series": f'slime_scaling_waiting_mappings{{{SCL_SEL},reason="paused"}}', "values": "0x90"},
             {"series": f"slime_scaling_slurm_errors_total{{{SCL_SEL}}}", "values": "0+1x90"},
             {"series": f"slime_scaling_drain_overdue_total{{{SCL_SEL}}}", "values": "0 1x90"},
+            {
+                "series": f'slime_scaling_unhealthy_machines{{{SCL_SEL},mapping="metal3/md",reason="NodeLost"}}',
+                "values": "2x90",
+            },
+            {
+                "series": f'slime_scaling_unhealthy_machines{{{SCL_SEL},mapping="metal3/md",reason="NeverRegistered"}}',
+                "values": "0x90",
+            },
+            {"series": f"slime_scaling_remediation_short_circuits_total{{{SCL_SEL}}}", "values": "0+1x90"},
         ],
         "alert_rule_test": [
             {
@@ -316,6 +325,17 @@ def test_the_other_alerts_fire_on_their_series(objects: list[dict[str, Any]], pr
                 "exp_alerts": [alert(objects, "SliMeSlurmUnreachable", 10)],
             },
             {"eval_time": "30m", "alertname": "SliMeDrainOverdue", "exp_alerts": [alert(objects, "SliMeDrainOverdue")]},
+            {"eval_time": "25m", "alertname": "SliMeMachinesUnhealthy", "exp_alerts": []},  # for: 30m
+            {
+                "eval_time": "40m",
+                "alertname": "SliMeMachinesUnhealthy",
+                "exp_alerts": [alert(objects, "SliMeMachinesUnhealthy", 2, mapping="metal3/md", reason="NodeLost")],
+            },
+            {
+                "eval_time": "40m",
+                "alertname": "SliMeRemediationShortCircuited",
+                "exp_alerts": [alert(objects, "SliMeRemediationShortCircuited")],
+            },
         ],
     }
     assert fire(promtool, tmp_path, objects, test) == ""

@@ -752,3 +752,63 @@ def _denial_as_capm3(env: DemoEnvironment, data: dict[str, Any]) -> str:
         return str(wait_for(denied, 10, "the injection webhook's answer on the Metal3Data", interval=0.2))
     finally:
         api.close()
+
+
+def test_machines_machine_health_judged_unhealthy_are_named(env: DemoEnvironment) -> None:
+    """slime-check reads the condition the leader writes: it names each unhealthy Machine of a slurmHealth pool."""
+    assert env.emulator is not None
+    secret = env.emulator.get("v1", "Secret", "slurm", "slurm-auth-jwths256")
+    assert secret is not None
+    fake = FakeSlurmrestd(base64.b64decode(secret["data"]["jwt_hs256.key"]))
+    restore = changed(env, "v1", "ConfigMap", NS, "scaling-webhook-configmap")
+    configmap = env.emulator.get("v1", "ConfigMap", NS, "scaling-webhook-configmap")
+    assert configmap is not None
+    mappings: list[dict[str, Any]] = yaml.safe_load(configmap["data"]["mappings"])
+    mappings[0]["slurmHealth"] = {
+        "slurmrestd": "http://slurm-restapi.slurm:6820",
+        "jwtSecret": "slurm/slurm-auth-jwths256",
+        "remediate": True,
+        "maxUnhealthy": 1,
+    }
+    configmap["data"]["mappings"] = yaml.safe_dump(mappings)
+    env.emulator.update(configmap)
+    machine = {
+        "apiVersion": cluster.CAPI_VERSION,
+        "kind": "Machine",
+        "metadata": {
+            "name": "md-slurm-workers-x1",
+            "namespace": "metal3",
+            "labels": {"cluster.x-k8s.io/deployment-name": cluster.MACHINE_DEPLOYMENT},
+        },
+        "spec": {"clusterName": "c1"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "SlurmNodeHealthy",
+                    "status": "False",
+                    "reason": "NeverRegistered",
+                    "message": "provisioned 1200s ago and no Slurm node registered for it",
+                    "lastTransitionTime": "2026-11-26T10:00:00Z",
+                }
+            ]
+        },
+    }
+    try:
+        env.emulator.create(machine)
+        healthy_before = check(env, "--slurmrestd", f"http://slurm-restapi.slurm:6820={fake.url}")
+        env.emulator.delete(cluster.CAPI_VERSION, "Machine", "metal3", "md-slurm-workers-x1")
+        healthy_after = check(env, "--slurmrestd", f"http://slurm-restapi.slurm:6820={fake.url}")
+    finally:
+        restore()
+        fake.stop()
+    code, lines = healthy_before
+    assert code == 0, "\n".join(lines)
+    assert lines_of(lines, "warn", "health") == [
+        "warn  health      MachineDeployment metal3/md-slurm-workers (slurmHealth, remediate, maxUnhealthy 1): 1 of 1 "
+        "Machine(s) are not working Slurm nodes: md-slurm-workers-x1 (NeverRegistered: provisioned 1200s ago and no "
+        "Slurm node registered for it) -- fix: docs/operations.md, 'A Machine is not a working Slurm node'"
+    ]
+    assert "for mappings[0] slurmHealth" in lines_of(lines, "ok", "slurmrestd")[0]
+    assert [line.split(": ", 1)[1] for line in lines_of(healthy_after[1], "ok", "health")] == [
+        "none of its 0 Machine(s) is judged unhealthy"
+    ]
