@@ -156,23 +156,34 @@ class RequestSummary:
 
     @classmethod
     def of(cls, request: dict[str, Any]) -> RequestSummary:
+        """The fields, each cut to :data:`FIELD_LIMIT` (a forged review may carry any text in them), but the uid,
+        which the answer must echo whole."""
         kind = request.get("kind")
         return cls(
             uid=_text(request.get("uid")),
-            kind=_text(kind.get("kind")) if isinstance(kind, dict) else "",
-            namespace=_text(request.get("namespace")),
-            name=_text(request.get("name")) or _object_name(request.get("object")),
-            operation=_text(request.get("operation")),
+            kind=bounded(_text(kind.get("kind")) if isinstance(kind, dict) else ""),
+            namespace=bounded(_text(request.get("namespace"))),
+            name=bounded(_text(request.get("name")) or _object_name(request.get("object"))),
+            operation=bounded(_text(request.get("operation"))),
             dry_run=request.get("dryRun") is True,
-            requester=requester(request),
+            requester=bounded(requester(request)),
         )
 
 
+# Text copied from a request into a log line or a message is cut to this many characters: the longest
+# Kubernetes object name (a DNS-1123 subdomain) is 253, and a username is shorter in practice.
+FIELD_LIMIT = 253
+
+
+def bounded(text: str, limit: int = FIELD_LIMIT) -> str:
+    """``text``, or its first ``limit`` characters and how many more there were."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more characters)"
+
+
 def requester(request: dict[str, Any]) -> str:
-    """``request.userInfo.username``, or "" when the review names none."""
+    """``request.userInfo.username``, or "" when the review names none (whole: it is compared, not shown)."""
     info = request.get("userInfo")
-    # Cut short: a forged review may carry any text here, and it goes into log lines.
-    return _text(info.get("username"))[:253] if isinstance(info, dict) else ""
+    return _text(info.get("username")) if isinstance(info, dict) else ""
 
 
 def _text(value: Any) -> str:

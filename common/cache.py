@@ -9,6 +9,7 @@ after a disconnect. That is the staleness bound documented in the README.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -125,9 +126,10 @@ class Informer:
             except ApiException as exc:
                 if exc.status == 410:  # our resourceVersion is too old: relist at once
                     continue
-                self._record_error(str(KubeError.from_api_exception(exc)))
+                self._record_error(str(self.client.error(exc.status or 0, exc.reason or "", exc.body)))
             except Exception as exc:  # noqa: BLE001 - a cache thread must never die
-                self._record_error(f"{type(exc).__name__}: {exc}")
+                # An untrusted cluster's failure is told by its type only: its text may be the server's.
+                self._record_error(f"{type(exc).__name__}: {exc}" if self.client.trusted else type(exc).__name__)
             if self._stopped.wait(backoff):
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
@@ -249,3 +251,41 @@ class InformerSet:
     def stop(self) -> None:
         for informer in self.all():
             informer.stop()
+
+
+class CacheChanges:
+    """Lets an admission on the event loop sleep until any cache changes (an informer thread says so).
+
+    A review whose object the cache does not hold yet waits for the watch event that brings it,
+    not for a polling tick, so the wait lasts as long as the watch takes and no longer. Informer
+    threads call :meth:`changed`; it costs nothing while no admission waits."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: list[asyncio.Future[None]] = []
+
+    def arm(self) -> asyncio.Future[None]:
+        """A future done at the next change from now on: arm it before reading the caches, so no change is missed."""
+        self._loop = asyncio.get_running_loop()
+        changed = self._loop.create_future()
+        self._waiting.append(changed)
+        return changed
+
+    async def wait(self, changed: asyncio.Future[None], timeout: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(changed), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if changed in self._waiting:
+                self._waiting.remove(changed)
+
+    def changed(self) -> None:
+        if self._waiting and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for changed in waiting:
+            if not changed.done():
+                changed.set_result(None)

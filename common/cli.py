@@ -10,6 +10,7 @@ setting and the reason: never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 import types
@@ -20,10 +21,12 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from common.kube import KubeConfigError
+from common.certificates import CertificateFileError, check_certificate_files
+from common.kube import KubeConfigError, local_client
 from common.logs import configure_logging
-from common.serving import CertificateFileError, Listeners, ServiceRunner, check_certificate_files
+from common.serving import Listeners, ServiceRunner
 from common.settings import ServiceSettings
+from common.version import build_info, version_line
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -36,21 +39,11 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-_METAVARS = {
-    "host": "ADDRESS",
-    "log_level": "LEVEL",
-    "namespace": "NAME",
-    "config_map": "NAME",
-    "controller_selector": "SELECTOR",
-    "conf_server_policy": "POLICY",
-    "conf_server_node_addresses": "ADDRESSES",
-    "extra_join_data": "ITEMS",
-}
-
-
 def _metavar(name: str, info: FieldInfo) -> str:
-    if name in _METAVARS:
-        return _METAVARS[name]
+    """A field's own ``metavar`` (``json_schema_extra``), else one read off its name and type."""
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("metavar"), str):
+        return str(extra["metavar"])
     kind = info.annotation
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
@@ -84,6 +77,7 @@ def build_parser(settings_type: type[ServiceSettings], prog: str, description: s
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="A flag wins over its environment variable, which wins over the default.",
     )
+    parser.add_argument("--version", action="version", version=version_line(prog), help="print the version and exit")
     for name, info in settings_type.fields().items():
         default = "none" if info.default in (None, "") else info.default
         parser.add_argument(
@@ -159,6 +153,9 @@ def run_service(
         check_certificates(settings)
         listeners = listen(settings)
         try:
+            local_client(settings.kubeconfig).close()  # usable, or the one line below and exit 2
+            # The first log line: which SliMe this is (docs/operations.md, "Which version runs").
+            logging.getLogger("slime").info("starting", extra={"service": prog, **build_info()})
             runner = build(settings)
         except KubeConfigError as exc:
             listeners.close()

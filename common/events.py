@@ -2,8 +2,8 @@
 
 ``record`` only queues; a daemon thread posts core v1 Events. A failure is logged and counted,
 never raised: an Event is a courtesy to whoever runs ``kubectl describe``, not part of the
-decision. The scaling webhook records them on MachineDeployments, the injection webhook on the
-Metal3Data whose join data it withheld.
+decision. The scaling webhook records them on MachineDeployments (and, for machine health, on
+Machines), the injection webhook on the Metal3Data whose join data it withheld.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.apis import EVENTS
+from common.kube import KubeClient, KubeError
 
 log = logging.getLogger("slime.events")
 
-EVENTS = ResourcePath("", "v1", "events")
 QUEUE_SIZE = 1000
 
 
@@ -49,6 +49,44 @@ def machine_deployment_event(
     namespace, name = machine_deployment
     kind = "MachineDeployment"
     return ObjectEvent(kind, api_version, namespace, name, reason, message, "Warning" if warning else "Normal", "Scale")
+
+
+def machine_event(
+    namespace: str, name: str, uid: str, api_version: str, reason: str, message: str, warning: bool = False
+) -> ObjectEvent:
+    """An Event about the Cluster API Machine ``namespace/name`` (the scaling webhook's machine health)."""
+    kind = "Machine"
+    return ObjectEvent(
+        kind, api_version, namespace, name, reason, message, "Warning" if warning else "Normal", "Judge", uid
+    )
+
+
+def metal3data_event(namespace: str, name: str, uid: str, api_version: str, reason: str, message: str) -> ObjectEvent:
+    """A Warning Event about the Metal3Data ``namespace/name`` (the injection webhook's)."""
+    return ObjectEvent("Metal3Data", api_version, namespace, name, reason, message, "Warning", "Admit", uid)
+
+
+class RateLimitedEvents:
+    """At most one Event per object every ``interval_seconds``, so a flood of requests about one object
+    costs one Event; the memory of what was sent is bounded (``keys``), then forgotten at once."""
+
+    def __init__(self, recorder: EventRecorder | None, interval_seconds: float = 60.0, keys: int = 1024) -> None:
+        self.recorder = recorder
+        self.interval_seconds = interval_seconds
+        self.keys = keys
+        self._last: dict[tuple[str, str, str], float] = {}
+
+    def record(self, event: ObjectEvent) -> None:
+        if self.recorder is None:
+            return
+        key = (event.kind, event.namespace, event.name)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval_seconds) < self.interval_seconds:
+            return
+        if len(self._last) >= self.keys:
+            self._last.clear()
+        self._last[key] = now
+        self.recorder.record(event)
 
 
 def event_body(event: ObjectEvent, component: str, instance: str, now: datetime) -> dict[str, Any]:

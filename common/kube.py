@@ -3,6 +3,13 @@
 We use the client's transport (kubeconfig and in-cluster auth, TLS, connection pool) but speak
 raw paths and plain dicts. The typed models would cost a deserialisation per object and drop
 fields they do not know, and CRDs (Metal3, CAPI, Slinky) have no models anyway.
+
+Two kinds of cluster: the webhook's own (``local_client``: its in-cluster identity or the
+operator's kubeconfig) and a workload cluster reached through a kubeconfig a tenant may have
+written (``client_from_kubeconfig``). A tenant's kubeconfig is data: only inline credentials are
+accepted (:func:`check_inline_kubeconfig`), so building the client never runs a program or reads
+a local file, and such a client is *untrusted*: its errors carry the HTTP status only, never the
+remote server's text, so nothing a tenant's server says reaches an answer, a log line or an Event.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote
 
@@ -61,6 +69,15 @@ class KubeError(Exception):
     def from_api_exception(cls, exc: ApiException) -> KubeError:
         return cls.from_status(exc.status or 0, exc.reason or "", exc.body)
 
+    @classmethod
+    def status_only(cls, code: int, cluster: str) -> KubeError:
+        """An error from an untrusted cluster: its status code and the standard phrase, none of its text."""
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "Error"
+        return cls(code, phrase, f"the API server of cluster {cluster} answered {code} {phrase}")
+
 
 @dataclass(frozen=True, slots=True)
 class ResourcePath:
@@ -85,13 +102,17 @@ class ResourcePath:
 
 
 class KubeClient:
-    """Raw-path access to one cluster. Thread-safe; the connection pool is shared."""
+    """Raw-path access to one cluster. Thread-safe; the connection pool is shared.
+
+    ``trusted`` is False for a cluster reached through a tenant's kubeconfig: its errors then say
+    only the status code (:meth:`error`)."""
 
     DISCOVERY_TTL_SECONDS = 60.0
 
-    def __init__(self, api_client: k8s.ApiClient, name: str = "local") -> None:
+    def __init__(self, api_client: k8s.ApiClient, name: str = "local", trusted: bool = True) -> None:
         self.api_client = api_client
         self.name = name
+        self.trusted = trusted
         self._discovery: dict[str, tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
 
@@ -113,9 +134,14 @@ class KubeClient:
         try:
             return self.api_client.call_api(method, url, headers, body, _request_timeout=timeout)
         except urllib3.exceptions.HTTPError as exc:
-            raise KubeError(
-                0, "Unreachable", f"cannot reach the API server of cluster {self.name}: {_root_cause(exc)}"
-            ) from None
+            cause = _root_cause(exc) if self.trusted else "the connection failed"
+            raise KubeError(0, "Unreachable", f"cannot reach the API server of cluster {self.name}: {cause}") from None
+
+    def error(self, code: int, reason: str, body: bytes | str | None) -> KubeError:
+        """The error for an HTTP failure of this cluster: with its Status message when trusted, else its code only."""
+        if not self.trusted:
+            return KubeError.status_only(code, self.name)
+        return KubeError.from_status(code, reason, body)
 
     def request(
         self,
@@ -133,21 +159,22 @@ class KubeClient:
         With ``warnings``, the API server's ``Warning`` headers (an admission webhook's warnings,
         a deprecated API) are appended to it, success or failure."""
         response = self._send(method, path, query, body, content_type, timeout)
-        if warnings is not None:
+        if warnings is not None and self.trusted:
             warnings.extend(warning_texts(response.headers.getlist("Warning")))
         try:
             data = response.read()
         except urllib3.exceptions.HTTPError as exc:
-            raise KubeError(0, "Unreachable", f"connection to cluster {self.name} broke: {_root_cause(exc)}") from None
+            cause = _root_cause(exc) if self.trusted else "the connection failed"
+            raise KubeError(0, "Unreachable", f"connection to cluster {self.name} broke: {cause}") from None
         if not 200 <= response.status <= 299:
-            raise KubeError.from_status(response.status, response.reason, data)
+            raise self.error(response.status, response.reason, data)
         return json.loads(data) if data else {}
 
     def stream(self, path: str, query: list[tuple[str, str]], timeout: tuple[float, float]) -> Any:
         """Open a streaming GET (a watch); returns the urllib3 response for ``Watch.stream``."""
         response = self._send("GET", path, query, None, None, timeout)
         if not 200 <= response.status <= 299:
-            raise KubeError.from_status(response.status, response.reason, response.read())
+            raise self.error(response.status, response.reason, response.read())
         return response.response
 
     def served_versions(self, group: str) -> list[str]:
@@ -244,15 +271,70 @@ def local_client(kubeconfig: str | None = None, user_agent: str = "slime") -> Ku
         raise KubeConfigError(f"{source} is not usable: {reason}") from None
 
 
+# What a kubeconfig read from a Secret may hold: the server, its CA and inline credentials, as
+# Cluster API writes them. Everything else is refused by name: `exec` and `auth-provider` run or
+# load code, `tokenFile`, `certificate-authority`, `client-certificate` and `client-key` read local
+# files (the webhook's own ServiceAccount token among them), `proxy-url` sends the webhook's
+# traffic elsewhere, `insecure-skip-tls-verify` trusts whoever answers.
+_KUBECONFIG_FIELDS = {
+    "": {"apiVersion", "kind", "clusters", "contexts", "users", "current-context", "preferences", "extensions"},
+    "clusters[].cluster": {"server", "certificate-authority-data", "tls-server-name", "extensions"},
+    "users[].user": {"token", "client-certificate-data", "client-key-data", "extensions"},
+    "contexts[].context": {"cluster", "user", "namespace", "extensions"},
+}
+_KUBECONFIG_LISTS = {"clusters": "cluster", "users": "user", "contexts": "context"}
+
+
+class KubeconfigRefused(ValueError):
+    """A kubeconfig from a Secret holds a field SliMe never uses (it could run a program or read a file)."""
+
+
+def check_inline_kubeconfig(document: Any) -> None:
+    """Raise :class:`KubeconfigRefused` naming the first field outside the inline-credential allow-list.
+
+    The allow-list, not a deny-list: a field added to kubeconfig later is refused until it is known to be data."""
+    if not isinstance(document, dict):
+        raise KubeconfigRefused("it is not a kubeconfig document (a YAML map)")
+    for key in document:
+        if key not in _KUBECONFIG_FIELDS[""]:
+            raise KubeconfigRefused(f"field {str(key)[:64]!r} is not allowed")
+    for list_key, item_key in _KUBECONFIG_LISTS.items():
+        entries = document.get(list_key) or []
+        if not isinstance(entries, list):
+            raise KubeconfigRefused(f"{list_key} is not a list")
+        allowed = _KUBECONFIG_FIELDS[f"{list_key}[].{item_key}"]
+        for index, entry in enumerate(entries):
+            body = entry.get(item_key) if isinstance(entry, dict) else None
+            if not isinstance(body, dict):
+                raise KubeconfigRefused(f"{list_key}[{index}] has no {item_key} map")
+            for key in body:
+                if key not in allowed:
+                    raise KubeconfigRefused(f"{list_key}[{index}].{item_key}.{str(key)[:64]} is not allowed")
+            server = body.get("server") if item_key == "cluster" else None
+            if server is not None and not (isinstance(server, str) and server.startswith("https://")):
+                raise KubeconfigRefused(f"{list_key}[{index}].cluster.server is not an https:// URL")
+
+
 def client_from_kubeconfig(data: bytes, name: str, user_agent: str = "slime") -> KubeClient:
-    """A workload cluster, from the bytes of a CAPI ``<cluster>-kubeconfig`` Secret."""
+    """A workload cluster, from the bytes of a CAPI ``<cluster>-kubeconfig`` Secret: inline credentials only,
+    and an untrusted client (its errors never carry the remote server's text)."""
     try:
         document = yaml.load(data, Loader=yaml.CSafeLoader)
-        if not isinstance(document, dict):
-            raise ValueError("not a kubeconfig document")
+    except yaml.YAMLError:
+        raise KubeError(0, "InvalidKubeconfig", f"kubeconfig for cluster {name} is not YAML") from None
+    try:
+        check_inline_kubeconfig(document)
+    except KubeconfigRefused as exc:
+        raise KubeError(
+            0,
+            "InvalidKubeconfig",
+            f"kubeconfig for cluster {name} refused: {exc} (only server, certificate-authority-data and inline "
+            "credentials are accepted: token, client-certificate-data, client-key-data)",
+        ) from None
+    try:
         api_client = k8s_config.new_client_from_config_dict(document, persist_config=False)
-        return KubeClient(_named(api_client, user_agent), name)
-    except (yaml.YAMLError, ValueError, KeyError, TypeError, k8s_config.ConfigException) as exc:
+        return KubeClient(_named(api_client, user_agent), name, trusted=False)
+    except (ValueError, KeyError, TypeError, k8s_config.ConfigException) as exc:
         raise KubeError(
             0, "InvalidKubeconfig", f"kubeconfig for cluster {name} is not usable: {type(exc).__name__}"
         ) from None

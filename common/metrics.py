@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from common.version import build_info
+
 # No ``*_created`` series: they carry the process start time on every counter and histogram,
 # which nobody alerts on and which doubles the page.
 disable_created_metrics()
@@ -43,8 +45,8 @@ class WebhookMetrics:
         )
         self.malformed = Counter(
             "slime_webhook_malformed_requests_total",
-            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415), by "
-            "code.",
+            "Requests that were not a usable AdmissionReview (answered with an errored review: 400, 413, 415; 499: the "
+            "client went away before its request was whole), by code.",
             ["webhook", "code"],
             registry=self.registry,
         )
@@ -56,20 +58,25 @@ class WebhookMetrics:
         )
         self.busy = Counter(
             "slime_webhook_busy_total",
-            "Large reviews (over 64 KiB) answered 503 because another large review was being handled.",
-            ["webhook"],
+            "Reviews answered 503 before they were read, by reason: another large review (over 64 KiB) was being "
+            "handled (large-review), or the bodies being read already held --max-body-bytes-in-flight (body-budget).",
+            ["webhook", "reason"],
             registry=self.registry,
         )
         self.connections = Counter(
             "slime_webhook_connections_total",
-            "TLS connections the admission port accepted. kube-apiserver keeps its connections, so this grows "
-            "slowly; growing with the requests means a TLS handshake per admission.",
+            "Connections accepted, by port (admission: TLS; health: the plain-HTTP health and metrics port). "
+            "kube-apiserver keeps its connections, so the admission count grows slowly; growing with the requests "
+            "means a TLS handshake per admission.",
+            ["port"],
             registry=self.registry,
         )
         self.dropped_connections = Counter(
             "slime_webhook_dropped_connections_total",
-            "Connections closed by the server: a request not read in full in time (slow), or over the connection cap.",
-            ["reason"],
+            "Connections closed by the server, by port and reason: a request not read in full in time (slow), headers "
+            "over 64 KiB, an idle or stalled connection closed to make room for a new one (evicted), or a new one "
+            "closed because the port (connection-cap) or its peer address (peer-cap) had no room.",
+            ["port", "reason"],
             registry=self.registry,
         )
         self.cert_reloads = Counter(
@@ -78,6 +85,13 @@ class WebhookMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.build_info = Gauge(
+            "slime_build_info",
+            "The running SliMe: its version and the git commit its image was built from (always 1).",
+            ["version", "revision"],
+            registry=self.registry,
+        )
+        self.build_info.labels(**build_info()).set(1)
         self.cert_not_after = Gauge(
             "slime_certificate_expiry_timestamp_seconds",
             "notAfter of the serving certificate in use, as a Unix time.",

@@ -1,249 +1,39 @@
-"""TLS serving with certificate hot-reload, plus the plain-HTTP health and metrics port.
+"""Serving a service: the TLS admission port and the plain-HTTP health port, and the process around them.
 
-Certificate rotation follows controller-runtime's certwatcher: watch the files *and* poll every
-few seconds, because kubelet publishes a renewed Secret by swapping a ``..data`` symlink, which
-file watchers do not always report. A new pair (and client CA, when one is configured) is loaded
-into a fresh context, so a half-written or mismatched pair is rejected and the old one keeps
-serving. Only then does the fresh context go live: every new handshake switches to it from the
-server's SNI callback (called for every ClientHello, with or without a server name). Reloads
-happen on the event loop thread, so no handshake sees a mix. Connections already open keep
-their session, so nothing is dropped.
-
-With a client CA (``--client-ca-file``) the admission port requires a client certificate that
-chains to it: kube-apiserver's, configured through its ``--admission-control-config-file``
-(docs/install.md, "Authenticated admission"). The health and metrics port never asks for one.
+:class:`ServiceRunner` runs the admission app on the main event loop and the health app on a
+thread of its own, starts the certificate source and the service's background tasks, and shuts
+all of it down gracefully (not ready first, then a delay so endpoints drain). The health and
+metrics port never asks for a client certificate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import os
 import signal
 import socket
-import ssl
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding, load_pem_private_key
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from common.http import guarded_protocol
+from common.certificates import ServingCertificate
+from common.health import Readiness, health_app
+from common.http import ConnectionLimits, guarded_protocol
 from common.metrics import WebhookMetrics
 from common.settings import ServiceSettings
 
 log = logging.getLogger("slime.serving")
 
-
-class CertificateFileError(Exception):
-    """A serving file cannot be used: ``field`` is the setting naming it, the message says why (one line)."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(reason)
-        self.field = field
-        self.reason = reason
-
-
-def _read(field: str, path: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise CertificateFileError(field, f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def check_certificate_files(cert_file: str, key_file: str, client_ca_file: str | None = None) -> None:
-    """Raise :class:`CertificateFileError` when the files cannot be served: checked once at start.
-
-    A missing, unreadable or wrong file at start is a configuration error (the chart mounts the
-    TLS Secret before the container starts, so the files are there or the pod is misconfigured):
-    the process stops with one line instead of running unready. Later changes go through
-    :meth:`ServingCertificate.reload_if_changed`, which keeps the last good pair.
-    """
-    try:
-        x509.load_pem_x509_certificates(_read("cert_file", cert_file))
-    except ValueError:
-        raise CertificateFileError("cert_file", f"{cert_file} holds no PEM certificate") from None
-    try:
-        load_pem_private_key(_read("key_file", key_file), password=None)
-    except (ValueError, TypeError):
-        raise CertificateFileError("key_file", f"{key_file} holds no unencrypted PEM private key") from None
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file)
-    except ssl.SSLError as exc:
-        raise CertificateFileError(
-            "key_file", f"{key_file} is not the key of the certificate in {cert_file} ({exc.reason or exc})"
-        ) from None
-    if client_ca_file is not None:
-        try:
-            x509.load_pem_x509_certificates(_read("client_ca_file", client_ca_file))
-        except ValueError:
-            raise CertificateFileError("client_ca_file", f"{client_ca_file} holds no PEM certificate") from None
-
-
-def _file_stamp(path: str) -> tuple[str, int, int, int]:
-    """Identity of what a path points to now: symlink target, inode, mtime and size."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    return real, st.st_ino, st.st_mtime_ns, st.st_size
-
-
-class ServingCertificate:
-    """The server-side SSLContext given to the server, the live one behind it, and their files."""
-
-    def __init__(
-        self,
-        cert_file: str,
-        key_file: str,
-        metrics: WebhookMetrics,
-        poll_seconds: float = 10.0,
-        client_ca_file: str | None = None,
-    ) -> None:
-        self.cert_file = cert_file
-        self.key_file = key_file
-        self.client_ca_file = client_ca_file
-        self.poll_seconds = poll_seconds
-        self._metrics = metrics
-        self.context = self._new_context()  # the server's context; each handshake moves to ``_live``
-        self._live = self.context
-        self.context.sni_callback = self._to_live
-        self.fingerprint = ""  # sha256 of the leaf certificate being served
-        self.last_error = ""
-        self._stamp: tuple[Any, ...] | None = None
-
-    def _new_context(self) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        # HTTP/1.1 only: no HTTP/2, as kubebuilder defaults since the Rapid-Reset CVEs.
-        context.set_alpn_protocols(["http/1.1"])
-        if self.client_ca_file:
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
-
-    def _to_live(
-        self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, current: ssl.SSLContext
-    ) -> None:
-        live = self._live
-        if live is not current:
-            connection.context = live
-
-    @property
-    def loaded(self) -> bool:
-        return bool(self.fingerprint)
-
-    def _files(self) -> tuple[str, ...]:
-        return (self.cert_file, self.key_file) + ((self.client_ca_file,) if self.client_ca_file else ())
-
-    def reload_if_changed(self) -> bool:
-        """Load the files if they changed since the last successful load. True if reloaded."""
-        try:
-            stamp = tuple(_file_stamp(path) for path in self._files())
-        except OSError as exc:
-            self._fail(f"cannot stat certificate files: {exc.strerror} ({exc.filename})")
-            return False
-        if stamp == self._stamp:
-            return False
-        try:
-            with open(self.cert_file, "rb") as fh:
-                pem = fh.read()
-            leaf = x509.load_pem_x509_certificate(pem)
-            fresh = self._new_context()
-            fresh.load_cert_chain(self.cert_file, self.key_file)  # a bad pair fails here, before going live
-            if self.client_ca_file:
-                fresh.load_verify_locations(cafile=self.client_ca_file)
-            if self._live is self.context:  # the first load: the server's own context serves it
-                self.context.load_cert_chain(self.cert_file, self.key_file)
-                if self.client_ca_file:
-                    self.context.load_verify_locations(cafile=self.client_ca_file)
-        except (OSError, ValueError, ssl.SSLError) as exc:
-            what = ", ".join(self._files())
-            self._fail(f"cannot load certificate files {what}: {exc}")
-            return False
-        self._live = fresh
-        self._stamp = stamp
-        self.fingerprint = hashlib.sha256(leaf.public_bytes(Encoding.DER)).hexdigest()
-        self.last_error = ""
-        self._metrics.cert_reloads.labels("success").inc()
-        self._metrics.cert_not_after.set(leaf.not_valid_after_utc.timestamp())
-        log.info(
-            "serving certificate loaded",
-            extra={"fingerprint": self.fingerprint[:16], "not_after": str(leaf.not_valid_after_utc)},
-        )
-        return True
-
-    def _fail(self, message: str) -> None:
-        if message != self.last_error:
-            log.error("serving certificate not (re)loaded", extra={"error": message})
-        self.last_error = message
-        self._metrics.cert_reloads.labels("failure").inc()
-
-    async def watch(self, stop: asyncio.Event) -> None:
-        """Reload on file events, and on every poll tick as a backstop."""
-        from watchfiles import awatch
-
-        async def on_events() -> None:
-            dirs = sorted({os.path.dirname(os.path.abspath(p)) for p in (self.cert_file, self.key_file)})
-            try:
-                async for _ in awatch(*dirs, stop_event=stop, debounce=200, recursive=False):
-                    self.reload_if_changed()
-            except (OSError, RuntimeError) as exc:  # e.g. no inotify: the poll still covers us
-                log.warning("certificate file watch unavailable; polling only", extra={"error": str(exc)})
-
-        watcher = asyncio.create_task(on_events())
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
-                self.reload_if_changed()
-        finally:
-            watcher.cancel()
-
-
-@dataclass
-class Readiness:
-    """Named readiness checks; ``/readyz`` is ready only when all pass and we are not stopping."""
-
-    checks: dict[str, Callable[[], str | None]] = field(default_factory=dict)
-    stopping: bool = False
-
-    def add(self, name: str, check: Callable[[], str | None]) -> None:
-        """``check`` returns None when ready, else why not."""
-        self.checks[name] = check
-
-    def failures(self) -> dict[str, str]:
-        failed = {name: why for name, check in self.checks.items() if (why := check()) is not None}
-        if self.stopping:
-            failed["shutdown"] = "shutting down"
-        return failed
-
-
-def health_app(metrics: WebhookMetrics, readiness: Readiness, extra_routes: Sequence[Route] = ()) -> Starlette:
-    """The plain-HTTP port: liveness, readiness, Prometheus metrics, and a service's own read-only routes."""
-
-    async def healthz(_: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    async def readyz(_: Request) -> Response:
-        failed = readiness.failures()
-        if failed:
-            return JSONResponse({"ready": False, "failed": failed}, status_code=503)
-        return JSONResponse({"ready": True})
-
-    async def metrics_endpoint(_: Request) -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint), *extra_routes]
-    return Starlette(routes=routes)
+# The health and metrics port: the kubelet's probes, a Prometheus scrape and KEDA's demand polls need a
+# handful of connections; idle ones close after a few seconds (uvicorn's default keep-alive).
+HEALTH_MAX_CONNECTIONS = 64
+HEALTH_MAX_PER_PEER = 16
+HEALTH_KEEP_ALIVE_SECONDS = 5
 
 
 @dataclass
@@ -333,6 +123,7 @@ class ServiceRunner:
     shutdown_delay_seconds: float = 0.0
     read_timeout_seconds: float = 10.0
     max_connections: int = 512
+    max_connections_per_peer: int = 64
     background: list[Callable[[asyncio.Event], Any]] = field(default_factory=list)
     on_stop: list[Callable[[], None]] = field(default_factory=list)
     health_routes: list[Route] = field(default_factory=list)  # extra read-only routes on the plain-HTTP port
@@ -342,12 +133,10 @@ class ServiceRunner:
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[uvicorn.Server] = []
-        self.readiness.add(
-            "certificate",
-            lambda: None if self.certificate.loaded else (self.certificate.last_error or "not loaded"),
-        )
+        self.readiness.add("certificate", self.certificate.healthy)
 
-    def _config(self, app: Any, port: int, http: Any = "auto") -> uvicorn.Config:
+    def _config(self, app: Any, port: int, http: Any, keep_alive: int = 30) -> uvicorn.Config:
+        """``keep_alive``: how long an idle connection stays open (kube-apiserver reuses its connections: keep them)."""
         config = uvicorn.Config(
             app,
             host=self.host,
@@ -356,7 +145,7 @@ class ServiceRunner:
             log_config=None,
             access_log=False,
             lifespan="off",
-            timeout_keep_alive=30,  # kube-apiserver reuses connections; keep them
+            timeout_keep_alive=keep_alive,
             timeout_graceful_shutdown=10,
         )
         config.load()
@@ -379,18 +168,31 @@ class ServiceRunner:
                 admission.close()
                 raise
         self.certificate.reload_if_changed()
-        protocol = guarded_protocol(self.read_timeout_seconds, self.max_connections, self.metrics)
-        tls_config = self._config(self.webhook_app, self.port, http=protocol)
+        admission_limits = ConnectionLimits(
+            self.read_timeout_seconds, self.max_connections, self.max_connections_per_peer
+        )
+        tls_config = self._config(
+            self.webhook_app, self.port, http=guarded_protocol(admission_limits, self.metrics, "admission")
+        )
         tls_config.ssl = self.certificate.context
         admission_server = _EmbeddedServer(tls_config, handshake_timeout=self.read_timeout_seconds)
+        # The health port serves probes and scrapes: the same guards, with a smaller cap, so that a
+        # client streaming headers or holding connections open costs it a bounded amount.
+        health_limits = ConnectionLimits(self.read_timeout_seconds, HEALTH_MAX_CONNECTIONS, HEALTH_MAX_PER_PEER)
         health_server = _EmbeddedServer(
-            self._config(health_app(self.metrics, self.readiness, self.health_routes), self.metrics_port)
+            self._config(
+                health_app(self.metrics, self.readiness, self.health_routes),
+                self.metrics_port,
+                http=guarded_protocol(health_limits, self.metrics, "health"),
+                keep_alive=HEALTH_KEEP_ALIVE_SECONDS,
+            ),
+            handshake_timeout=None,
         )
         self._servers = [admission_server, health_server]
         health_thread = _HealthThread(health_server, listeners.health)
         health_thread.start()
         admission_task = asyncio.create_task(admission_server.serve(sockets=[listeners.admission]))
-        helpers = [asyncio.create_task(self.certificate.watch(self._stop))]
+        helpers = [asyncio.create_task(self.certificate.start(self._stop))]
         helpers += [asyncio.create_task(factory(self._stop)) for factory in self.background]
         while not (admission_server.started and health_server.started):
             if admission_task.done() or health_thread.ended.is_set():
@@ -489,6 +291,7 @@ def runner_for(
         shutdown_delay_seconds=settings.shutdown_delay_seconds,
         read_timeout_seconds=settings.read_timeout_seconds,
         max_connections=settings.max_connections,
+        max_connections_per_peer=settings.max_connections_per_peer,
         background=list(background),
         on_stop=list(on_stop),
         health_routes=list(health_routes),

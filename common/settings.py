@@ -24,7 +24,11 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SLIME_", extra="ignore", populate_by_name=True)
 
-    host: str = Field("0.0.0.0", description="IP address both ports listen on (0.0.0.0 or :: for all).")
+    host: str = Field(
+        "0.0.0.0",
+        description="IP address both ports listen on (0.0.0.0 or :: for all).",
+        json_schema_extra={"metavar": "ADDRESS"},
+    )
     port: int = Field(8443, ge=1, le=65535, description="TLS port of the admission endpoint.")
     metrics_port: int = Field(8080, ge=1, le=65535, description="Plain-HTTP port for /healthz, /readyz and /metrics.")
     cert_file: str = Field(
@@ -54,13 +58,28 @@ class ServiceSettings(BaseSettings):
         "is closed; also the TLS handshake's bound.",
     )
     max_connections: int = Field(
-        512, ge=1, description="Open connections the admission port keeps; one more is closed at once."
+        512,
+        ge=1,
+        description="Open connections the admission port keeps; a new one past it takes the place of the longest idle "
+        "(or stalled) one, else is closed at once.",
+    )
+    max_connections_per_peer: int = Field(
+        64,
+        ge=1,
+        description="Open connections one peer address may hold on the admission port; past it the peer's own idle "
+        "ones make room, else its new one is closed.",
+    )
+    max_body_bytes_in_flight: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Request body bytes all admissions together may hold while they are read and handled; a request "
+        "that would pass it is answered 503 before its body is read.",
     )
     shutdown_delay_seconds: float = Field(
         0.0, ge=0, description="Stay up, not ready, this long after SIGTERM so endpoints drain."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level: debug, info, warning or error."
+        "INFO", description="Log level: debug, info, warning or error.", json_schema_extra={"metavar": "LEVEL"}
     )
     kubeconfig: str | None = Field(
         None,
@@ -87,6 +106,11 @@ class ServiceSettings(BaseSettings):
     def _distinct_ports(self) -> Self:
         if self.port == self.metrics_port:
             raise ValueError(f"--port and --metrics-port are both {self.port}; they must differ")
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(
+                f"--max-body-bytes-in-flight ({self.max_body_bytes_in_flight}) is below --max-body-bytes "
+                f"({self.max_body_bytes}): no request of the largest accepted size could be read"
+            )
         return self
 
     @classmethod

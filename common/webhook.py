@@ -13,18 +13,26 @@ kilobytes) is reviewed one at a time: it is decoded in a worker thread, so the l
 the admissions around it, and one that cannot start within :data:`LARGE_QUEUE_SECONDS` is
 answered 503 at once (the API server retries). A burst of large hostile bodies then costs one
 large review's work at any moment, and every answer stays prompt.
+
+The large bodies (over :data:`LARGE_BODY_BYTES`) of all requests being read and handled together
+may hold at most ``body_budget`` bytes: one whose declared size (or, sent in chunks, whose next
+chunk) would pass it is answered 503 before more of it is read. Many parallel bodies just under
+the size cap therefore cost a bounded amount of memory, however many connections carry them,
+while the few kilobytes of a normal review never wait for the budget (the connection caps already
+bound how many of those there can be).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
@@ -32,6 +40,7 @@ from common.admission import (
     AdmissionError,
     AdmissionResponse,
     RequestSummary,
+    bounded,
     check_content_type,
     decode_review,
     encode_review,
@@ -44,7 +53,37 @@ AdmissionHandler = Callable[[dict[str, Any]], Awaitable[AdmissionResponse]]
 log = logging.getLogger("slime.admission")
 
 LARGE_BODY_BYTES = 64 * 1024
+MESSAGE_LIMIT = 2048  # a decision's message in a log line: the longest SliMe writes is a few hundred characters
 LARGE_QUEUE_SECONDS = 0.1
+
+
+class _OverBudget(Exception):
+    """Reading this body would pass the budget of body bytes in flight."""
+
+
+class BodyBudget:
+    """Bytes of request bodies held by the admissions in progress (on the event loop: no lock needed)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[Callable[[int], None]]:
+        """A ``take(size)`` for one request; what it took is given back when the request is answered."""
+        taken = 0
+
+        def take(size: int) -> None:
+            nonlocal taken
+            if self.held + size > self.limit:
+                raise _OverBudget
+            self.held += size
+            taken += size
+
+        try:
+            yield take
+        finally:
+            self.held -= taken
 
 
 class AdmissionEndpoint:
@@ -57,8 +96,10 @@ class AdmissionEndpoint:
         metrics: WebhookMetrics,
         max_body_bytes: int,
         deadline_seconds: float = 5.0,
+        body_budget: int = 16 * 1024 * 1024,
     ) -> None:
         self.webhook = webhook
+        self.budget = BodyBudget(max(body_budget, max_body_bytes))
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.deadline_seconds = deadline_seconds
@@ -75,6 +116,10 @@ class AdmissionEndpoint:
         try:
             try:
                 uid, response, summary = await self._review(http_request)
+            except ClientDisconnect:
+                # The client went away (or was let go) before its request was whole: nobody to answer.
+                self._metrics.malformed.labels(self.webhook, "499").inc()
+                return Response(status_code=400)
             except Exception as exc:
                 log.exception("admission failed", extra={"webhook": self.webhook, "error_type": type(exc).__name__})
                 uid, summary = "", None
@@ -88,18 +133,27 @@ class AdmissionEndpoint:
             self._latency.observe(time.perf_counter() - started)
 
     async def _review(self, http_request: Request) -> tuple[str, AdmissionResponse, RequestSummary | None]:
+        with self.budget.claim() as take:
+            return await self._reviewed(http_request, take)
+
+    async def _reviewed(
+        self, http_request: Request, take: Callable[[int], None]
+    ) -> tuple[str, AdmissionResponse, RequestSummary | None]:
         try:
             check_content_type(http_request.headers.get("content-type"))
-            raw = await self._read_body(http_request)
+            raw = await self._read_body(http_request, take)
         except AdmissionError as exc:
             self._metrics.malformed.labels(self.webhook, str(exc.code)).inc()
             return exc.uid, errored(exc.code, exc.message), None
+        except _OverBudget:
+            self._metrics.busy.labels(self.webhook, "body-budget").inc()
+            return "", errored(503, f"the {self.webhook} webhook is reading too many request bodies; retry"), None
         if len(raw) <= LARGE_BODY_BYTES:
             return await self._decided(raw, large=False)
         try:
             await asyncio.wait_for(self._one_large.acquire(), LARGE_QUEUE_SECONDS)
         except TimeoutError:
-            self._metrics.busy.labels(self.webhook).inc()
+            self._metrics.busy.labels(self.webhook, "large-review").inc()
             return "", errored(503, f"the {self.webhook} webhook is reviewing another large request; retry"), None
         try:
             return await self._decided(raw, large=True)
@@ -117,39 +171,44 @@ class AdmissionEndpoint:
             return summary.uid, await asyncio.wait_for(self.handler(request), self.deadline_seconds), summary
         except TimeoutError:
             self._metrics.deadline_exceeded.labels(self.webhook).inc()
-            message = (
-                f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {summary.uid}); "
-                "retry"
-            )
+            uid = bounded(summary.uid)
+            message = f"the {self.webhook} webhook did not decide within {self.deadline_seconds:g}s (uid {uid}); retry"
             return summary.uid, errored(503, message), summary
         except Exception as exc:
             log.exception(
                 "handler failed",
-                extra={"webhook": self.webhook, "uid": summary.uid, "error_type": type(exc).__name__},
+                extra={"webhook": self.webhook, "uid": bounded(summary.uid), "error_type": type(exc).__name__},
             )
-            message = (
-                f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {summary.uid}"
-            )
+            uid = bounded(summary.uid)
+            message = f"internal error ({type(exc).__name__}) in {self.webhook} webhook; see its log for uid {uid}"
             return summary.uid, errored(500, message), summary
 
-    async def _read_body(self, http_request: Request) -> bytes:
-        """Read at most ``max_body_bytes``; stop as soon as the cap is passed."""
+    async def _read_body(self, http_request: Request, take: Callable[[int], None]) -> bytes:
+        """Read at most ``max_body_bytes``; stop as soon as the cap or the budget is passed."""
         declared = http_request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise AdmissionError(413, self._too_large)
+        taken = 0  # of the budget, for this body
+        if declared.isdigit():
+            if int(declared) > self.max_body_bytes:
+                raise AdmissionError(413, self._too_large)
+            if int(declared) > LARGE_BODY_BYTES:
+                take(int(declared))  # uvicorn holds the body to the size it declared
+                taken = int(declared)
         chunks: list[bytes] = []
         size = 0
         async for chunk in http_request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise AdmissionError(413, self._too_large)
+            if size > LARGE_BODY_BYTES and size > taken:
+                take(size - taken)
+                taken = size
             chunks.append(chunk)
         return b"".join(chunks)
 
     def _log(self, summary: RequestSummary | None, uid: str, response: AdmissionResponse, seconds: float) -> None:
         fields: dict[str, Any] = {
             "webhook": self.webhook,
-            "uid": uid,
+            "uid": bounded(uid),
             "decision": response.outcome,
             "duration_ms": round(seconds * 1000, 3),
         }
@@ -163,7 +222,7 @@ class AdmissionEndpoint:
                 requester=summary.requester,
             )
         if response.message:
-            fields["reason"] = response.message
+            fields["reason"] = bounded(response.message, MESSAGE_LIMIT)
         # Requests we do not act on would drown the audit trail, so they log at debug.
         quiet = response.outcome == "allowed" and not response.message
         log.log(logging.DEBUG if quiet else logging.INFO, "admission", extra={"fields": fields})

@@ -64,11 +64,18 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class JoinOptions:
-    """The chart-wide defaults a template may override, and the node addresses for NodePort."""
+    """The operator's defaults a template may override, the node addresses for NodePort, and which extra
+    join data a template annotation may add beyond ``extras`` (``template_opt_ins``; default none)."""
 
     policy: Policy = field(default_factory=lambda: Policy(HOST_IP))
     node_addresses: tuple[str, ...] = ()
     extras: frozenset[str] = frozenset()
+    template_opt_ins: frozenset[str] = frozenset()
+
+    @property
+    def template_may_ask(self) -> frozenset[str]:
+        """The extra join data a template annotation may name."""
+        return self.extras | self.template_opt_ins
 
 
 def is_ip(text: str) -> bool:

@@ -31,11 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.apis import METAL3_VERSIONS, PODS, SECRETS, SERVICES, SLINKY_VERSIONS, STATEFULSETS
 from common.cache import Informer, InformerSet
 from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
 from common.logs import redactor
 from common.meta import owner_name
 from common.names import (
+    CAPI_SECRET_TYPE,
     CLUSTER_NAME_LABEL,
     CLUSTER_OVERRIDE_LABEL,
     CONF_SERVER_ANNOTATION,
@@ -46,6 +48,7 @@ from common.names import (
     OPT_IN_LABEL,
     SLINKY_GROUP,
 )
+from injection_webhook.bindings import LOCAL_CLUSTER, WORKLOAD_PREFIX, BindingError, Bindings, controller_cluster
 from injection_webhook.confserver import (
     CONTROLLER_NAME,
     HOST_IP,
@@ -68,13 +71,19 @@ from injection_webhook.confserver import (
     service_endpoint,
     shown,
 )
-from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved
+from injection_webhook.decision import (
+    TEMPLATE_OPT_IN,
+    UNBOUND,
+    JoinInfo,
+    MetaDataSecret,
+    NotOptedIn,
+    Resolution,
+    Unresolved,
+    Withheld,
+)
+from injection_webhook.slinky import KeyRef, NotFound, find_slurmctld, jwt_key_ref, slurm_key_ref
 
 log = logging.getLogger("slime.injection.resolver")
-
-LOCAL_CLUSTER = "local"
-METAL3_VERSIONS = ("v1beta2", "v1beta1")
-SLINKY_VERSIONS = ("v1beta1", "v1alpha1")
 
 
 class NeedsWait(Exception):
@@ -171,8 +180,19 @@ def _key_secret(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": _slim_metadata(obj), "data": obj.get("data") or {}}
 
 
-def _kubeconfig_secret(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": _slim_metadata(obj), "data": {"value": (obj.get("data") or {}).get("value", "")}}
+def _kubeconfig_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """A CAPI kubeconfig Secret as resolution reads it: its type, its cluster label and its ``value``
+    (credentials: known to the log redactor like the keys)."""
+    value = (obj.get("data") or {}).get("value")
+    value = value if isinstance(value, str) else ""
+    if value:
+        redactor.register(value)
+    return {
+        "metadata": _slim_metadata(obj),
+        "type": obj.get("type") or "",
+        "cluster": _labels(obj).get(CLUSTER_NAME_LABEL) or "",
+        "value": value,
+    }
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -201,11 +221,13 @@ def _b64_value(secret: dict[str, Any], key: str, what: str, cluster: str) -> str
 
 @dataclass(frozen=True, slots=True)
 class _TemplateOptions:
-    """What one template chose (its annotations over the chart defaults)."""
+    """What one template chose (its annotations over the operator's defaults); ``asked``: the extra join
+    data its own annotation names (checked against what templates may choose)."""
 
     policy: Policy
     extras: frozenset[str]
     features: tuple[str, ...] = ()
+    asked: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -227,7 +249,7 @@ class ClusterView:
 
     def pods(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/pods",
+            PODS.collection(namespace),
             label_selector=self.controller_selector,
             transform=_slim_pod,
             description=f"slurmctld pods in {namespace} ({self.name})",
@@ -235,7 +257,7 @@ class ClusterView:
 
     def statefulsets(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            STATEFULSETS.collection(namespace),
             label_selector=self.controller_selector,
             transform=_slim_statefulset,
             description=f"slurmctld statefulsets in {namespace} ({self.name})",
@@ -243,17 +265,25 @@ class ClusterView:
 
     def services(self, namespace: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/services",
+            SERVICES.collection(namespace),
             transform=_slim_service,
             description=f"services in {namespace} ({self.name})",
         )
 
     def secret(self, namespace: str, name: str) -> Informer:
         return self.informers.informer(
-            f"/api/v1/namespaces/{namespace}/secrets",
+            SECRETS.collection(namespace),
             field_selector=f"metadata.name={name}",
             transform=_key_secret,
             description=f"secret {namespace}/{name} ({self.name})",
+        )
+
+    def kubeconfig(self, namespace: str, name: str) -> Informer:
+        return self.informers.informer(
+            SECRETS.collection(namespace),
+            field_selector=f"metadata.name={name}",
+            transform=_kubeconfig_record,
+            description=f"kubeconfig secret {namespace}/{name} ({self.name})",
         )
 
     def controllers(self, namespace: str, wait: bool) -> Informer:
@@ -282,8 +312,10 @@ class InjectionResolver:
         sync_timeout: float = 5.0,
         workload_client: Callable[[bytes, str], KubeClient] = client_from_kubeconfig,
         options: JoinOptions | None = None,
+        bindings: Bindings | None = None,
     ) -> None:
         self.options = options or JoinOptions()
+        self.bindings = bindings or Bindings()
         self.local = ClusterView(local, controller_selector, self._caches_changed)
         self.controller_selector = controller_selector
         # Resolutions computed from caches alone, valid until any cache changes. Warm
@@ -462,16 +494,37 @@ class InjectionResolver:
         slurm_namespace = template.get(OPT_IN_LABEL)
         if not slurm_namespace:
             return NotOptedIn()
-        options = self._template_options(template, f"{ns}/{template_name}")
+        ref = f"{ns}/{template_name}"
+        options = self._template_options(template, ref)
         # The cluster comes from the Metal3Data as CAPM3 labelled it, never from the review.
-        cluster_name = metal3data["cluster"] or ""
-        view = self._target_cluster(ns, cluster_name, template.get(CLUSTER_OVERRIDE_LABEL, ""), template_name, wait)
+        try:
+            cluster = controller_cluster(template.get(CLUSTER_OVERRIDE_LABEL, ""), metal3data["cluster"] or "")
+        except BindingError as exc:
+            raise _Missing(f"Metal3DataTemplate {ref} has an invalid label {CLUSTER_OVERRIDE_LABEL}: {exc}") from None
+        in_cluster = f"workload cluster {ns}/{cluster}" if cluster else "the management cluster"
+        where = f"namespace {slurm_namespace} of {in_cluster}"
+        if not self.bindings.allows(ns, slurm_namespace, workload=bool(cluster)):
+            binding = f"{ns}={WORKLOAD_PREFIX if cluster else ''}{slurm_namespace}"
+            return Withheld(
+                UNBOUND,
+                f"Metal3DataTemplate {ref} names the Slinky Controller in {where}, and namespace {ns} is not bound "
+                f"to it (the operator grants it with the binding {binding} in --slurm-bindings)",
+            )
+        refused = sorted(options.asked - self.options.template_may_ask)
+        if refused:
+            return Withheld(
+                TEMPLATE_OPT_IN,
+                f"Metal3DataTemplate {ref} asks for {', '.join(refused)} ({EXTRA_JOIN_DATA_ANNOTATION}), which "
+                "templates may not choose (the operator allows it with --template-opt-ins)",
+            )
+        view = self._workload_view(ns, cluster, wait) if cluster else self.local
         return self._join_info(view, slurm_namespace, template.get(CONTROLLER_NAME_LABEL, ""), options, wait)
 
     def _template_options(self, template: dict[str, str], ref: str) -> _TemplateOptions:
-        """The template's annotations over the chart defaults; an invalid one is denied, naming it."""
+        """The template's annotations over the operator's defaults; an invalid one is denied, naming it."""
         policy, extras = self.options.policy, self.options.extras
         features: tuple[str, ...] = ()
+        asked: frozenset[str] = frozenset()
         for annotation in _TEMPLATE_ANNOTATIONS:
             value = template.get(annotation)
             if value is None:
@@ -482,36 +535,29 @@ class InjectionResolver:
                 elif annotation == NODE_FEATURES_ANNOTATION:
                     features = parse_features(value)
                 else:
-                    extras = parse_extras(value)
+                    extras = asked = parse_extras(value)
             except PolicyError as exc:
                 raise _Missing(
                     f"Metal3DataTemplate {ref} has an invalid annotation {annotation}={shown(value)}: {exc}"
                 ) from None
-        return _TemplateOptions(policy, extras, features)
+        return _TemplateOptions(policy, extras, features, asked)
 
-    def _target_cluster(
-        self, namespace: str, cluster_name: str, override: str, template: str, wait: bool
-    ) -> ClusterView:
-        if override == LOCAL_CLUSTER:
-            return self.local
-        wanted = override or cluster_name
-        if not wanted:
-            return self.local
-        secret_name = f"{wanted}-kubeconfig"
-        kubeconfig = self._ready(self.local.secret(namespace, secret_name), LOCAL_CLUSTER, wait).get(
+    def _workload_view(self, namespace: str, cluster: str, wait: bool) -> ClusterView:
+        """The workload cluster ``namespace/cluster``, through the kubeconfig Secret Cluster API writes for it."""
+        secret_name = f"{cluster}-kubeconfig"
+        kubeconfig = self._ready(self.local.kubeconfig(namespace, secret_name), LOCAL_CLUSTER, wait).get(
             namespace, secret_name
         )
         if kubeconfig is None:
-            if override:
-                raise _Missing(
-                    f"Metal3DataTemplate {namespace}/{template} sets {CLUSTER_OVERRIDE_LABEL}={override}, "
-                    f"but Secret {namespace}/{secret_name} does not exist"
-                )
-            return self.local
-        return self._workload_view(namespace, wanted, kubeconfig, wait)
-
-    def _workload_view(self, namespace: str, cluster: str, kubeconfig: dict[str, Any], wait: bool) -> ClusterView:
-        encoded = (kubeconfig.get("data") or {}).get("value") or ""
+            raise _Missing(
+                f"Secret {namespace}/{secret_name} (the kubeconfig of Cluster {namespace}/{cluster}) does not exist"
+            )
+        if kubeconfig["type"] != CAPI_SECRET_TYPE or kubeconfig["cluster"] != cluster:
+            raise _Missing(
+                f"Secret {namespace}/{secret_name} is not the kubeconfig Cluster API writes for Cluster "
+                f"{namespace}/{cluster} (it needs type {CAPI_SECRET_TYPE} and label {CLUSTER_NAME_LABEL}={cluster})"
+            )
+        encoded = kubeconfig["value"]
         fingerprint = hashlib.sha256(encoded.encode()).hexdigest()
         key = (namespace, cluster)
         with self._workloads_lock:
@@ -520,13 +566,12 @@ class InjectionResolver:
             return known[1]
         if not wait:
             raise NeedsWait
-        label = f"{namespace}/{cluster}"
         try:
-            client = self._workload_client(base64.b64decode(encoded, validate=True), label)
+            client = self._workload_client(base64.b64decode(encoded, validate=True), f"{namespace}/{cluster}")
         except (binascii.Error, ValueError):
-            raise _Missing(f"Secret {namespace}/{cluster}-kubeconfig has no valid base64 key 'value'") from None
+            raise _Missing(f"Secret {namespace}/{secret_name} has no valid base64 key 'value'") from None
         except KubeError as exc:
-            raise _Missing(f"{exc.message} (from Secret {namespace}/{cluster}-kubeconfig)") from None
+            raise _Missing(f"{exc.message} (from Secret {namespace}/{secret_name})") from None
         view = ClusterView(client, self.controller_selector, self._caches_changed)
         self._caches_changed()
         with self._workloads_lock:
@@ -549,94 +594,51 @@ class InjectionResolver:
             if exc.status == 404:
                 raise _Missing(f"no Slinky Controller API in cluster {view.name}: {exc.message}") from None
             raise _Missing(f"cannot reach cluster {view.name}: {exc.message}") from None
-
-        pods = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-        if not pods:
-            raise _Missing(f"no slurmctld pod matches {self.controller_selector} in {where}")
-        candidates: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str]] = {}
-        problems = []
-        for pod in sorted(pods, key=lambda p: p["metadata"].get("name", "")):
-            pod_name = pod["metadata"].get("name", "")
-            owner_sts = _owner(pod, "StatefulSet", "apps")
-            statefulset = statefulsets.get(namespace, owner_sts) if owner_sts else None
-            controller_ref = _owner(statefulset, "Controller", SLINKY_GROUP) if statefulset else None
-            if controller_ref is None or owner_sts is None:
-                problems.append(f"pod {namespace}/{pod_name} is not owned by a StatefulSet of a Slinky Controller")
-                continue
-            if controller_name and controller_ref != controller_name:
-                continue
-            controller = controllers.get(namespace, controller_ref)
-            if controller is None:
-                problems.append(f"Controller {namespace}/{controller_ref} (slinky.slurm.net) does not exist")
-                continue
-            candidates.setdefault(controller_ref, ([], controller, owner_sts))[0].append(pod)
-        if not candidates:
-            detail = "; ".join(problems) or f"no slurmctld pod belongs to Controller {controller_name}"
-            raise _Missing(f"{detail} ({where})")
-        if len(candidates) > 1:
-            raise _Missing(
-                f"{where} runs several Slinky Controllers ({', '.join(sorted(candidates))}); "
-                f"choose one with label {CONTROLLER_NAME_LABEL} on the Metal3DataTemplate"
-            )
-        controller_ref, (controller_pods, controller, statefulset_name) = next(iter(candidates.items()))
         try:
-            pod = active_pod(controller_pods, f"{namespace}/{controller_ref}")
+            found = find_slurmctld(
+                pods,
+                lambda sts: statefulsets.get(namespace, sts),
+                lambda name: controllers.get(namespace, name),
+                namespace,
+                controller_name,
+                self.controller_selector,
+                where,
+            )
+            pod = active_pod(list(found.pods), f"{namespace}/{found.name}")
+        except NotFound as exc:
+            raise _Missing(exc.reason) from None
         except Unsatisfied as exc:
             raise _Missing(f"{exc.reason} (cluster {view.name})") from None
         pod_ref = f"{namespace}/{pod['metadata'].get('name')}"
         endpoint = self._endpoint(options.policy, pod, pod_ref, services.items(), namespace, view.name)
-        source = f"Controller {namespace}/{controller_ref} in cluster {view.name}"
-
-        key_ref = (controller.get("spec") or {}).get("slurmKeyRef") or {}
-        secret_name = key_ref.get("name") or f"{controller_ref}-auth-slurm"
-        key_secret = self._ready(view.secret(namespace, secret_name), view.name, wait).get(namespace, secret_name)
-        if key_secret is None:
-            raise _Missing(
-                f"Secret {namespace}/{secret_name} (slurm key of Controller {namespace}/{controller_ref}) does not "
-                f"exist in cluster {view.name}"
-            )
-        key_base64 = _b64_value(
-            key_secret,
-            key_ref.get("key") or "slurm.key",
-            f"slurm key of Controller {namespace}/{controller_ref}",
-            view.name,
-        )
-
+        key_base64 = self._key(view, namespace, found.name, slurm_key_ref(found.name, found.controller), wait)
         jwt_key_base64 = ""
         if JWT_KEY in options.extras:
-            # Slinky >= 1.x names it spec.jwtKeyRef (jwtHs256KeyRef is its deprecated alias and the
-            # v1alpha1 field); the Helm chart's default Secret is <controller>-auth-jwths256.
-            spec = controller.get("spec") or {}
-            jwt_ref = spec.get("jwtKeyRef") or spec.get("jwtHs256KeyRef") or {}
-            jwt_name = jwt_ref.get("name") or f"{controller_ref}-auth-jwths256"
-            jwt_secret = self._ready(view.secret(namespace, jwt_name), view.name, wait).get(namespace, jwt_name)
-            if jwt_secret is None:
-                raise _Missing(
-                    f"Secret {namespace}/{jwt_name} (JWT key of Controller {namespace}/{controller_ref}; "
-                    f"the template asks for {JWT_KEY}) does not exist in cluster {view.name}"
-                )
-            jwt_key_base64 = _b64_value(
-                jwt_secret,
-                jwt_ref.get("key") or "jwt_hs256.key",
-                f"JWT key of Controller {namespace}/{controller_ref}",
-                view.name,
-            )
-
+            jwt = jwt_key_ref(found.name, found.controller)
+            jwt_key_base64 = self._key(view, namespace, found.name, jwt, wait, f"; the template asks for {JWT_KEY}")
         # The SlurmctldHost name Slinky < 1.3 writes into slurm.conf is the StatefulSet's pod 0
         # (<controller>-controller-0): fixed by the StatefulSet, whichever node runs it.
-        controller_host_name = f"{statefulset_name}-0" if CONTROLLER_NAME in options.extras else ""
-        names = controller_names(controller_pods, statefulset_name, namespace)
+        controller_host_name = f"{found.statefulset}-0" if CONTROLLER_NAME in options.extras else ""
+        names = controller_names(list(found.pods), found.statefulset, namespace)
         return JoinInfo(
             host=endpoint.host,
             port=endpoint.port,
             key_base64=key_base64,
-            source=source,
+            source=f"Controller {namespace}/{found.name} in cluster {view.name}",
             conf_server=endpoint.conf_server,
             hosts_file=hosts_file(endpoint.host, names),
             node_conf=node_conf(options.features),
             controller_name=controller_host_name,
             jwt_key_base64=jwt_key_base64,
         )
+
+    def _key(self, view: ClusterView, namespace: str, controller: str, ref: KeyRef, wait: bool, note: str = "") -> str:
+        """A Controller's key, as canonical base64 (secret), or _Missing naming the Secret and key (never the value)."""
+        what = f"{ref.what} of Controller {namespace}/{controller}{note}"
+        secret = self._ready(view.secret(namespace, ref.secret), view.name, wait).get(namespace, ref.secret)
+        if secret is None:
+            raise _Missing(f"Secret {namespace}/{ref.secret} ({what}) does not exist in cluster {view.name}")
+        return _b64_value(secret, ref.key, what, view.name)
 
     def _endpoint(
         self,

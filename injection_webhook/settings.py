@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 from common.meta import label_selector_problem
 from common.names import CAPM3_MANAGER_USERNAME
 from common.settings import ServiceSettings
+from injection_webhook.bindings import BindingError, Bindings, parse_bindings
 from injection_webhook.confserver import JoinOptions, PolicyError, parse_extras, parse_node_addresses, parse_policy
 
 
@@ -35,9 +36,10 @@ class InjectionSettings(ServiceSettings):
         DEFAULT_CONTROLLER_SELECTOR,
         min_length=1,
         description=(
-            "Label selector of the slurmctld pod and StatefulSet (older Slinky and the thesis: "
+            "Label selector of the slurmctld pod and StatefulSet (older Slinky releases: "
             "app.kubernetes.io/name=slurm-ctld)."
         ),
+        json_schema_extra={"metavar": "SELECTOR"},
     )
     cache_sync_timeout_seconds: float = Field(
         3.0,
@@ -52,16 +54,34 @@ class InjectionSettings(ServiceSettings):
         "hostIP",
         description="Default conf-server address policy (a Metal3DataTemplate's slurm-conf-server annotation wins): "
         "hostIP, service, service/<name>, or an explicit host[:port].",
+        json_schema_extra={"metavar": "POLICY"},
     )
     conf_server_node_addresses: str = Field(
         "",
         description="Comma-separated stable node addresses (IPs or DNS names) that reach a NodePort Service under "
         "policy service; nodes get them all, tried in order.",
+        json_schema_extra={"metavar": "ADDRESSES"},
     )
     extra_join_data: str = Field(
         "",
         description="Default extra join data (a template's slurm-extra-join-data annotation wins): a comma list of "
         "controller-name, jwt-key.",
+        json_schema_extra={"metavar": "ITEMS"},
+    )
+
+    slurm_bindings: str = Field(
+        "",
+        description="Comma list of <metal3-namespace>=<slurm-namespace> bindings: Metal3Data in the first namespace "
+        "('*': any) may get join data from a Slinky Controller in the second; "
+        "<metal3-namespace>=workload:<slurm-namespace> allows the Controller in the Metal3Data's own workload cluster. "
+        "Without a binding, only a Controller in the Metal3Data's own namespace.",
+        json_schema_extra={"metavar": "BINDINGS"},
+    )
+    template_opt_ins: str = Field(
+        "",
+        description="Comma list of the extra join data a template's slurm-extra-join-data annotation may ask for, "
+        "beyond --extra-join-data: controller-name, jwt-key. Default none.",
+        json_schema_extra={"metavar": "ITEMS"},
     )
 
     @field_validator("controller_selector")
@@ -90,7 +110,16 @@ class InjectionSettings(ServiceSettings):
             raise ValueError(str(exc)) from None
         return value
 
-    @field_validator("extra_join_data")
+    @field_validator("slurm_bindings")
+    @classmethod
+    def _bindings(cls, value: str) -> str:
+        try:
+            parse_bindings(value)
+        except BindingError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("extra_join_data", "template_opt_ins")
     @classmethod
     def _extras(cls, value: str) -> str:
         try:
@@ -114,4 +143,8 @@ class InjectionSettings(ServiceSettings):
             parse_policy(self.conf_server_policy),
             parse_node_addresses(self.conf_server_node_addresses),
             parse_extras(self.extra_join_data),
+            parse_extras(self.template_opt_ins),
         )
+
+    def bindings(self) -> Bindings:
+        return Bindings(parse_bindings(self.slurm_bindings))

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from common.apis import CAPI_VERSIONS, METAL3_VERSIONS, SLINKY_VERSIONS
 from common.kube import KubeClient
-from common.names import CAPI_GROUP, METAL3_GROUP, SLINKY_GROUP
-from injection_webhook.resolver import METAL3_VERSIONS, SLINKY_VERSIONS
+from common.names import CAPI_GROUP, INJECT_CA_FROM_ANNOTATION, METAL3_GROUP, SLINKY_GROUP
 from preflight.context import Context, annotations_of
 from preflight.report import Finding, fail, ok, skip
-from scaling_webhook.machinedeployments import CAPI_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def apis(ctx: Context) -> Iterator[Finding]:
         if any(m.capacity_aware for m in table):
             wanted.append(HOSTS_API)
     optional = [KEDA_API] if ctx.install.scaling else []
-    if any("cert-manager.io/inject-ca-from" in annotations_of(c) for c in ctx.configurations().values()):
+    if any(INJECT_CA_FROM_ANNOTATION in annotations_of(c) for c in ctx.configurations().values()):
         wanted.append(CERT_MANAGER_API)
     for api in wanted:
         yield _api(ctx, api, required=True)

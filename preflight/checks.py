@@ -1,5 +1,6 @@
-"""slime-check's checks, in the order a new node needs their answers: the release, the APIs, Slinky and the
-key, CAPM3's identity, the mappings, the webhooks as the API server reaches them, slurmrestd.
+"""slime-check's checks, in the order a new node needs their answers: the release, the APIs, the bindings
+that let each template have join data, Slinky and the key, CAPM3's identity, the mappings, the webhooks as
+the API server reaches them, slurmrestd.
 
 Each yields :class:`~preflight.report.Finding` lines. They read the cluster with the identity
 slime-check runs as; where that identity may not read something (the chart's ``helm test``
@@ -18,7 +19,9 @@ from preflight.context import INSTALL, Context, Options, ref_of
 from preflight.injection import capm3_identity, slinky
 from preflight.install import forbidden
 from preflight.report import Finding, fail, ok, skip, warn
-from preflight.scaling import mappings, slurmrestd
+from preflight.scaling import health, mappings, slurmrestd
+from preflight.templates import bindings
+from preflight.version import running
 from preflight.webhooks import admissions, webhooks
 
 __all__ = ["Checks", "Options"]
@@ -48,26 +51,40 @@ def release(ctx: Context) -> Iterator[Finding]:
         image = component.container.get("image", "")
         wanted = int(deployment["spec"].get("replicas", 1))
         ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
+        try:
+            build, consistent = running(ctx.kube, component, ctx.options.timeout)
+        except KubeError as exc:  # the pods could not be listed: say so, the rest of the line stands
+            build, consistent = f"version not read: {exc.message or exc.reason}", True
+        build = f"; {build}" if build else ""
         if ready < 1 <= wanted:
             yield warn(
                 "release",
-                f"{what} (image {image}): {ready}/{wanted} replicas ready",
+                f"{what} (image {image}): {ready}/{wanted} replicas ready{build}",
                 f"kubectl -n {component.namespace} describe pods -l "
                 f"app.kubernetes.io/component={component.name}-webhook; its log names the problem",
             )
+        elif not consistent:
+            yield warn(
+                "release",
+                f"{what} (image {image}): {ready}/{wanted} replicas ready{build}",
+                f"a rollout in progress: kubectl -n {component.namespace} rollout status deployment/"
+                f"{component.deployment_name}; if it stays, the image tag was rebuilt: pin image.digest",
+            )
         else:
-            yield ok("release", f"{what} (image {image}): {ready}/{wanted} replicas ready")
+            yield ok("release", f"{what} (image {image}): {ready}/{wanted} replicas ready{build}")
 
 
 STEPS: tuple[tuple[str, Callable[[Context], Iterator[Finding]]], ...] = (
     ("release", release),
     ("api", apis),
+    ("bindings", bindings),
     ("slinky", slinky),
     ("capm3", capm3_identity),
     ("mapping", mappings),
     ("webhook", webhooks),
     ("admission", admissions),
     ("slurmrestd", slurmrestd),
+    ("health", health),
 )
 
 

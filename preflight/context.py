@@ -8,26 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
-from common.kube import KubeClient, KubeError, ResourcePath, client_from_kubeconfig
+from common.apis import ADMISSION_REGISTRATION, CONFIGMAPS, METAL3_VERSIONS
+from common.kube import KubeClient, KubeError, client_from_kubeconfig
 from common.names import METAL3_GROUP, OPT_IN_LABEL
-from injection_webhook.resolver import METAL3_VERSIONS
 from injection_webhook.settings import InjectionSettings
 from preflight.install import Installation, can_i
 from scaling_webhook.mappings import MappingError, MappingTable, parse_mappings
 from scaling_webhook.settings import ScalingSettings
 
-PODS = ResourcePath("", "v1", "pods")
-SERVICES = ResourcePath("", "v1", "services")
-SECRETS = ResourcePath("", "v1", "secrets")
-CONFIGMAPS = ResourcePath("", "v1", "configmaps")
-DEPLOYMENTS = ResourcePath("apps", "v1", "deployments")
-STATEFULSETS = ResourcePath("apps", "v1", "statefulsets")
-ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 LOCAL = "local"
 INSTALL = "docs/install.md"
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,11 +65,18 @@ class Context:
         self.workload_client = workload_client
         self._table: MappingTable | None = None
         self._templates: list[dict[str, Any]] | None = None
+        self._once: dict[str, object] = {}
         self.opened: list[KubeClient] = []
 
     def close(self) -> None:
         for client in self.opened:
             client.close()
+
+    def once(self, key: str, make: Callable[[], T]) -> T:
+        """What ``make`` returns, computed once per run (two checks read the same thing)."""
+        if key not in self._once:
+            self._once[key] = make()
+        return cast(T, self._once[key])
 
     def read(self, path: str, kube: KubeClient | None = None) -> dict[str, Any] | None:
         try:
@@ -136,7 +137,7 @@ class Context:
                 "mutatingwebhookconfigurations" if component.name == "injection" else "validatingwebhookconfigurations"
             )
             try:
-                config = self.read(f"{ADMISSION}/{kind}/{quote(component.deployment_name)}")
+                config = self.read(f"{ADMISSION_REGISTRATION}/{kind}/{quote(component.deployment_name)}")
             except KubeError:
                 continue
             if config is not None:

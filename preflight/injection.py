@@ -1,25 +1,26 @@
 """What a new node's join data depends on: the Slinky Controller, its key, its active slurmctld, the
-address each template's policy gives now, and CAPM3's identity."""
+address each template's policy gives now, and CAPM3's identity.
+
+Which templates get that far and in which cluster their Controller is looked up are decided as the
+webhook decides (:mod:`preflight.templates`, :mod:`preflight.clusters`); the Controller is found by the
+webhook's own Slinky walk (:mod:`injection_webhook.slinky`), over live reads instead of its caches.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from common.kube import KubeClient, KubeError
-from common.meta import owner_name
+from common.apis import DEPLOYMENTS, PODS, SECRETS, SERVICES, SLINKY_VERSIONS, STATEFULSETS
+from common.kube import KubeError
 from common.names import (
     ACTIVE_CONTROLLER_LABEL,
     CAPI_PROVIDER_LABEL,
     CAPM3_PROVIDER,
-    CLUSTER_NAME_LABEL,
-    CLUSTER_OVERRIDE_LABEL,
-    CONF_SERVER_ANNOTATION,
     CONTROLLER_NAME_LABEL,
-    EXTRA_JOIN_DATA_ANNOTATION,
     OPT_IN_LABEL,
     SLINKY_GROUP,
 )
@@ -29,54 +30,28 @@ from injection_webhook.confserver import (
     SERVICE,
     SLURMCTLD_PORT,
     Endpoint,
-    PolicyError,
     Unsatisfied,
     active_pod,
     controller_names,
     hostip_port,
     hosts_file,
-    parse_extras,
-    parse_policy,
     service_endpoint,
-    shown,
 )
-from injection_webhook.resolver import SLINKY_VERSIONS
 from injection_webhook.settings import InjectionSettings
+from injection_webhook.slinky import NO_POD, SEVERAL, KeyRef, NotFound, find_slurmctld, jwt_key_ref, slurm_key_ref
 from preflight.apis import INJECTION_APIS
-from preflight.context import (
-    DEPLOYMENTS,
-    INSTALL,
-    LOCAL,
-    PODS,
-    SECRETS,
-    SERVICES,
-    STATEFULSETS,
-    Context,
-    annotations_of,
-    labels_of,
-    metadata_of,
-    ref_of,
-)
+from preflight.clusters import Target, targets
+from preflight.context import INSTALL, LOCAL, Context, labels_of, metadata_of, ref_of
 from preflight.install import forbidden
 from preflight.report import Finding, fail, ok, skip, warn
+from preflight.templates import Template, opted_in
 
 
-@dataclass
-class Target:
-    """One Slinky Controller namespace, in one cluster, that opted-in templates point at."""
-
-    cluster: str
-    kube: KubeClient
-    namespace: str
-    controller_name: str
-    templates: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what was assumed about where slurmctld runs
-
-
-@dataclass
+@dataclass(frozen=True)
 class Slurmctld:
     """What the templates of a target resolve to now."""
 
+    name: str  # the Controller's
     controller: dict[str, Any]
     pod: dict[str, Any]  # the active slurmctld: the one a node is pointed at
     pods: list[dict[str, Any]]  # every slurmctld of the Controller: the names a node is given
@@ -89,7 +64,7 @@ def slinky(ctx: Context) -> Iterator[Finding]:
     if settings is None:
         return
     try:
-        templates = ctx.templates()
+        templates = opted_in(ctx, settings).templates
     except KubeError as exc:
         if exc.status == 404:
             return  # the api check said so
@@ -102,84 +77,48 @@ def slinky(ctx: Context) -> Iterator[Finding]:
             f"Controller> ({INSTALL}, 'Injection: opt a Metal3DataTemplate in')",
         )
         return
-    targets: dict[tuple[str, str, str], Target] = {}
+    reaching: list[Template] = []
     for template in templates:
-        cluster, kube, problem, note = _cluster_of(ctx, template)
-        if problem is not None:
-            yield problem
-            continue
-        assert kube is not None
-        labels = labels_of(template)
-        key = (cluster, labels[OPT_IN_LABEL], labels.get(CONTROLLER_NAME_LABEL, ""))
-        target = targets.setdefault(key, Target(cluster, kube, key[1], key[2]))
-        target.templates.append(template)
-        if note and note not in target.notes:
-            target.notes.append(note)
-    for target in targets.values():
-        found = yield from _slurmctld(ctx, target, settings)
-        if found is None:
-            continue
-        yield from _keys(ctx, target, found, settings)
-        for template in target.templates:
-            yield _conf_server(template, target, found, settings)
-
-
-def _cluster_of(ctx: Context, template: dict[str, Any]) -> tuple[str, KubeClient | None, Finding | None, str]:
-    """Where a template's slurmctld runs, as the webhook decides: the local cluster, or a workload cluster
-    through its kubeconfig Secret. Returns (cluster, its client, a problem, a note on what was assumed)."""
-    labels = labels_of(template)
-    override = labels.get(CLUSTER_OVERRIDE_LABEL, "")
-    if override == LOCAL:
-        return LOCAL, ctx.kube, None, ""
-    wanted = override or labels.get(CLUSTER_NAME_LABEL) or (template.get("spec") or {}).get("clusterName") or ""
-    if not wanted:
-        return LOCAL, ctx.kube, None, ""
-    namespace = metadata_of(template).get("namespace", "")
-    name = f"{wanted}-kubeconfig"
-    try:
-        secret = ctx.read(SECRETS.item(namespace, name))
-    except KubeError as exc:
-        if not forbidden(exc):
-            raise
-        if override:
-            skipped = skip(
+        yield from template.annotation_lines
+        if template.stopped:
+            yield skip(
                 "slinky",
-                f"Metal3DataTemplate {ref_of(template)}: Secret {namespace}/{name} (cluster {wanted}'s kubeconfig) "
-                "not readable by this identity: that cluster's slurmctld not checked",
+                f"Metal3DataTemplate {template.ref}: its Slinky Controller not looked up, as the webhook stops before "
+                "it: its nodes get no join data (the FAIL line above says why)",
             )
-            return wanted, None, skipped, ""
-        # Without the Secret the webhook uses the management cluster: assume that, and say so.
-        return LOCAL, ctx.kube, None, f"assumed: Secret {namespace}/{name}, which would name another, not readable here"
-    if secret is None:
-        if override:
-            problem = fail(
+        else:
+            reaching.append(template)
+    for target in (yield from targets(ctx, reaching)):
+        try:
+            found = yield from _slurmctld(ctx, target, settings)
+            if found is None:
+                continue
+            yield from _keys(ctx, target, found)
+            for template in target.templates:
+                yield _conf_server(template, target, found, settings)
+        except KubeError as exc:
+            if target.cluster == LOCAL:
+                raise  # the management cluster: the run's own identity (Checks.run says what it may not read)
+            yield fail(
                 "slinky",
-                f"Metal3DataTemplate {ref_of(template)} sets {CLUSTER_OVERRIDE_LABEL}={override}, but Secret "
-                f"{namespace}/{name} does not exist",
-                f"correct the label, or use {CLUSTER_OVERRIDE_LABEL}={LOCAL} for the management cluster",
+                f"cannot read namespace {target.namespace} of cluster {target.cluster} ({target.names()}): "
+                f"{exc.message}",
+                "the webhook reads it with the kubeconfig Cluster API wrote: check that this cluster's API server "
+                "answers (from here and from the webhook's pods) and that the kubeconfig's user may list pods, "
+                f"services, statefulsets, controllers.{SLINKY_GROUP} and the key Secrets in namespace "
+                f"{target.namespace}",
             )
-            return wanted, None, problem, ""
-        return LOCAL, ctx.kube, None, ""  # as the webhook does: no kubeconfig Secret, the management cluster
-    try:
-        client = ctx.workload_client(
-            base64.b64decode((secret.get("data") or {}).get("value", "")), f"{namespace}/{wanted}"
-        )
-    except (KubeError, binascii.Error, ValueError) as exc:
-        problem = fail(
-            "slinky", f"Secret {namespace}/{name} holds no usable kubeconfig: {exc}", "let CAPI re-create it"
-        )
-        return wanted, None, problem, ""
-    ctx.opened.append(client)
-    return wanted, client, None, ""
 
 
 def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Generator[Finding, None, Slurmctld | None]:
     """The Controller and slurmctld pod the target's templates resolve to (returned), with a line on them."""
     ns, where = target.namespace, f"namespace {target.namespace} of cluster {target.cluster}"
-    names = ", ".join(ref_of(t) for t in target.templates)
+    names = target.names()
     try:
         path = target.kube.resource(SLINKY_GROUP, "controllers", SLINKY_VERSIONS)
     except KubeError as exc:
+        if exc.status != 404:
+            raise
         yield fail("slinky", f"cluster {target.cluster} ({names}): {exc.message}", INJECTION_APIS[1].fix)
         return None
     controllers = {metadata_of(c)["name"]: c for c in ctx.read_all(path.collection(ns), target.kube)}
@@ -191,66 +130,31 @@ def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Gen
         )
         return None
     selector = settings.controller_selector
-    pods = [
-        p
-        for p in ctx.read_all(PODS.collection(ns), target.kube, selector)
-        if not metadata_of(p).get("deletionTimestamp")
-    ]
-    if not pods:
-        yield fail(
-            "slinky",
-            f"no slurmctld pod matches {selector} in {where}",
-            "set injection.controllerSelector to your Slinky release's labels "
-            f"(kubectl -n {ns} get pods --show-labels)",
-        )
-        return None
+    pods = ctx.read_all(PODS.collection(ns), target.kube, selector)
     statefulsets = {metadata_of(s)["name"]: s for s in ctx.read_all(STATEFULSETS.collection(ns), target.kube, selector)}
-    owned: dict[str, list[dict[str, Any]]] = {}
-    statefulset_of: dict[str, str] = {}
-    for pod in pods:
-        sts_name = owner_name(metadata_of(pod), "StatefulSet", "apps") or ""
-        sts = statefulsets.get(sts_name)
-        owner = owner_name(metadata_of(sts), "Controller", SLINKY_GROUP) if sts else None
-        if owner in controllers and (not target.controller_name or owner == target.controller_name):
-            owned.setdefault(str(owner), []).append(pod)
-            statefulset_of[str(owner)] = sts_name
-    if not owned:
-        wanted = f"Controller {target.controller_name}" if target.controller_name else "a Slinky Controller"
-        yield fail(
-            "slinky",
-            f"no slurmctld pod in {where} belongs (through its StatefulSet) to {wanted}",
-            "check the Controller's StatefulSet and injection.controllerSelector",
-        )
-        return None
-    if len(owned) > 1:
-        yield fail(
-            "slinky",
-            f"{where} runs several Slinky Controllers ({', '.join(sorted(owned))}) and {names} choose none",
-            f"label the Metal3DataTemplate {CONTROLLER_NAME_LABEL}=<controller>",
-        )
-        return None
-    name, candidates = next(iter(owned.items()))
-    controller = controllers[name]
     try:
-        # The webhook's own choice (injection_webhook.confserver.active_pod), so the line names the pod nodes get.
-        pod = active_pod(candidates, f"{ns}/{name}")
+        # The webhook's own walk and choice of the active pod, so the line names the pod nodes get.
+        found = find_slurmctld(pods, statefulsets.get, controllers.get, ns, target.controller_name, selector, where)
+        pod = active_pod(list(found.pods), f"{ns}/{found.name}")
+    except NotFound as exc:
+        yield fail("slinky", f"{exc.reason}, for {names}", _not_found_fix(exc, ns, selector))
+        return None
     except Unsatisfied as exc:
         yield fail(
             "slinky",
-            f"{exc.reason}: nodes provisioned now would be denied",
+            f"{exc.reason}: nodes provisioned now would be denied (cluster {target.cluster}, for {names})",
             f"wait for the failover to settle (kubectl -n {ns} get pods -l {selector} -L {ACTIVE_CONTROLLER_LABEL}); "
             "Slinky >= 1.3 marks exactly one slurmctld active",
         )
         return None
-    if len(candidates) == 1:
+    if len(found.pods) == 1:
         how = "its only"
     else:
-        how = f"of {len(candidates)} slurmctld pods, the active ({ACTIVE_CONTROLLER_LABEL}=true)"
+        how = f"of {len(found.pods)} slurmctld pods, the active ({ACTIVE_CONTROLLER_LABEL}=true)"
     status = pod.get("status") or {}
     phase, host = status.get("phase") or "Pending", status.get("hostIP")
-    version = path.version
     line = (
-        f"Controller {ns}/{name} ({SLINKY_GROUP}/{version}, cluster {target.cluster}, for {names}): {how} "
+        f"Controller {ns}/{found.name} ({SLINKY_GROUP}/{path.version}, cluster {target.cluster}, for {names}): {how} "
         f"slurmctld pod {ref_of(pod)} is {phase} on {host or 'no node yet'}"
     )
     if target.notes:
@@ -260,57 +164,53 @@ def _slurmctld(ctx: Context, target: Target, settings: InjectionSettings) -> Gen
     else:
         yield ok("slinky", line)
     services = ctx.read_all(SERVICES.collection(ns), target.kube)
-    return Slurmctld(controller, pod, candidates, statefulset_of[name], services)
+    return Slurmctld(found.name, found.controller, pod, list(found.pods), found.statefulset, services)
 
 
-def _keys(ctx: Context, target: Target, found: Slurmctld, settings: InjectionSettings) -> Iterator[Finding]:
-    controller = found.controller
-    name = metadata_of(controller)["name"]
-    spec = controller.get("spec") or {}
-    ref = spec.get("slurmKeyRef") or {}
-    refs = [("slurm key", "slurmKeyRef", ref.get("name") or f"{name}-auth-slurm", ref.get("key") or "slurm.key")]
-    extras = settings.join_options().extras
-    for template in target.templates:
-        text = annotations_of(template).get(EXTRA_JOIN_DATA_ANNOTATION)
-        try:
-            extras = extras | (parse_extras(text) if text is not None else frozenset())
-        except PolicyError:
-            pass  # reported with the template's conf-server line
-    if JWT_KEY in extras:
-        jwt_ref = spec.get("jwtKeyRef") or spec.get("jwtHs256KeyRef") or {}
-        refs.append(
-            (
-                "JWT key",
-                "jwtKeyRef",
-                jwt_ref.get("name") or f"{name}-auth-jwths256",
-                jwt_ref.get("key") or "jwt_hs256.key",
-            )
+def _not_found_fix(exc: NotFound, ns: str, selector: str) -> str:
+    if exc.cause == NO_POD:
+        return (
+            "set injection.controllerSelector to your Slinky release's labels "
+            f"(kubectl -n {ns} get pods --show-labels; now {selector})"
         )
-    for what, field_name, secret_name, key in refs:
-        yield _key(ctx, target, name, what, field_name, secret_name, key)
+    if exc.cause == SEVERAL:
+        return f"label the Metal3DataTemplate {CONTROLLER_NAME_LABEL}=<controller>"
+    return (
+        "check that the slurmctld StatefulSet is owned by the Slinky Controller (the one the template's "
+        f"{CONTROLLER_NAME_LABEL} names, if it names one) and injection.controllerSelector"
+    )
 
 
-def _key(
-    ctx: Context, target: Target, controller: str, what: str, field_name: str, secret_name: str, key: str
-) -> Finding:
+def _keys(ctx: Context, target: Target, found: Slurmctld) -> Iterator[Finding]:
+    """The Controller's key Secrets the target's templates get: the slurm key, and the JWT key where one asks."""
+    refs = [slurm_key_ref(found.name, found.controller)]
+    if any(JWT_KEY in t.extras for t in target.templates):
+        refs.append(jwt_key_ref(found.name, found.controller))
+    for ref in refs:
+        yield _key(ctx, target, found.name, ref)
+
+
+def _key(ctx: Context, target: Target, controller: str, ref: KeyRef) -> Finding:
     ns = target.namespace
     subject = (
-        f"Secret {ns}/{secret_name} key {key} ({what}, {field_name} of Controller {ns}/{controller}, cluster "
+        f"Secret {ns}/{ref.secret} key {ref.key} ({ref.what}, {ref.field} of Controller {ns}/{controller}, cluster "
         f"{target.cluster})"
     )
     seen = ""
     try:
-        secret = ctx.read(SECRETS.item(ns, secret_name), target.kube)
+        secret = ctx.read(SECRETS.item(ns, ref.secret), target.kube)
     except KubeError as exc:
-        if not forbidden(exc):
+        if not forbidden(exc) or target.cluster != LOCAL:
             raise
         secret, seen = None, "not readable by this identity"
     if secret is None and not seen:
-        return fail("key", f"{subject} does not exist", f"create it, or correct Controller.spec.{field_name}")
+        return fail("key", f"{subject} does not exist", f"create it, or correct Controller.spec.{ref.field}")
     if secret is not None:
-        encoded = (secret.get("data") or {}).get(key)
+        encoded = (secret.get("data") or {}).get(ref.key)
         if not encoded:
-            return fail("key", f"{subject}: the Secret has no key {key}", f"correct Controller.spec.{field_name}.key")
+            return fail(
+                "key", f"{subject}: the Secret has no key {ref.key}", f"correct Controller.spec.{ref.field}.key"
+            )
         try:
             size = len(base64.b64decode(encoded, validate=True))
         except (binascii.Error, ValueError):
@@ -319,7 +219,7 @@ def _key(
     component = ctx.install.injection
     if target.cluster != LOCAL or component is None:
         return ok("key", f"{subject}: {seen} (read by the webhook with cluster {target.cluster}'s kubeconfig)")
-    allowed = [ctx.may(component.username, verb, "secrets", ns, secret_name) for verb in ("list", "watch")]
+    allowed = [ctx.may(component.username, verb, "secrets", ns, ref.secret) for verb in ("list", "watch")]
     if None in allowed:
         rbac = "the webhook's RBAC not checked (this identity may not create SubjectAccessReviews)"
     elif all(allowed):
@@ -329,25 +229,30 @@ def _key(
             "key",
             f"{subject}: {seen}, but the injection webhook's ServiceAccount ({component.username}) may not list "
             "and watch it",
-            "add the namespace to injection.slurmNamespaces and the name to injection.slurmKeySecretNames (or "
-            "injection.jwtKeySecretNames), or leave them empty",
+            _rbac_fix(target, ref),
         )
     return ok("key", f"{subject}: {seen}; {rbac}")
 
 
-def _conf_server(template: dict[str, Any], target: Target, found: Slurmctld, settings: InjectionSettings) -> Finding:
-    ref = ref_of(template)
-    text = annotations_of(template).get(CONF_SERVER_ANNOTATION)
-    try:
-        policy = parse_policy(text) if text is not None else settings.join_options().policy
-    except PolicyError as exc:
-        return fail(
-            "conf-server",
-            f"Metal3DataTemplate {ref} has an invalid annotation {CONF_SERVER_ANNOTATION}={shown(text or '')}: {exc}",
-            f"hostIP, service, service/<name> or host[:port] ({INSTALL}, 'Choosing a conf-server address policy')",
-        )
-    pod = found.pod
+def _rbac_fix(target: Target, ref: KeyRef) -> str:
+    """Which chart values grant the webhook a key Secret (charts/slime/templates/rbac-injection.yaml): its name,
+    in a namespace the chart grants Slinky's objects in."""
+    names = "injection.slurmKeySecretNames" if ref.field == "slurmKeyRef" else "injection.jwtKeySecretNames"
+    ns = target.namespace
+    bound = sorted({f"{t.namespace}={ns}" for t in target.templates if t.namespace != ns})
+    how = f"bound by {', '.join(bound)}" if bound else "the templates' own namespace: list it there"
+    return (
+        f"the chart grants the webhook key Secrets by name: add {ref.secret} to {names}; in every namespace while "
+        "injection.metal3Namespaces is empty, else only in the namespaces it lists and those injection.slurmBindings "
+        f"binds, so namespace {ns} must be one of them ({how}); then helm upgrade"
+    )
+
+
+def _conf_server(template: Template, target: Target, found: Slurmctld, settings: InjectionSettings) -> Finding:
+    """The address the template's policy gives a node provisioned now, from the target's slurmctld."""
+    ref, policy, pod = template.ref, template.policy, found.pod
     pod_ref = ref_of(pod)
+    whose = f"cluster {target.cluster}"
     try:
         if policy.kind == HOST_IP:
             status = pod.get("status") or {}
@@ -368,7 +273,8 @@ def _conf_server(template: dict[str, Any], target: Target, found: Slurmctld, set
     except Unsatisfied as exc:
         return fail(
             "conf-server",
-            f"Metal3DataTemplate {ref} (policy {policy}): nodes provisioned now would be denied: {exc.reason}",
+            f"Metal3DataTemplate {ref} (policy {policy}): nodes provisioned now would be denied: {exc.reason} "
+            f"({whose})",
             f"{INSTALL}, 'Choosing a conf-server address policy'",
         )
     note = ""
@@ -376,8 +282,10 @@ def _conf_server(template: dict[str, Any], target: Target, found: Slurmctld, set
         note = " (the node running slurmctld: a node provisioned before a move keeps the old address)"
     line = (
         f"Metal3DataTemplate {ref} (policy {policy}): a node provisioned now gets slurm_conf_server "
-        f"{endpoint.conf_server}{note}"
+        f"{endpoint.conf_server}{note}, from Controller {target.namespace}/{found.name} in {whose}"
     )
+    if target.metal3data:
+        line += f" (Metal3Data {', '.join(target.metal3data)})"
     # As the webhook does: the names slurm.conf gives slurmctld go to the node's /etc/hosts (slurm_hosts_base64),
     # which can only map them to an IP address.
     names = controller_names(found.pods, found.statefulset, target.namespace)

@@ -13,13 +13,13 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from common.apis import DEPLOYMENTS, SUBJECT_ACCESS_REVIEWS
 from common.cli import ConfigError, build_parser
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.kube import KubeClient, KubeError
 from common.settings import ServiceSettings
 from injection_webhook.settings import InjectionSettings
 from scaling_webhook.settings import ScalingSettings
 
-DEPLOYMENTS = ResourcePath("apps", "v1", "deployments")
 S = TypeVar("S", bound=ServiceSettings)
 
 
@@ -120,7 +120,7 @@ def can_i(
         "kind": "SubjectAccessReview",
         "spec": {"user": user, "resourceAttributes": attributes},
     }
-    answer = kube.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review)
+    answer = kube.request("POST", SUBJECT_ACCESS_REVIEWS.collection(), body=review)
     return bool((answer.get("status") or {}).get("allowed"))
 
 

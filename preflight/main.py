@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from common.kube import KubeConfigError, KubeError, local_client
 from common.meta import is_dns1123_label
+from common.version import version_line
 from preflight.checks import Checks, Options
 from preflight.install import find_installation
 from preflight.report import exit_code, fail, summary
@@ -61,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     )
     command.add_argument(
         "--timeout", metavar="SECONDS", type=float, default=5.0, help="per TLS probe and slurmrestd call [default 5]"
+    )
+    command.add_argument(
+        "--version", action="version", version=version_line("slime-check"), help="print the version and exit"
     )
     return command
 

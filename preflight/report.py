@@ -17,7 +17,8 @@ class Status(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Finding:
     status: Status
-    check: str  # which check: api, slinky, key, conf-server, capm3, mapping, webhook, admission, slurmrestd, release
+    # which check: release, api, bindings, slinky, key, conf-server, capm3, mapping, webhook, admission, slurmrestd
+    check: str
     message: str  # what was found (never a key, a token or a Secret's value)
     fix: str = ""  # what to do about it (FAIL and WARN)
 

@@ -8,16 +8,17 @@ from dataclasses import replace
 
 import httpx
 
+from common.apis import CAPI_VERSIONS, CONFIGMAPS, DEPLOYMENTS
 from common.kube import ResourcePath
-from common.names import CAPI_GROUP
+from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL
 from preflight.apis import KEDA_API, served
-from preflight.context import CONFIGMAPS, DEPLOYMENTS, Context, metadata_of, ref_of
+from preflight.context import Context, metadata_of, ref_of
 from preflight.report import Finding, fail, ok, skip, warn
-from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
-from scaling_webhook.machinedeployments import CAPI_VERSIONS
+from scaling_webhook.decision import autoscaler_annotations, pause_reason, replicas_of, target_replicas
+from scaling_webhook.machine_health.service import condition_of
 from scaling_webhook.mappings import Mapping, MappingError, parse_mappings
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmUnavailable
 
 
 def mappings(ctx: Context) -> Iterator[Finding]:
@@ -155,7 +156,12 @@ def slurmrestd(ctx: Context) -> Iterator[Finding]:
         return
     endpoints: dict[SlurmEndpoint, list[str]] = {}
     for mapping in ctx.table():
-        for block, config in (("safeScaleIn", mapping.safe_scale_in), ("nodeDemand", mapping.node_demand)):
+        blocks = (
+            ("safeScaleIn", mapping.safe_scale_in),
+            ("nodeDemand", mapping.node_demand),
+            ("slurmHealth", mapping.slurm_health),
+        )
+        for block, config in blocks:
             if config is not None:
                 endpoints.setdefault(config.endpoint, []).append(f"{mapping.source} {block}")
     for endpoint, users in endpoints.items():
@@ -231,3 +237,37 @@ def _slurmrestd_unsigned(ctx: Context, endpoint: SlurmEndpoint, url: str, title:
         f"{title}: reachable (HTTP {answer.status_code} without a token); the JWT not tried: Secret {secret} not "
         f"readable by this identity ({rbac})",
     )
+
+
+def health(ctx: Context) -> Iterator[Finding]:
+    """Each slurmHealth pool's Machines that the leader judged not working Slurm nodes (its condition on them)."""
+    if ctx.scaling is None:
+        return
+    pools = [m for m in ctx.table() if m.slurm_health is not None]
+    if not pools:
+        return
+    machines = ctx.kube.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
+    for mapping in pools:
+        config = mapping.slurm_health
+        assert config is not None
+        namespace, name = mapping.machine_deployment
+        pool = ctx.read_all(machines.collection(namespace), selector=f"{DEPLOYMENT_NAME_LABEL}={name}")
+        unhealthy = []
+        for machine in pool:
+            condition = condition_of(machine)
+            if condition is not None and condition.get("status") == "False":
+                unhealthy.append(
+                    f"{metadata_of(machine).get('name')} ({condition.get('reason')}: {condition.get('message')})"
+                )
+        mode = "remediate" if config.remediate else "report only"
+        pool_ref = mapping.machine_deployment_ref
+        title = f"MachineDeployment {pool_ref} (slurmHealth, {mode}, maxUnhealthy {config.max_unhealthy})"
+        if unhealthy:
+            yield warn(
+                "health",
+                f"{title}: {len(unhealthy)} of {len(pool)} Machine(s) are not working Slurm nodes: "
+                + "; ".join(sorted(unhealthy)),
+                "docs/operations.md, 'A Machine is not a working Slurm node'",
+            )
+        else:
+            yield ok("health", f"{title}: none of its {len(pool)} Machine(s) is judged unhealthy")

@@ -9,15 +9,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from common.apis import DEPLOYMENTS, METAL3_VERSIONS, SECRETS, SERVICES
 from common.kube import KubeError
-from common.names import METADATA_KEY, METAL3_GROUP
-from injection_webhook.handler import DRY_RUN_WARNING
-from injection_webhook.resolver import METAL3_VERSIONS
+from common.names import INJECT_CA_FROM_ANNOTATION, METADATA_KEY, METAL3_GROUP
+from injection_webhook.decision import DRY_RUN_WARNING
 from preflight import tls
-from preflight.context import DEPLOYMENTS, INSTALL, SECRETS, SERVICES, Context, annotations_of, metadata_of
+from preflight.context import INSTALL, Context, annotations_of, metadata_of
 from preflight.install import Component, forbidden
 from preflight.report import Finding, fail, ok, skip, warn
-from scaling_webhook.handler import DRY_RUN_WARNING_PREFIX, replicas_of
+from scaling_webhook.decision import DRY_RUN_WARNING_PREFIX, replicas_of
 
 
 def webhooks(ctx: Context) -> Iterator[Finding]:
@@ -41,7 +41,7 @@ def _webhook(ctx: Context, component: Component, kind: str, config: dict[str, An
     name = metadata_of(config)["name"]
     hook = (config.get("webhooks") or [{}])[0]
     client_config = hook.get("clientConfig") or {}
-    injected_by = annotations_of(config).get("cert-manager.io/inject-ca-from")
+    injected_by = annotations_of(config).get(INJECT_CA_FROM_ANNOTATION)
     tls_fix = (
         f"cert-manager's cainjector fills it from Certificate {injected_by}: kubectl -n {ctx.install.namespace} get "
         "certificates, and the cainjector's log"
@@ -211,6 +211,16 @@ def _scaling_dry_run(ctx: Context) -> Finding:
                     f"scaling-webhook: this identity may not scale {mapping.mirror_ref}, which {what} needs (helm "
                     "test's ServiceAccount may not, on purpose)",
                 )
+            if (
+                "admission webhook" in exc.message
+                and f"may not scale mirror Deployment {mapping.mirror_ref}" in exc.message
+            ):
+                # The webhook answered: scaling.allowedRequesters (and keda.scaleRequesters) do not list this identity.
+                return ok(
+                    "admission",
+                    f"scaling-webhook: the API server called it for {what}; it refused this identity, which the "
+                    "requester rule does not list, as it must",
+                )
             return fail(
                 "admission",
                 f"scaling-webhook: {what} failed: {exc.message}",
@@ -222,7 +232,7 @@ def _scaling_dry_run(ctx: Context) -> Finding:
             "admission",
             f"scaling-webhook: the API server admitted {what} without an answer from the webhook (failurePolicy Ignore "
             "hides a failed call from every client)",
-            "the ValidatingWebhookConfiguration's match (scaling.narrowToMirrors, scaling.extraExemptNamespaces), its "
-            f"Service and endpoints, the network policy ({INSTALL}), and the webhook line above",
+            "the ValidatingWebhookConfiguration's match (the mirrors it names: scaling.mappings, extraMirrors), "
+            f"its Service and endpoints, the network policy ({INSTALL}), and the webhook line above",
         )
     return skip("admission", "scaling-webhook: no mapped mirror exists to send a dry run to")

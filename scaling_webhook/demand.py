@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from scaling_webhook.slurm.endpoint import SlurmEndpoint
+
 RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING"})
 WAITING_FOR_NODES = frozenset(
     {"None", "Resources", "Priority", "ReqNodeNotAvail", "NodeDown", "PartitionNodeLimit", "PartitionConfig"}
@@ -48,6 +50,13 @@ DEPENDENCY_REASONS = frozenset({"Dependency", "DependencyNeverSatisfied"})
 IGNORED = ("held", "dependency", "begin_time", "never_fits", "blocked")
 # Host lists and array ranges come from a remote service: expand at most this many names.
 MAX_EXPANSION = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDemandConfig(SlurmEndpoint):
+    """One mapping's ``nodeDemand`` block (validated): the Slurm partition whose work its pool serves."""
+
+    partition: str = ""
 
 
 class DemandError(ValueError):

@@ -34,8 +34,8 @@ from common.kube import KubeClient
 from scaling_webhook.demand import Demand, DemandError, Job, node_demand, parse_job, partition_max_nodes
 from scaling_webhook.mappings import Mapping, MappingSource
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.safe_scale_in.config import SlurmEndpoint
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from scaling_webhook.slurm.endpoint import SlurmEndpoint
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmUnavailable
 
 log = logging.getLogger("slime.scaling.demand")
 

@@ -27,14 +27,23 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from common.kube import KubeClient, KubeError, ResourcePath
+from common.apis import LEASES
+from common.kube import KubeClient, KubeError
 
 log = logging.getLogger("slime.scaling.leader")
 
-LEASES = ResourcePath("coordination.k8s.io", "v1", "leases")
 LEASE_SECONDS = 15.0
 RENEW_DEADLINE_SECONDS = 10.0
 RETRY_SECONDS = 2.0
+
+
+# Called before every write: raises NotLeader when this replica may not write now (the reconciler passes
+# its Lease check; a caller without an election, such as the uninstall hook, passes no_fence).
+Fence = Callable[[], None]
+
+
+def no_fence() -> None:
+    return None
 
 
 class NotLeader(Exception):

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from common.apis import CAPI_VERSIONS, DEPLOYMENTS
 from common.kube import KubeClient, KubeError, ResourcePath
 from common.names import CAPI_GROUP
 from scaling_webhook.errors import ScaleError, denial_code
@@ -24,9 +25,7 @@ from scaling_webhook.errors import ScaleError, denial_code
 log = logging.getLogger("slime.scaling.machinedeployments")
 
 MACHINEDEPLOYMENTS = "machinedeployments"
-CAPI_VERSIONS = ("v1beta2", "v1beta1")
 MERGE_PATCH = "application/merge-patch+json"
-DEPLOYMENTS = ResourcePath("apps", "v1", "deployments")
 
 
 def _object_missing(exc: KubeError) -> bool:

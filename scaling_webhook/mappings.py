@@ -2,16 +2,18 @@
 
 Two forms, which may be combined (docs/interfaces.md, "The scaling ConfigMap"):
 
-* the thesis form: ``machineDeploymentName`` and ``machineDeploymentNamespace``, plus optional
-  ``mirrorDeploymentName`` (default ``mirror-deployment``) and ``mirrorDeploymentNamespace``
-  (default: the webhook's namespace);
+* the single-mapping keys: ``machineDeploymentName``, ``machineDeploymentNamespace`` and
+  ``maxReplicas``, plus optional ``mirrorDeploymentName`` (default ``mirror-deployment``) and
+  ``mirrorDeploymentNamespace`` (default: the webhook's namespace);
 * ``mappings``: a YAML list of ``{mirror: <ns>/<name>, machineDeployment: <ns>/<name>}``, each
   with optional ``maxReplicas`` (the most replicas the MachineDeployment is ever set to; the
-  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn``, ``capacityAware`` and
-  ``nodeDemand`` (docs/scaling.md).
+  chart fills it from the KEDA ``maxReplicaCount``), ``safeScaleIn``, ``capacityAware``,
+  ``nodeDemand`` and ``slurmHealth`` (docs/scaling.md).
 
 One MachineDeployment has one writer: two mappings onto the same MachineDeployment, or from the
-same mirror, are an error naming both.
+same mirror, are an error naming both. A pool is never uncapped: a mapping needs ``maxReplicas``
+unless ``capacityAware`` caps it by the hosts that can take it; anyone allowed to scale the mirror
+could otherwise ask for 2^31-1 Machines.
 
 :func:`parse_mappings` is pure and strict: every problem raises :class:`MappingError` naming
 the key and what is wrong. :class:`MappingSource` follows the ConfigMap through an informer,
@@ -31,24 +33,37 @@ from typing import Any
 
 import yaml
 
+from common.apis import CONFIGMAPS
 from common.cache import Informer
-from common.kube import KubeClient, ResourcePath
+from common.kube import KubeClient
 from common.meta import is_dns1123_label, is_dns1123_subdomain
-from common.names import CAPACITY_AWARE_KEY, MAPPINGS_KEY, MAX_REPLICAS_KEY, NODE_DEMAND_KEY, SAFE_SCALE_IN_KEY
-from scaling_webhook.safe_scale_in.config import (
-    SLURM_API_VERSIONS,
-    NodeDemandConfig,
-    SafeScaleInConfig,
-    SlurmEndpoint,
-    parse_released_nodes,
+from common.names import (
+    CAPACITY_AWARE_KEY,
+    MAPPINGS_KEY,
+    MAX_REPLICAS_KEY,
+    NODE_DEMAND_KEY,
+    SAFE_SCALE_IN_KEY,
+    SLURM_HEALTH_KEY,
 )
+from scaling_webhook.demand import NodeDemandConfig
+from scaling_webhook.machine_health.config import (
+    DEFAULT_MAX_UNHEALTHY,
+    DEFAULT_REGISTRATION_TIMEOUT,
+    DEFAULT_SLURM_USER,
+    DEFAULT_UNHEALTHY_TIMEOUT,
+    SlurmHealthConfig,
+    parse_duration,
+    parse_max_unhealthy,
+)
+from scaling_webhook.safe_scale_in.config import SafeScaleInConfig, parse_released_nodes
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.mappings")
 
 Ref = tuple[str, str]  # (namespace, name)
 
 DEFAULT_MIRROR_NAME = "mirror-deployment"
-THESIS_KEYS = (
+SINGLE_MAPPING_KEYS = (
     "machineDeploymentName",
     "machineDeploymentNamespace",
     "mirrorDeploymentName",
@@ -56,13 +71,27 @@ THESIS_KEYS = (
 )
 ITEM_KEYS = ("mirror", "machineDeployment")
 # Per-mapping options: ``maxReplicas`` and ``safeScaleIn`` (docs/scaling.md).
-OPTION_KEYS: tuple[str, ...] = (MAX_REPLICAS_KEY, SAFE_SCALE_IN_KEY, CAPACITY_AWARE_KEY, NODE_DEMAND_KEY)
+OPTION_KEYS: tuple[str, ...] = (
+    MAX_REPLICAS_KEY,
+    SAFE_SCALE_IN_KEY,
+    CAPACITY_AWARE_KEY,
+    NODE_DEMAND_KEY,
+    SLURM_HEALTH_KEY,
+)
 # Replicas are int32 in Kubernetes (autoscaling/v1 Scale, CAPI MachineDeployment).
 MAX_INT32 = 2**31 - 1
 OPTION_KEYS_LOWER = {k.lower() for k in OPTION_KEYS}
 SLURM_ENDPOINT_KEYS = ("slurmrestd", "jwtSecret", "jwtKey", "apiVersion", "tokenUser")
 SAFE_SCALE_IN_KEYS = (*SLURM_ENDPOINT_KEYS, "drainTimeoutSeconds", "releasedNodes")
 NODE_DEMAND_KEYS = ("partition", *SLURM_ENDPOINT_KEYS)
+SLURM_HEALTH_KEYS = (
+    *SLURM_ENDPOINT_KEYS,
+    "registrationTimeout",
+    "unhealthyTimeout",
+    "remediate",
+    "maxUnhealthy",
+    "slurmUser",
+)
 # Slurm allows more, but a partition is also a URL path segment (/demand/<partition>) and a label value.
 PARTITION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -78,7 +107,7 @@ class Mapping:
     mirror: Ref
     machine_deployment: Ref
     options: AnyMapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
-    source: str = ""  # where it was declared, for messages: "thesis keys" or "mappings[0]"
+    source: str = ""  # where it was declared, for messages: "the single-mapping keys" or "mappings[0]"
     max_replicas: int | None = None  # the MachineDeployment is never set above this
     capacity_aware: bool = False  # increases are capped at the hosts that can take them (scaling_webhook.capacity)
 
@@ -93,6 +122,12 @@ class Mapping:
         """Where this mapping's node demand is read, or None when it did not opt in."""
         value = self.options.get(NODE_DEMAND_KEY)
         return value if isinstance(value, NodeDemandConfig) else None
+
+    @property
+    def slurm_health(self) -> SlurmHealthConfig | None:
+        """The machine-health settings, or None when this mapping did not opt in."""
+        value = self.options.get(SLURM_HEALTH_KEY)
+        return value if isinstance(value, SlurmHealthConfig) else None
 
     @property
     def mirror_ref(self) -> str:
@@ -232,6 +267,37 @@ def _node_demand(value: Any, where: str, shared: SlurmEndpoint | None) -> NodeDe
     return NodeDemandConfig(**_fields(_endpoint(block, where, shared)), partition=partition)
 
 
+def _slurm_health(value: Any, where: str, shared: SlurmEndpoint | None) -> SlurmHealthConfig:
+    block = _block(value, where, SLURM_HEALTH_KEYS)
+    if shared is None and not all(key in block for key in ("slurmrestd", "jwtSecret")):
+        raise MappingError(
+            f"{where}: needs slurmrestd and jwtSecret (here, or in the mapping's safeScaleIn or nodeDemand block)"
+        )
+    endpoint = _endpoint(block, where, shared)
+    try:
+        registration = parse_duration(
+            block.get("registrationTimeout", DEFAULT_REGISTRATION_TIMEOUT), f"{where}.registrationTimeout"
+        )
+        unhealthy = parse_duration(
+            block.get("unhealthyTimeout", DEFAULT_UNHEALTHY_TIMEOUT), f"{where}.unhealthyTimeout"
+        )
+        max_unhealthy = parse_max_unhealthy(block.get("maxUnhealthy", DEFAULT_MAX_UNHEALTHY), f"{where}.maxUnhealthy")
+    except ValueError as exc:
+        raise MappingError(str(exc)) from None
+    remediate = _flag(block["remediate"], f"{where}.remediate") if "remediate" in block else False
+    slurm_user = block.get("slurmUser", DEFAULT_SLURM_USER)
+    if not isinstance(slurm_user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", slurm_user.strip()):
+        raise MappingError(f"{where}.slurmUser: {slurm_user!r} is not a user name (SlurmUser in slurm.conf)")
+    return SlurmHealthConfig(
+        **_fields(endpoint),
+        registration_timeout_seconds=registration,
+        unhealthy_timeout_seconds=unhealthy,
+        remediate=remediate,
+        max_unhealthy=max_unhealthy,
+        slurm_user=slurm_user.strip(),
+    )
+
+
 def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
     return {
         "slurmrestd": endpoint.slurmrestd,
@@ -242,9 +308,14 @@ def _fields(endpoint: SlurmEndpoint) -> dict[str, Any]:
     }
 
 
-def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
-    present = [k for k in THESIS_KEYS if k in data]
+def _single_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | None:
+    present = [k for k in SINGLE_MAPPING_KEYS if k in data]
     if not present:
+        if MAX_REPLICAS_KEY in data:
+            raise MappingError(
+                f"{MAX_REPLICAS_KEY}: belongs to the single-mapping keys (machineDeploymentName, ...), which are "
+                f"absent; an item of {MAPPINGS_KEY} takes its own {MAX_REPLICAS_KEY}"
+            )
         return None
     for key in ("machineDeploymentName", "machineDeploymentNamespace"):
         if key not in data:
@@ -263,7 +334,13 @@ def _thesis_mapping(data: AnyMapping[str, Any], namespace: str) -> Mapping | Non
         _check_namespace(values.get("mirrorDeploymentNamespace", namespace), "mirrorDeploymentNamespace"),
         _check_name(values.get("mirrorDeploymentName", DEFAULT_MIRROR_NAME), "mirrorDeploymentName"),
     )
-    return Mapping(mirror=mirror, machine_deployment=md, source="thesis keys")
+    max_replicas = None
+    if MAX_REPLICAS_KEY in data:
+        text = data[MAX_REPLICAS_KEY]
+        if not isinstance(text, str) or not text.strip().isdigit():
+            raise MappingError(f"{MAX_REPLICAS_KEY}: must be an integer from 0 to {MAX_INT32}, got {text!r}")
+        max_replicas = _max_replicas(int(text), MAX_REPLICAS_KEY)
+    return Mapping(mirror=mirror, machine_deployment=md, source="the single-mapping keys", max_replicas=max_replicas)
 
 
 def _list_mappings(text: Any) -> list[Mapping]:
@@ -305,6 +382,9 @@ def _list_mappings(text: Any) -> list[Mapping]:
             parsed[NODE_DEMAND_KEY] = _node_demand(
                 item[NODE_DEMAND_KEY], f"{where}.{NODE_DEMAND_KEY}", parsed.get(SAFE_SCALE_IN_KEY)
             )
+        if SLURM_HEALTH_KEY in item:
+            shared = parsed.get(SAFE_SCALE_IN_KEY) or parsed.get(NODE_DEMAND_KEY)
+            parsed[SLURM_HEALTH_KEY] = _slurm_health(item[SLURM_HEALTH_KEY], f"{where}.{SLURM_HEALTH_KEY}", shared)
         options = MappingProxyType(parsed)
         mappings.append(
             Mapping(
@@ -335,19 +415,29 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
+def uncapped_message(source: str, mirror: str) -> str:
+    """Why a mapping without a ceiling is refused (the chart refuses it with the same words)."""
+    return (
+        f"{source} (mirror {mirror}): {MAX_REPLICAS_KEY} is required unless {CAPACITY_AWARE_KEY} caps the pool: a "
+        f"mirror anyone can scale would otherwise ask for up to {MAX_INT32} Machines"
+    )
+
+
 def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> MappingTable:
     """The table described by a ConfigMap's ``data``; ``namespace`` is the webhook's own."""
     data = data or {}
     mappings: list[Mapping] = []
-    thesis = _thesis_mapping(data, namespace)
-    if thesis is not None:
-        mappings.append(thesis)
+    single = _single_mapping(data, namespace)
+    if single is not None:
+        mappings.append(single)
     if MAPPINGS_KEY in data:
         mappings.extend(_list_mappings(data[MAPPINGS_KEY]))
     by_mirror: dict[Ref, Mapping] = {}
     by_machine_deployment: dict[Ref, Mapping] = {}
     by_partition: dict[str, Mapping] = {}
     for mapping in mappings:
+        if mapping.max_replicas is None and not mapping.capacity_aware:
+            raise MappingError(uncapped_message(mapping.source, mapping.mirror_ref))
         first = by_mirror.get(mapping.mirror)
         if first is not None:
             raise MappingError(
@@ -376,8 +466,6 @@ def parse_mappings(data: AnyMapping[str, Any] | None, namespace: str) -> Mapping
 
 
 # --- the live source -----------------------------------------------------------------------------
-
-CONFIGMAPS = ResourcePath("", "v1", "configmaps")
 
 
 class MappingSource:

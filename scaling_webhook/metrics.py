@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from common.admission import bounded
 from common.metrics import LATENCY_BUCKETS, WebhookMetrics
 
 DECISION_OUTCOMES = ("accepted", "dry_run", "unmapped", "denied")
@@ -125,10 +126,42 @@ class ScalingMetrics:
             "about, never released).",
             registry=registry,
         )
+        self.pools_released = Counter(
+            "slime_scaling_pools_released_total",
+            "Pools that left safe scale-in (mapping removed or opt-in turned off) and were released: every hook and "
+            "mark of SliMe taken off, its drains resumed.",
+            registry=registry,
+        )
+        self.pools_leaving = Gauge(
+            "slime_scaling_pools_leaving",
+            "Pools that left safe scale-in whose deleting Machines SliMe still holds, each until Slurm reports its "
+            "node idle.",
+            registry=registry,
+        )
         self.orphans_undrained = Counter(
             "slime_scaling_orphan_drains_undone_total",
             "Nodes drained by SliMe whose Machine was neither marked nor deleting, undrained because no scale-in "
             "needed them.",
+            registry=registry,
+        )
+        # Machine health (opt-in per mapping: slurmHealth).
+        self.unhealthy_machines = Gauge(
+            "slime_scaling_unhealthy_machines",
+            "Machines of a slurmHealth pool judged unhealthy in the last pass, by pool (mapping: the "
+            "MachineDeployment's namespace/name) and reason (NeverRegistered, NodeLost).",
+            ["mapping", "reason"],
+            registry=registry,
+        )
+        self.remediations = Counter(
+            "slime_scaling_remediations_total",
+            "Unhealthy Machines deleted for their MachineSet to replace (slurmHealth.remediate), by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.remediation_short_circuits = Counter(
+            "slime_scaling_remediation_short_circuits_total",
+            "Passes in which a pool had more unhealthy Machines than slurmHealth.maxUnhealthy, so none was "
+            "remediated (a site-wide outage must not delete the site).",
             registry=registry,
         )
         self.slurm_errors = Counter(
@@ -146,6 +179,7 @@ class ScalingMetrics:
     def count_requester(self, name: str) -> None:
         """Count a mapped scale by its requester. Review text names the requester, so the label takes
         the first :data:`REQUESTER_LABELS` distinct names and ``other`` after them: bounded cardinality."""
+        name = bounded(name)
         if name not in self._requesters and len(self._requesters) >= REQUESTER_LABELS:
             name = "other"
         self._requesters.add(name)

@@ -24,6 +24,9 @@ MachineDeployment or Cluster, on every mapping change, on gaining the Lease, and
    ``ScaledFromMirror`` when the mirror moved, ``DriftCorrected`` when the MachineDeployment had
    been changed by someone else.
 
+Before any of it, a pool with ``slurmHealth`` has its Machines judged against Slurm and reported,
+and unhealthy ones remediated unless it is paused (:mod:`scaling_webhook.machine_health`).
+
 A mirror or MachineDeployment that does not exist is never read as 0: the mapping waits.
 """
 
@@ -47,16 +50,20 @@ from common.names import (
     REASON_CAPPED,
     REASON_DRIFT,
     REASON_PAUSED,
+    REASON_SAFE_SCALE_IN_OFF,
+    REASON_SAFE_SCALE_IN_OFF_WAITING,
     REASON_SCALED,
 )
 from scaling_webhook.capacity import CapacityUnknown
+from scaling_webhook.decision import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.handler import autoscaler_annotations, pause_reason, replicas_of, target_replicas
 from scaling_webhook.leader import LeaderElector, NotLeader
+from scaling_webhook.machine_health.service import MachineHealth
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingSource, MappingTable, Ref
 from scaling_webhook.metrics import WAIT_REASONS, ScalingMetrics
 from scaling_webhook.safe_scale_in.service import SafeScaleIn, Seen
+from scaling_webhook.slurm.reads import SlurmReads
 from scaling_webhook.watches import MappedObjects
 
 log = logging.getLogger("slime.scaling.reconciler")
@@ -82,6 +89,28 @@ def _version(obj: dict[str, Any] | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
+class Wakeup:
+    """Asks the reconciler for a pass soon. Made first and handed to every part whose changes matter
+    (the watches, the mapping source, the elector), so none needs the reconciler itself; any thread may
+    call it, with any arguments (each part passes what its callback carries)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def __call__(self, *_: object) -> None:
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(event.set)
+
+    def attach(self) -> asyncio.Event:
+        """The event the running loop's reconciler waits on (called once, from that loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        return self._event
+
+
 class Reconciler:
     def __init__(
         self,
@@ -91,8 +120,11 @@ class Reconciler:
         events: EventRecorder,
         metrics: ScalingMetrics,
         resync_seconds: float,
+        wakeup: Wakeup,
+        reads: SlurmReads,
         leader: LeaderElector | None = None,
         safe: SafeScaleIn | None = None,
+        health: MachineHealth | None = None,
     ) -> None:
         self.source = source
         self.objects = objects
@@ -101,13 +133,15 @@ class Reconciler:
         self.metrics = metrics
         self.resync_seconds = resync_seconds
         self.leader = leader
+        self.reads = reads  # Slurm's node list, read once per pass for every Slurm opt-in
         self.safe = safe  # Slurm-aware scale-in of mappings that opted in (safeScaleIn)
+        self.health = health  # Slurm-aware machine health of mappings that opted in (slurmHealth)
         self._lock = threading.Lock()  # one pass at a time in this process
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self.wakeup = wakeup
         self._applied: dict[Ref, int] = {}  # MachineDeployment -> the replicas this process last set
         self._told: dict[tuple[Ref, str], str] = {}  # (MachineDeployment, reason) -> message last recorded
         self._followed = MappingTable()
+        self._leaving: dict[Ref, Mapping] = {}  # pools that left safe scale-in, with SliMe's hooks still to take off
         self._errors = 0  # failed mappings in the last pass
         self._shortfall = 0  # replicas capacityAware mappings could not have in the last pass
         self._retry_in = RETRY_SECONDS[0]
@@ -132,7 +166,11 @@ class Reconciler:
             changes: list[Change] = []
             self._errors = 0
             if self.leading:
+                self.reads.begin_pass()
                 self._release_removed(table)
+                self._leave_safe_scale_in(table)
+                if self.health is not None:
+                    self.health.retain({m.machine_deployment for m in table if m.slurm_health is not None})
                 waiting: Counter[str] = Counter()
                 self._shortfall = 0
                 for mapping in table:
@@ -167,6 +205,7 @@ class Reconciler:
             self._tell(mapping, "missing", f"{absent} not found; the MachineDeployment is left as it is")
             return None
         current = replicas_of(md)
+        never_registered = self._check_health(mapping, md)
         if _annotations(mirror).get(ADOPTED_ANNOTATION) != mapping.machine_deployment_ref:
             return self._adopt(mapping, current)
         managed = autoscaler_annotations(md)
@@ -206,19 +245,56 @@ class Reconciler:
         safe = self.safe if mapping.safe_scale_in is not None else None
         scale_up = current is None or target > current
         if safe is not None and not scale_up:
-            safe.maintain(mapping, scale_in_pending=current is not None and current > target, fence=self.fence)
+            safe.maintain(
+                mapping,
+                scale_in_pending=current is not None and current > target,
+                fence=self.fence,
+                machines=self.objects.machines(mapping),
+                replicas=current,
+                never_registered=never_registered,
+            )
         if current == target:
             self._applied[mapping.machine_deployment] = target
             return None
-        change = self._follow(mapping, md, current, target)
+        change = self._follow(mapping, md, current, target, never_registered)
         if safe is not None and scale_up:
             # After the write, not before: nothing maintain does (hooks on existing Machines, releases,
             # undrains) holds a new host back, and its Machine list and slurmrestd read would delay
             # every scale-up by their round trips.
-            safe.maintain(mapping, scale_in_pending=False, fence=self.fence)
+            safe.maintain(
+                mapping,
+                scale_in_pending=False,
+                fence=self.fence,
+                machines=self.objects.machines(mapping),
+                replicas=target,
+                never_registered=never_registered,
+            )
         return change
 
-    def _follow(self, mapping: Mapping, md: dict[str, Any], current: int | None, target: int) -> Change | None:
+    def _check_health(self, mapping: Mapping, md: dict[str, Any]) -> frozenset[str]:
+        """Machine health of a slurmHealth pool, before anything moves it: reported whatever the pool does next,
+        remediated unless paused. The Machines it judged never registered (safe scale-in removes them first)."""
+        if self.health is None or mapping.slurm_health is None:
+            return frozenset()
+        machines = self.objects.machines(mapping)
+        if machines is None:
+            return frozenset()
+        paused = pause_reason(mapping, md, self.objects.cluster(mapping))
+        try:
+            report = self.health.check(mapping, machines, paused, self.fence)
+        except ScaleError as exc:
+            self._failed(mapping, exc)
+            return frozenset()
+        return report.never_registered
+
+    def _follow(
+        self,
+        mapping: Mapping,
+        md: dict[str, Any],
+        current: int | None,
+        target: int,
+        never_registered: frozenset[str] = frozenset(),
+    ) -> Change | None:
         moved = self._applied.get(mapping.machine_deployment) == current  # the MachineDeployment is where we left it
         before = _version(self.objects.machine_deployment(mapping))
         if self.safe is not None and mapping.safe_scale_in is not None:
@@ -227,7 +303,7 @@ class Reconciler:
                 # A scale-up is decided from the caches (current and version of the same cached object),
                 # its write conditional on that version; a scale-down reads afresh, as it chooses victims.
                 seen = Seen(current, decided_on, self.objects.machines(mapping))
-            outcome = self.safe.apply(mapping, target, fence=self.fence, seen=seen)
+            outcome = self.safe.apply(mapping, target, fence=self.fence, seen=seen, never_registered=never_registered)
             # The next pass's scale-up reads the pending victims from the Machine cache: let it hold these marks.
             self.objects.wait_marks(mapping, outcome.victims, outcome.reclaimed)
             if outcome.replicas is None:
@@ -286,6 +362,13 @@ class Reconciler:
                 f"{capacity.bound} host(s) are in use by this pool and {capacity.free} available BareMetalHost(s) "
                 "match its Metal3MachineTemplate's hostSelector"
             )
+            if capacity.reuse:
+                why += f" ({capacity.reuse} of them booked for this pool's node reuse)"
+            if capacity.stale:
+                why += (
+                    f"; {capacity.stale} more carry this pool's node-reuse label but a consumerRef that is not its "
+                    "Cluster's, a stale booking not counted"
+                )
         waiting["capacity"] += 1
         self._shortfall += target - allowed
         self._tell(
@@ -333,6 +416,44 @@ class Reconciler:
         )
         return Change(mapping, "adopt", current)
 
+    def _leave_safe_scale_in(self, table: MappingTable) -> None:
+        """Pools that left safe scale-in since the last pass (mapping removed, opt-in turned off): take SliMe's
+        hooks and marks off and resume its drains (:meth:`SafeScaleIn.release_pool`), pass after pass until
+        nothing of SliMe's holds a Machine there; a busy node is never let go, it is waited for and reported."""
+        if self.safe is None:
+            return
+        safe_now = {m.machine_deployment for m in table if m.safe_scale_in is not None}
+        for mapping in self._followed:
+            if mapping.safe_scale_in is not None and mapping.machine_deployment not in safe_now:
+                self._leaving[mapping.machine_deployment] = mapping
+        for ref, mapping in list(self._leaving.items()):
+            if ref in safe_now:  # opted in again: safe scale-in looks after it as before
+                del self._leaving[ref]
+                continue
+            try:
+                report = self.safe.release_pool(mapping, fence=self.fence)
+            except ScaleError as exc:
+                self._failed(mapping, exc)
+                continue
+            if report.done:
+                del self._leaving[ref]
+                self.metrics.pools_released.inc()
+                log.info(
+                    "pool left safe scale-in",
+                    extra={"machinedeployment": mapping.machine_deployment_ref, "done": report.message},
+                )
+                self._tell(mapping, REASON_SAFE_SCALE_IN_OFF, f"Safe scale-in turned off: {report.message}")
+            else:
+                self._tell(
+                    mapping,
+                    REASON_SAFE_SCALE_IN_OFF_WAITING,
+                    f"Safe scale-in turned off; waiting for Slurm before letting go of the rest: {report.message}. "
+                    "Each is released as soon as Slurm reports its node idle (docs/operations.md, 'Turning safe "
+                    "scale-in off').",
+                    warning=True,
+                )
+        self.metrics.pools_leaving.set(len(self._leaving))
+
     def _release_removed(self, table: MappingTable) -> None:
         """Mappings gone since the last pass: take the adoption mark off their mirrors (best effort)."""
         kept = {m.mirror for m in table}
@@ -375,22 +496,14 @@ class Reconciler:
 
     # --- the loop ---------------------------------------------------------------------------------
 
-    def trigger(self) -> None:
-        """Ask for a pass soon (thread-safe; watches, the mapping source and the elector call it)."""
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closing
-                loop.call_soon_threadsafe(wake.set)
-
     async def run(self, stop: asyncio.Event) -> None:
-        """A ServiceRunner background task: a pass at start, on triggers and every resync period."""
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        """A ServiceRunner background task: a pass at start, on every wake-up and every resync period."""
+        woken = self.wakeup.attach()
         while not stop.is_set() and not self.source.loaded:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
         while not stop.is_set():
-            self._wake.clear()
+            woken.clear()
             try:
                 await asyncio.to_thread(self._discover_and_reconcile)
             except Exception:
@@ -400,7 +513,7 @@ class Reconciler:
                 self._retry_in = min(self._retry_in * 2, RETRY_SECONDS[1])
             else:
                 pause, self._retry_in = self.resync_seconds, RETRY_SECONDS[0]
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(woken.wait())]
             try:
                 await asyncio.wait(waiters, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -21,11 +21,13 @@ class ScalingSettings(ServiceSettings):
     config_map: str = Field(
         DEFAULT_CONFIG_MAP,
         description="Name of the ConfigMap holding the mirror -> MachineDeployment mappings (in --namespace).",
+        json_schema_extra={"metavar": "NAME"},
     )
     namespace: str = Field(
         "default",
         validation_alias=AliasChoices("POD_NAMESPACE"),
         description="The webhook's own namespace: where the ConfigMap lives, and the default mirror namespace.",
+        json_schema_extra={"metavar": "NAME"},
     )
     resync_seconds: float = Field(
         30.0, gt=0, description="Period of the reconciler that heals MachineDeployment drift."

@@ -3,7 +3,7 @@
 One list+watch cache per named object (``fieldSelector=metadata.name=<name>``, which RBAC can
 narrow with ``resourceNames``). Mappings with ``safeScaleIn`` or ``capacityAware`` also
 watch the pool's Machines (by the ``cluster.x-k8s.io/deployment-name`` label), so a new Machine
-gets its pre-drain hook at once and a scale-up finds the Machines to reclaim without a list;
+gets its pre-terminate hook at once and a scale-up finds the Machines to reclaim without a list;
 ``capacityAware`` ones also the pool's Metal3MachineTemplate (by name) and the BareMetalHosts of
 its namespace, so a host becoming available raises a capped pool at once
 (:mod:`scaling_webhook.capacity`). Admissions read them to check a review against the cluster; the
@@ -20,21 +20,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from common.apis import BAREMETALHOSTS, DEPLOYMENTS, METAL3_VERSIONS
 from common.cache import Informer
 from common.kube import KubeClient, KubeError, ResourcePath
 from common.names import CAPI_GROUP, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, METAL3_GROUP
 from scaling_webhook.capacity import Capacity, CapacityUnknown, count, template_name
 from scaling_webhook.errors import ScaleError
-from scaling_webhook.machinedeployments import DEPLOYMENTS, MachineDeploymentScaler
+from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping, MappingTable, Ref
-from scaling_webhook.safe_scale_in.victims import machine_annotations
+from scaling_webhook.slurm.machines import machine_annotations
 
 log = logging.getLogger("slime.scaling.watches")
 
 Obj = dict[str, Any]
-
-BAREMETALHOSTS = ResourcePath("metal3.io", "v1alpha1", "baremetalhosts")
-METAL3_VERSIONS = ("v1beta2", "v1beta1")
 
 
 def _slim_host(obj: Obj) -> Obj:
@@ -123,17 +121,19 @@ class MappedObjects:
     def _follow_pools(
         self, table: MappingTable, machine_deployments: ResourcePath, wanted: set[tuple[str, Ref]]
     ) -> None:
-        """Watch the pools' Machines (safe scale-in, capacity) and what capacity counts
+        """Watch the pools' Machines (safe scale-in, machine health, capacity) and what capacity counts
         (errors surface in :meth:`capacity`).
 
         A Machine's watch event wakes the reconciler, so a Machine Cluster API just created gets
-        safe scale-in's pre-drain hook within one event, not one resync later: a Machine deleted
+        safe scale-in's pre-terminate hook within one event, not one resync later: a Machine deleted
         before it carries the hook would not be held.
         """
         machines = ResourcePath(CAPI_GROUP, machine_deployments.version, "machines")
         for mapping in table:
             md = self.machine_deployment(mapping)
-            if md is None or not (mapping.capacity_aware or mapping.safe_scale_in is not None):
+            if md is None or not (
+                mapping.capacity_aware or mapping.safe_scale_in is not None or mapping.slurm_health is not None
+            ):
                 continue
             namespace, name = mapping.machine_deployment
             self._informer(
@@ -176,7 +176,8 @@ class MappedObjects:
             raise CapacityUnknown(f"Metal3MachineTemplate {namespace}/{template} not found")
         hosts = self._listed("hosts", (namespace, ""), mapping).items()
         machines = self._listed("machines", mapping.machine_deployment, mapping).items()
-        return count(namespace, name, template_obj, hosts, machines)
+        cluster = self.cluster_ref(mapping)  # the MachineDeployment's spec.clusterName: CAPM3 v1.14 books hosts by it
+        return count(namespace, name, template_obj, hosts, machines, cluster=cluster[1] if cluster else None)
 
     def _listed(self, kind: str, ref: Ref, mapping: Mapping) -> Informer:
         informer = self._cache(kind, ref)

@@ -224,8 +224,12 @@ def test_durations_the_docs_quote_for_a_chart_value_are_its_default() -> None:
     assert not wrong, wrong
 
 
-def test_the_version_is_the_same_in_the_four_places() -> None:
-    """docs/release.md, step 1: the product, the kit, the chart and the image tag the chart runs."""
+NAMED_VERSION = re.compile(r"(?:localhost/slime|/hpc/slime|slime-)[:-]?(\d+\.\d+\.\d+)\b|--version (\d+\.\d+\.\d+)")
+
+
+def test_the_version_is_the_same_everywhere_it_is_written() -> None:
+    """docs/release.md, step 1: the product, the kit, the chart, the image tag the chart runs, the Dockerfile's
+    VERSION build argument (its label), and every image tag and chart version the pages build or install."""
     import tomllib
 
     chart = yaml.safe_load((REPO / "charts" / "slime" / "Chart.yaml").read_text())
@@ -235,7 +239,17 @@ def test_the_version_is_the_same_in_the_four_places() -> None:
         "Chart.yaml version": chart["version"],
         "Chart.yaml appVersion": str(chart["appVersion"]),
     }
-    assert len(set(versions.values())) == 1, versions
+    for i, found in enumerate(re.findall(r"^ARG VERSION=(\S+)$", (REPO / "Dockerfile").read_text(), re.M)):
+        versions[f"Dockerfile ARG VERSION ({i + 1})"] = found
+    assert len(versions) == 6 and len(set(versions.values())) == 1, versions
+    (version,) = set(versions.values())
+    stale = sorted(
+        f"{doc.relative_to(REPO)}: {m.group(0)}"
+        for doc in [*DOCS, REPO / "Dockerfile"]
+        for m in NAMED_VERSION.finditer(doc.read_text())
+        if (m.group(1) or m.group(2)) != version and "CHANGELOG" not in doc.name
+    )
+    assert not stale, f"pages name another version than {version}: {stale}"
 
 
 def test_every_page_gives_the_readmes_test_command_as_ci_runs_it() -> None:
@@ -250,3 +264,42 @@ def test_every_page_gives_the_readmes_test_command_as_ci_runs_it() -> None:
         if "pip install" in line and "pytest" in line and command not in line
     ]
     assert not quoted, f"pages quote a test command that is not the README's ({command}): {quoted}"
+
+
+def table_rows(text: str) -> list[list[tuple[int, int]]]:
+    """Each Markdown table of ``text``: its rows as (line number, cell count), outside code blocks.
+
+    A cell boundary is a ``|`` that is not escaped (``\\|``) and not inside a code span."""
+    tables: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        stripped = line.strip()
+        if not fenced and stripped.startswith("|"):
+            bare = re.sub(r"`[^`]*`", "", stripped.replace("\\|", ""))
+            current.append((number, len(bare.strip("|").split("|"))))
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def test_every_table_row_has_the_headers_cells() -> None:
+    """Review 2026-11-26, doc error 1: configuration.md's `--resync-seconds` row had one cell too many."""
+    wrong = []
+    for doc in DOCS:
+        for rows in table_rows(doc.read_text()):
+            (_, header), *rest = rows
+            wrong += [
+                f"{doc.relative_to(REPO)}:{n}: {cells} cells, header {header}" for n, cells in rest if cells != header
+            ]
+    assert not wrong, wrong
+
+
+def test_the_table_check_catches_a_broken_row() -> None:
+    broken = "| a | b |\n|---|---|\n| `x|y` | z \\| w |\n| 1 | 2 | 3 |\n"
+    assert table_rows(broken) == [[(1, 2), (2, 2), (3, 2), (4, 3)]]

@@ -24,17 +24,26 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("common", "injection_webhook", "scaling_webhook", "preflight")
+PRODUCT = ("common", "injection_webhook", "scaling_webhook", "preflight", "lifecycle")
 KIT = ("kubemu", "demo", "bench", "testbed", "certs")  # the slime-kit distribution, in kit/
 SERVICES = ("injection_webhook", "scaling_webhook")
 # package -> the first-party packages it must not import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "common": (*SERVICES, "preflight", *KIT, "tests"),
-    "injection_webhook": ("scaling_webhook", "preflight", *KIT, "tests"),
-    "scaling_webhook": ("injection_webhook", "preflight", *KIT, "tests"),
-    "preflight": (*KIT, "tests"),  # the preflight check reads both services' models; neither service imports it
+    "common": (*SERVICES, "preflight", "lifecycle", *KIT, "tests"),
+    "injection_webhook": ("scaling_webhook", "preflight", "lifecycle", *KIT, "tests"),
+    "scaling_webhook": ("injection_webhook", "preflight", "lifecycle", *KIT, "tests"),
+    "preflight": (
+        "lifecycle",
+        *KIT,
+        "tests",
+    ),  # the preflight check reads both services' models; neither service imports it
+    "lifecycle": (
+        "preflight",
+        *KIT,
+        "tests",
+    ),  # the chart's hook Jobs (certificates, teardown) read the scaling service
     "kubemu": (*PRODUCT, "demo", "bench", "testbed", "certs", "tests"),
-    "certs": (*PRODUCT, "kubemu", "demo", "bench", "testbed", "tests"),
+    "certs": (*SERVICES, "preflight", "lifecycle", "kubemu", "demo", "bench", "testbed", "tests"),  # common: --version
     "testbed": ("demo", "bench", "tests"),
     "demo": ("bench", "tests"),
     "bench": ("demo", "tests"),
@@ -109,7 +118,7 @@ def test_the_test_bed_keeps_its_layers() -> None:
     ("package", "source", "expected"),
     [
         ("injection_webhook", "from scaling_webhook.mappings import Mapping\n", "imports scaling_webhook"),
-        ("scaling_webhook", "import injection_webhook.handler\n", "imports injection_webhook"),
+        ("scaling_webhook", "import injection_webhook.decision\n", "imports injection_webhook"),
         ("common", "from kubemu import Emulator\n", "imports kubemu"),
         ("scaling_webhook", "from preflight.checks import Checks\n", "imports preflight"),
         ("preflight", "from testbed.framework.world import seed_slinky\n", "imports testbed"),

@@ -28,7 +28,11 @@ def test_rbac_audit_covers_a_story_of_both_services(
     _, data = seed_metal3(emulator, template_labels={"slurm-controller-namespace": "slurm"})
     emulator.create(mirror("mirror-a", replicas=1))
     emulator.create(machine_deployment("md-a", "metal3", replicas=1))
-    emulator.create(config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    emulator.create(
+        config_map(
+            {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"}
+        )
+    )
     injection = start_injection(emulator.write_kubeconfig(tmp_path / "kubeconfig"), pki)
     try:
         assert injection.review("/mutate", secret_request(metadata_secret(data)))["patchType"] == "JSONPatch"

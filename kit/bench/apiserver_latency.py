@@ -52,7 +52,7 @@ from testbed.scenarios.site import Site, building
 
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 OWN_METRIC = "slime_webhook_latency_seconds"
-CONNECTIONS = "slime_webhook_connections_total"
+CONNECTIONS = 'slime_webhook_connections_total{port="admission"}'
 LOAD_LIMIT_SECONDS = 900  # a CPU burner outlives no run, even one the bench never stops
 WEBHOOKS = {"injection": ("injection.webhook.slime", "admit"), "scaling": ("scaling.webhook.slime", "validating")}
 QUANTILES = (0.5, 0.9, 0.99)
@@ -155,7 +155,7 @@ def run(admissions: int, rate: float, loads: list[int], runner: str, workdir: Pa
         build.slinky()
         md = machine_deployment("md-a", "metal3", replicas=1, version="v1beta2", cluster="bm-cluster", full=True)
         site.api.create(md)
-        mapping = {"mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE}}
+        mapping: dict[str, Any] = {"mirror": {"name": "mirror-a", "namespace": SLIME_NAMESPACE}, "maxReplicas": 10}
         mapping["machineDeployment"] = {"name": "md-a", "namespace": "metal3"}
         build.chart(tier_values(stack.image(), [mapping]))
         build.authenticated_admission()

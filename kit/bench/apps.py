@@ -54,7 +54,7 @@ def fastapi_app() -> Any:
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """The same server context as ``common.serving.ServingCertificate``."""
+    """The same server context as ``common.certificates.ServingCertificate``."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["http/1.1"])

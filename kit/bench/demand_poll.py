@@ -34,10 +34,10 @@ from bench.sections import measured_on, replace_section
 from bench.servers import REPO, say
 from common.metrics import WebhookMetrics
 from common.names import NODE_DEMAND_KEY
+from scaling_webhook.demand import NodeDemandConfig
 from scaling_webhook.demand_poller import DemandPoller
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
-from scaling_webhook.safe_scale_in.config import NodeDemandConfig
 from testbed.components.fake_slurmrestd import PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.framework.world import make_jwt_key
 

@@ -45,8 +45,8 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
 def injection_figures(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) -> dict[str, Any]:
     from common.admission import decode_review, encode_review
     from common.kube import local_client
-    from injection_webhook.handler import JoinInfo, join_data, select
-    from injection_webhook.handler import respond as injection_respond
+    from injection_webhook.decision import JoinInfo, join_data, select
+    from injection_webhook.decision import respond as injection_respond
     from injection_webhook.metadata import merged_metadata
     from injection_webhook.resolver import InjectionResolver
     from injection_webhook.settings import InjectionSettings
@@ -101,11 +101,11 @@ def injection_figures(emu: Any, workdir: Path, secret: dict[str, Any], calls: in
 
 
 def scaling_figures(calls: int) -> dict[str, Any]:
-    from scaling_webhook.handler import Observed, decide, scale_target
-    from scaling_webhook.handler import respond as scaling_respond
+    from scaling_webhook.decision import Observed, decide, scale_target
+    from scaling_webhook.decision import respond as scaling_respond
     from scaling_webhook.mappings import parse_mappings
 
-    mappings = f"- mirror: {objects.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n"
+    mappings = f"- mirror: {objects.SLIME_NAMESPACE}/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"
     table = parse_mappings({"mappings": mappings}, objects.SLIME_NAMESPACE)
     mapped = scale_request("mirror-a", 3)
     unmapped = scale_request("unmapped", 3)

@@ -18,7 +18,11 @@ def seed_world(emu: Any) -> dict[str, Any]:
     for name in ("mirror-a", "unmapped"):
         emu.create(objects.mirror(name))
     emu.create(objects.machine_deployment("md-a", "metal3", cluster="bm-cluster"))
-    emu.create(objects.config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    emu.create(
+        objects.config_map(
+            {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"}
+        )
+    )
     return objects.metadata_secret(data)
 
 

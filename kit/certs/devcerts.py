@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from common.version import version_line
+
 
 @dataclass(frozen=True)
 class CertificateAuthority:
@@ -163,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("dev-certs"), help="output directory (default: dev-certs)")
     parser.add_argument("--dns", action="append", default=[], help="DNS name (repeatable; default: localhost)")
     parser.add_argument("--ip", action="append", default=[], help="IP address (repeatable; default: 127.0.0.1)")
+    parser.add_argument("--version", action="version", version=version_line("slime-dev-certs"))
     args = parser.parse_args(argv)
     # Each list has its own default, so `--dns localhost` still covers https://127.0.0.1 too.
     dns = args.dns or ["localhost"]

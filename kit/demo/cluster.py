@@ -28,6 +28,12 @@ CONTROLLER = "slurm"
 HOST_IP = "192.0.2.10"
 NODE_PORT = 30817
 METAL3_NAMESPACE = "metal3"
+# The operator's choices for a shared management cluster: the tenant namespace that holds the Metal3
+# objects may take join data from the Slinky Controller in the Slurm namespace, and its templates may
+# ask for the controller name.
+SLURM_BINDINGS = f"{METAL3_NAMESPACE}={SLURM_NAMESPACE}"
+MAX_REPLICAS = 8  # the pool's ceiling: a mapping without one is refused
+TEMPLATE_OPT_INS = "controller-name"
 CAPI_CLUSTER = "bm-cluster"
 TEMPLATE = "slurm-workers"
 MACHINE_DEPLOYMENT = "md-slurm-workers"
@@ -56,7 +62,13 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
     ports = ports or {}
     return {
         "certManager": {"enabled": False},
-        "injection": {"replicas": 1, "port": ports.get("injection", 8443)},
+        "selfSignedTLS": {"generator": "helm"},  # kubemu runs no hook Job; the demo sets the caBundle itself
+        "injection": {
+            "replicas": 1,
+            "port": ports.get("injection", 8443),
+            "slurmBindings": [SLURM_BINDINGS],
+            "templateOptIns": [TEMPLATE_OPT_INS],
+        },
         "scaling": {
             "replicas": 1,
             "port": ports.get("scaling", 8444),
@@ -65,6 +77,7 @@ def chart_values(ports: dict[str, int] | None = None) -> dict[str, Any]:
                 {
                     "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
                     "machineDeployment": {"name": MACHINE_DEPLOYMENT, "namespace": METAL3_NAMESPACE},
+                    "maxReplicas": MAX_REPLICAS,
                     "partition": PARTITION,
                 }
             ],
@@ -85,7 +98,8 @@ def seed_slinky(emu: Emulator) -> tuple[bytes, str]:
 def seed_metal3(emu: Emulator) -> dict[str, Any]:
     """An opted-in Metal3DataTemplate and one Metal3Data (CAPM3 <= 1.13: the template owns it).
 
-    The template keeps the thesis' address policy (hostIP) and opts in to the controller name."""
+    The template keeps the default address policy (hostIP) and opts in to the controller name, which the
+    demo's operator lets templates choose (:data:`TEMPLATE_OPT_INS`)."""
     labels = {"slurm-controller-namespace": SLURM_NAMESPACE, "cluster.x-k8s.io/cluster-name": CAPI_CLUSTER}
     _, data = world.seed_metal3(
         emu,

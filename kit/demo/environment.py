@@ -20,7 +20,7 @@ from demo import chart, cluster
 from demo.admission_chain import AdmissionChain, point_to_local
 from kubemu import Emulator
 from kubemu.admission import AdmissionAttributes
-from scaling_webhook.main import ScalingService
+from scaling_webhook.app import ScalingService
 from testbed.components.serve import RunningService
 from testbed.components.services import start_injection, start_scaling
 from testbed.framework.errors import KitError
@@ -116,6 +116,8 @@ class DemoEnvironment:
             ready_timeout=BUSY_MACHINE_SECONDS,
             port=self.ports["injection"],
             log_level=self.log_level,
+            slurm_bindings=cluster.SLURM_BINDINGS,
+            template_opt_ins=cluster.TEMPLATE_OPT_INS,
         )
         scaling = start_scaling(
             kubeconfig,

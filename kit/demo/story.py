@@ -156,6 +156,11 @@ class Story:
             f"  webhooks  injection-webhook {env.injection.url}/mutate, scaling-webhook {env.scaling.url}/validate "
             "(TLS; the chain trusts only the demo CA)"
         )
+        say(
+            f"            the operator binds namespace {cluster.METAL3_NAMESPACE} to the Slurm namespace "
+            f"{cluster.SLURM_NAMESPACE} (--slurm-bindings {cluster.SLURM_BINDINGS}); templates may opt into "
+            f"{cluster.TEMPLATE_OPT_INS} (--template-opt-ins)"
+        )
 
     def act_injection(self) -> None:
         say, env = self.say, self.env

@@ -1,7 +1,7 @@
 """kubemu: a small Kubernetes API-server emulator for tests and the local demo."""
 
 from .admission import AdmissionAttributes, AdmissionDenied
-from .emulator import Emulator
+from .emulator import Emulator, TlsFiles
 from .errors import ApiError
 from .faults import Fault, FaultHandle
 from .resources import Resource, ScaleSpec, default_resources
@@ -17,5 +17,6 @@ __all__ = [
     "RecordedRequest",
     "Resource",
     "ScaleSpec",
+    "TlsFiles",
     "default_resources",
 ]

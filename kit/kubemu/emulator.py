@@ -8,6 +8,7 @@ port with the same store, which lets tests simulate an API server outage.
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -34,12 +36,22 @@ from .wire import PATCH_RETRIES, RecordedRequest
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public")
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A serving pair and the CA that signed it: the emulator serves https, and its kubeconfig carries the CA."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+
 class Emulator:
     """An in-process Kubernetes API server for tests and the local demo.
 
     `served` maps a group to the versions this cluster serves (default: all known versions),
     e.g. {"cluster.x-k8s.io": ["v1beta2"]}. `token` turns on bearer-token authentication.
-    `admission` is called before every write (see AdmissionAttributes).
+    `admission` is called before every write (see AdmissionAttributes). `tls` serves https (as a
+    Cluster API workload cluster's kubeconfig demands).
     """
 
     def __init__(
@@ -52,11 +64,13 @@ class Emulator:
         history_size: int = 1000,
         bookmark_interval: float = 60.0,
         namespaces: Iterable[str] = DEFAULT_NAMESPACES,
+        tls: TlsFiles | None = None,
     ):
         self.registry = Registry(resources if resources is not None else default_resources(), served)
         self.store = Store(history_size)
         self.faults = FaultSet()
         self.token = token
+        self.tls = tls
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
         self.app = KubeApp(
@@ -84,7 +98,7 @@ class Emulator:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._port}"
 
     def start(self) -> Emulator:
         """Serve on 127.0.0.1 (the port chosen at the first start is kept across restarts)."""
@@ -98,7 +112,15 @@ class Emulator:
         sock.bind(("127.0.0.1", self._port))
         sock.listen(128)
         self._port = sock.getsockname()[1]
-        cfg = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, proxy_headers=False)
+        cfg = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            proxy_headers=False,
+            ssl_certfile=self.tls.cert_file if self.tls else None,
+            ssl_keyfile=self.tls.key_file if self.tls else None,
+        )
         server = uvicorn.Server(cfg)
         thread = threading.Thread(
             target=asyncio.run, args=(self._serve(server, sock),), name=f"kubemu-{self._port}", daemon=True
@@ -142,12 +164,16 @@ class Emulator:
 
     def kubeconfig(self, namespace: str = "default", name: str = "kubemu") -> dict[str, Any]:
         user: dict[str, Any] = {"token": self.token} if self.token else {}
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls:
+            with open(self.tls.ca_file, "rb") as fh:
+                cluster["certificate-authority-data"] = base64.b64encode(fh.read()).decode("ascii")
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": name,
             "preferences": {},
-            "clusters": [{"name": name, "cluster": {"server": self.url}}],
+            "clusters": [{"name": name, "cluster": cluster}],
             "users": [{"name": name, "user": user}],
             "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}],
         }

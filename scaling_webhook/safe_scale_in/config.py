@@ -1,9 +1,8 @@
-"""What a mapping says about Slurm: its ``safeScaleIn`` block, and the slurmrestd endpoint that
-block shares with ``nodeDemand`` (:mod:`scaling_webhook.demand`).
+"""A mapping's ``safeScaleIn`` block as a validated object.
 
-The ConfigMap parser (:mod:`scaling_webhook.mappings`) validates the blocks and builds these
-objects (with :func:`parse_released_nodes` for ``safeScaleIn.releasedNodes``); everything in
-this package reads only them.
+The ConfigMap parser (:mod:`scaling_webhook.mappings`) validates the block and builds it (with
+:func:`parse_released_nodes` for ``safeScaleIn.releasedNodes``); everything in this package
+reads only it.
 """
 
 from __future__ import annotations
@@ -11,10 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-Ref = tuple[str, str]  # (namespace, name): the same shape as scaling_webhook.mappings.Ref
-
-# The slurmrestd API versions the client speaks, newest first: the order in which it probes.
-SLURM_API_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
+from scaling_webhook.slurm.endpoint import SlurmEndpoint
 
 # What becomes of the Slurm node of a released Machine (``safeScaleIn.releasedNodes``):
 # ``future`` returns it to FUTURE, so slurmctld keeps its record: a job as big as the pool is
@@ -23,22 +19,6 @@ SLURM_API_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
 # never come back (each kept record would count towards the partition and MaxNodeCount for good).
 RELEASED_NODES = ("future", "delete")
 DEFAULT_RELEASED_NODES = "future"
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmEndpoint:
-    """Where slurmrestd answers and how to sign a token for it (validated)."""
-
-    slurmrestd: str  # base URL, http(s)://host:port
-    jwt_secret: Ref  # (namespace, name) of the Secret holding the HS256 signing key
-    jwt_key: str = "jwt_hs256.key"
-    api_version: str | None = None  # None: probe newest first
-    token_user: str = "slurm"
-
-    @property
-    def endpoint(self) -> SlurmEndpoint:
-        """Just the connection: equal for two blocks that talk to the same slurmrestd as the same user."""
-        return SlurmEndpoint(self.slurmrestd, self.jwt_secret, self.jwt_key, self.api_version, self.token_user)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +43,3 @@ def parse_released_nodes(value: Any, where: str) -> str:
             "record in Slurm as FUTURE, delete removes it)"
         )
     return value.strip()
-
-
-@dataclass(frozen=True, slots=True)
-class NodeDemandConfig(SlurmEndpoint):
-    """One mapping's node-demand source: the Slurm partition whose work its pool serves."""
-
-    partition: str = ""

@@ -33,11 +33,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from common.apis import CAPI_VERSIONS
 from common.events import EventRecorder, machine_deployment_event
 from common.kube import KubeClient, KubeError
 from common.names import (
@@ -60,35 +60,31 @@ from common.names import (
     SLURM_NODE_ANNOTATION,
 )
 from scaling_webhook.errors import ScaleError, denial_code
-from scaling_webhook.machinedeployments import CAPI_VERSIONS, MERGE_PATCH, MachineDeploymentScaler
+from scaling_webhook.leader import Fence, no_fence
+from scaling_webhook.machinedeployments import MERGE_PATCH, MachineDeploymentScaler
 from scaling_webhook.mappings import Mapping
 from scaling_webhook.metrics import ScalingMetrics
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
-from scaling_webhook.safe_scale_in.victims import (
+from scaling_webhook.safe_scale_in.victims import Candidate, choose_victims, never_joined
+from scaling_webhook.slurm.machines import (
     DRAIN_REASON,
-    Candidate,
-    choose_victims,
     drained_by_us,
     is_deleting,
     is_pending_victim,
+    machine_addresses,
     machine_annotations,
     machine_name,
-    never_joined,
     node_for,
 )
+from scaling_webhook.slurm.reads import SlurmReads
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
 
 log = logging.getLogger("slime.scaling.safe_scale_in")
 
 
-Fence = Callable[[], None]  # raises when this replica may not write
-
 HOOKS = frozenset({PRE_TERMINATE_HOOK, LEGACY_PRE_DRAIN_HOOK})  # either holds a deleting Machine for SliMe
 RELEASE: dict[str, str | None] = dict.fromkeys(HOOKS)  # the patch that lets a held Machine go
-
-
-def _no_fence() -> None:
-    return None
+RELEASED, HELD, UNUSABLE = "released", "held", "slurm unusable"  # what became of one held Machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,39 +124,65 @@ class Outcome:
         return "; ".join(parts) or "nothing to do"
 
 
+@dataclass
+class PoolRelease:
+    """What :meth:`SafeScaleIn.release_pool` did to a pool leaving safe scale-in, and what it had to leave."""
+
+    unhooked: list[str] = field(default_factory=list)  # live Machines whose hook (and SliMe's marks) came off
+    released: list[str] = field(default_factory=list)  # deleting Machines let go: Slurm read them idle or gone
+    held: list[str] = field(default_factory=list)  # deleting Machines still held: "<machine> (<why>)"
+    kept_marks: list[str] = field(default_factory=list)  # victims Cluster API is deleting: marked, drained, idle
+    undrained: list[str] = field(default_factory=list)  # Slurm nodes SliMe had drained, taking jobs again
+    slurm_error: str = ""
+
+    @property
+    def done(self) -> bool:
+        return not self.held
+
+    @property
+    def message(self) -> str:
+        parts = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (
+                ("hook taken off", self.unhooked),
+                ("released", self.released),
+                ("left to Cluster API's deletion, drained", self.kept_marks),
+                ("Slurm nodes resumed", self.undrained),
+                ("still held", self.held),
+            )
+            if names
+        ]
+        if self.slurm_error:
+            parts.append(f"slurmrestd unusable: {self.slurm_error}")
+        return "; ".join(parts) or "nothing of SliMe's was left on the pool"
+
+
 class SafeScaleIn:
     """Safe scale-in for every opted-in mapping. Thread-safe (one operation per MD at a time)."""
 
     def __init__(
-        self, client: KubeClient, scaler: MachineDeploymentScaler, events: EventRecorder, metrics: ScalingMetrics
+        self,
+        client: KubeClient,
+        scaler: MachineDeploymentScaler,
+        events: EventRecorder,
+        metrics: ScalingMetrics,
+        reads: SlurmReads | None = None,
     ) -> None:
         self.client = client
         self.scaler = scaler
         self.events = events
         self.metrics = metrics
-        self._slurm: dict[SafeScaleInConfig, SlurmClient] = {}
+        # Slurm's clients and the pass's node lists, shared with machine health (the reconciler starts each pass).
+        self.reads = reads if reads is not None else SlurmReads(client)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._overdue_warned: set[tuple[str, str]] = set()
         self._guard = threading.Lock()
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def slurm(self, config: SafeScaleInConfig) -> SlurmClient:
-        with self._guard:
-            client = self._slurm.get(config)
-            if client is None:
-                client = self._slurm[config] = SlurmClient(self.client, config)
-            return client
-
     def _lock(self, mapping: Mapping) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(mapping.machine_deployment, threading.Lock())
-
-    def close(self) -> None:
-        with self._guard:
-            for client in self._slurm.values():
-                client.close()
-            self._slurm.clear()
 
     def _event(self, mapping: Mapping, reason: str, message: str, warning: bool = False) -> None:
         self.events.record(
@@ -224,8 +246,18 @@ class SafeScaleIn:
 
     # --- apply: the one scale function ----------------------------------------------------------
 
-    def apply(self, mapping: Mapping, target: int, fence: Fence = _no_fence, seen: Seen | None = None) -> Outcome:
+    def apply(
+        self,
+        mapping: Mapping,
+        target: int,
+        fence: Fence = no_fence,
+        seen: Seen | None = None,
+        never_registered: frozenset[str] = frozenset(),
+    ) -> Outcome:
         """Bring the MachineDeployment towards ``target`` replicas safely; raise ScaleError on API errors.
+
+        ``never_registered``: the pool's Machines machine health judged never registered (slurmHealth);
+        a scale-down removes them first.
 
         A scale-up from ``seen`` (the watch caches) reads nothing before its write: the time from a
         mirror's scale to the MachineDeployment's is one API call, plus any reclaim. Its write is
@@ -238,45 +270,42 @@ class SafeScaleIn:
             outcome = Outcome(target=target)
             if seen is not None and target > seen.replicas:
                 outcome.previous = seen.replicas
-                if self._scale_up(
-                    mapping, config, seen.replicas, target, outcome, fence, seen.machines, seen.resource_version
-                ):
+                if self._scale_up(mapping, config, target, outcome, fence, seen.machines, seen.resource_version):
                     return outcome
                 self.metrics.scale_up_fallbacks.inc()
             current = self.scaler.get_replicas(*mapping.machine_deployment)
             outcome.previous = current
-            if current is None or target >= current:
-                self._scale_up(mapping, config, current, target, outcome, fence)
-            else:
-                self._scale_down(mapping, config, current, target, outcome, fence)
+            if current is None or target > current:
+                self._scale_up(mapping, config, target, outcome, fence)
+            elif target < current:
+                self._scale_down(mapping, config, current, target, outcome, fence, never_registered)
             return outcome
 
     def _scale_up(
         self,
         mapping: Mapping,
         config: SafeScaleInConfig,
-        current: int | None,
         target: int,
         outcome: Outcome,
         fence: Fence,
         machines: list[dict[str, Any]] | None = None,
         resource_version: str | None = None,
     ) -> bool:
-        """Reclaim, then set the replicas (conditional on ``resource_version`` when given; False if refused).
+        """Raise the replicas, then reclaim Machines marked for deletion (conditional on ``resource_version`` when
+        given; False if refused). The write comes first: taking a mark off before the replicas are raised would
+        leave, for a moment, fewer replicas than unmarked Machines, and Cluster API would delete unmarked ones.
 
-        ``machines``: the pool as cached (None: list it now). Machines an earlier, refused attempt
-        already reclaimed (``outcome.reclaimed``) count towards the increase, so none is taken back twice.
-        """
-        increase = target - (current or 0) - len(outcome.reclaimed)
-        if increase > 0:
-            pool = self.machines(mapping) if machines is None else machines
-            pending = sorted((m for m in pool if is_pending_victim(m)), key=machine_name)
-            if pending:
-                self._reclaim(mapping, config, pending[:increase], outcome, fence)
-        if current != target:
-            if not self._set_replicas(mapping, target, fence, resource_version):
-                return False
-            outcome.replicas = target
+        ``machines``: the pool as cached (None: list it now)."""
+        if not self._set_replicas(mapping, target, fence, resource_version):
+            return False
+        outcome.replicas = target
+        pool = self.machines(mapping) if machines is None else machines
+        pending = sorted((m for m in pool if is_pending_victim(m)), key=machine_name)
+        live = sum(1 for m in pool if not is_deleting(m) and not is_pending_victim(m))
+        # Once unmarked, a Machine counts against the replicas: reclaim no more than the replicas leave room for.
+        room = len(pending) if target >= live + len(pending) else max(0, target - live)
+        if room:
+            self._reclaim(mapping, config, pending[:room], outcome, fence)
         return True
 
     def _reclaim(
@@ -287,9 +316,9 @@ class SafeScaleIn:
         outcome: Outcome,
         fence: Fence,
     ) -> None:
-        slurm = self.slurm(config)
+        slurm = self.reads.slurm(config)
         try:
-            nodes = slurm.nodes()
+            nodes = self.reads.nodes(config)
         except SlurmUnavailable as exc:
             # Cannot undrain: leave the marked Machines to go; the scale-up provisions new ones.
             self._slurm_failed(mapping, exc, "cannot reclaim Machines marked for deletion")
@@ -318,39 +347,46 @@ class SafeScaleIn:
             )
 
     def _scale_down(
-        self, mapping: Mapping, config: SafeScaleInConfig, current: int, target: int, outcome: Outcome, fence: Fence
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        current: int,
+        target: int,
+        outcome: Outcome,
+        fence: Fence,
+        never_registered: frozenset[str],
     ) -> None:
-        want = current - target
+        """Mark victims, then lower the replicas by no more than the marks allow.
+
+        The rule Cluster API must follow: it deletes exactly the marked Machines. It deletes marked
+        ones first, so the replicas may go below the Machines that exist, or are being created, by at
+        most the number marked. Replicas with no Machine yet are not given up for free: a Machine
+        created between this read and the write would make the surplus, and Cluster API would pick
+        an unmarked one; the next pass marks it once it exists."""
         machines = self.machines(mapping)
         live = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
         pending = [m for m in machines if is_pending_victim(m)]
-        nondeleting = len(live) + len(pending)
-        # Replicas with no Machine yet (a scale-up still creating them) go for free.
-        free = min(want, max(0, current - nondeleting))
-        # Marked Machines the current replicas do not account for yet (a scale-down that stopped
-        # between marking and lowering): they are already drained, use them first.
-        reuse = min(want - free, max(0, len(pending) - max(0, nondeleting - current)))
-        free += reuse
-        need = want - free
+        present = max(current, len(live) + len(pending))  # Machines that exist or are being created
+        need = max(0, present - target - len(pending))
         victims: list[str] = []
         why = ""
         if need > 0:
-            slurm = self.slurm(config)
+            slurm = self.reads.slurm(config)
             try:
-                nodes = slurm.nodes()
+                nodes = self.reads.nodes(config)
             except SlurmUnavailable as exc:
                 outcome.slurm_error = exc.cause
                 self._slurm_failed(
                     mapping, exc, f"scale-in from {current} to {target} not done (never guessing which node is idle)"
                 )
                 return
-            chosen, ineligible = choose_victims(live, nodes, need)
+            chosen, ineligible = choose_victims(live, nodes, need, never_registered)
             drained: list[tuple[Candidate, bool]] = []
             try:
                 drained = self._drain(slurm, chosen, fence)
-                if chosen:
-                    # A job may have started between the read and the drain: look again.
-                    drained = self._recheck(slurm, drained, slurm.nodes(), fence)
+                if any(ours for _, ours in drained):
+                    # A job may have started between the read and the drain: look again, once for all of them.
+                    drained = self._recheck(slurm, drained, self.reads.nodes(config, fresh=True), fence)
             except SlurmUnavailable as exc:
                 outcome.slurm_error = exc.cause
                 self._slurm_failed(mapping, exc, f"scale-in from {current} to {target} stopped")
@@ -367,9 +403,9 @@ class SafeScaleIn:
                 self.metrics.scale_in_victims.inc()
             busy = [f"{c.machine} ({c.why})" for c in ineligible if c.why != "already deleting"]
             why = f"busy in Slurm: {', '.join(busy)}" if busy else "no other Machine is safe to remove"
-        replicas = current - free - len(victims)
+        replicas = min(current, max(target, present - len(pending) - len(victims)))
         outcome.victims = victims
-        outcome.deferred = want - free - len(victims)
+        outcome.deferred = replicas - target
         if replicas != current:
             self._set_replicas(mapping, replicas, fence)
             outcome.replicas = replicas
@@ -381,7 +417,8 @@ class SafeScaleIn:
                 mapping,
                 REASON_DEFERRED,
                 f"Scale-in to {target} asked; lowered to {replicas} only: {outcome.deferred} replica(s) deferred, "
-                f"{why}. The reconciler finishes as nodes become idle.",
+                f"{why or 'Machines still being created'}. The reconciler finishes as nodes become idle and Machines "
+                "exist.",
                 warning=True,
             )
 
@@ -417,12 +454,28 @@ class SafeScaleIn:
 
     # --- maintain: hooks, deleting Machines, drains left behind (every pass) ---------------------
 
-    def maintain(self, mapping: Mapping, scale_in_pending: bool, fence: Fence = _no_fence) -> None:
-        """Keep hooks on; release deleting Machines Slurm lets go; undo orphan drains when no scale-in needs them."""
+    def maintain(
+        self,
+        mapping: Mapping,
+        scale_in_pending: bool,
+        fence: Fence = no_fence,
+        machines: list[dict[str, Any]] | None = None,
+        replicas: int | None = None,
+        never_registered: frozenset[str] = frozenset(),
+    ) -> None:
+        """Keep hooks on; release deleting Machines Slurm lets go; when no scale-in needs them, take back Machines
+        marked for a deletion that will not come and undo orphan drains.
+
+        ``never_registered``: Machines machine health judged never registered: held ones are let go without
+        waiting for a node that will not come.
+
+        ``machines``: the pool as the watch cache holds it (None: list it now); ``replicas``: the
+        MachineDeployment's. Slurm is read once per pass (:class:`~scaling_webhook.slurm.reads.SlurmReads`)
+        and, before a hook is released, once for that node."""
         config = mapping.safe_scale_in
         assert config is not None
         with self._lock(mapping):
-            machines = self.machines(mapping)
+            machines = self.machines(mapping) if machines is None else machines
             for machine in machines:
                 annotations = machine_annotations(machine)
                 if not is_deleting(machine) and (
@@ -432,54 +485,181 @@ class SafeScaleIn:
                     hooks = {PRE_TERMINATE_HOOK: HOOK_OWNER, LEGACY_PRE_DRAIN_HOOK: None}
                     self._annotate(mapping, machine_name(machine), hooks, fence)
             held = [m for m in machines if is_deleting(m) and HOOKS & set(machine_annotations(m))]
-            for machine in held:
-                if not self._release(mapping, config, machine, fence):
-                    return  # slurmrestd unusable: nothing is released, nothing else is done
+            if held:
+                try:
+                    nodes = self.reads.nodes(config)
+                except SlurmUnavailable as exc:
+                    self._slurm_failed(
+                        mapping, exc, "not releasing any Machine (nothing is released while Slurm cannot be read)"
+                    )
+                    return
+                for machine in held:
+                    if self._release(mapping, config, machine, nodes, fence, never_registered) == UNUSABLE:
+                        return  # slurmrestd unusable: nothing else is released, nothing else is done
             if not scale_in_pending:
+                stale = self._stale_victims(machines, replicas)
+                if stale:
+                    self._reclaim(mapping, config, stale, Outcome(target=replicas or 0), fence)
                 self._undo_orphan_drains(mapping, config, machines, fence)
 
-    def _release(self, mapping: Mapping, config: SafeScaleInConfig, machine: dict[str, Any], fence: Fence) -> bool:
-        """Release one held Machine if Slurm, read now, lets it go; False when slurmrestd is unusable."""
-        slurm = self.slurm(config)
+    # --- leaving safe scale-in: take everything of SliMe's off the pool, never blindly -------------------------
+
+    def release_pool(self, mapping: Mapping, fence: Fence = no_fence, replicas: int | None = None) -> PoolRelease:
+        """A pool leaves safe scale-in (its mapping removed, its opt-in turned off, SliMe uninstalled): take the
+        hooks and marks off and resume the Slurm nodes SliMe drained, so no deletion waits for SliMe again.
+
+        A deleting Machine is let go only as a release would (Slurm, read now, says its node is idle or gone);
+        one whose node is busy, or that cannot be checked, stays held and is named in ``held``. A Machine marked
+        for a deletion Cluster API is about to make (the replicas already count it out) keeps its mark: without
+        it, Cluster API would pick another Machine, maybe a busy one. ``replicas``: the MachineDeployment's
+        (None: read it)."""
+        config = mapping.safe_scale_in
+        assert config is not None, "release_pool() is for mappings that had safeScaleIn"
+        report = PoolRelease()
+        with self._lock(mapping):
+            machines = self.machines(mapping)
+            if replicas is None:
+                replicas = self.scaler.get_replicas(*mapping.machine_deployment)
+            try:
+                nodes: list[SlurmNode] | None = self.reads.nodes(config, fresh=True)
+            except SlurmUnavailable as exc:
+                nodes, report.slurm_error = None, exc.cause
+            for machine in machines:
+                if is_deleting(machine) and HOOKS & set(machine_annotations(machine)):
+                    self._release_for_good(mapping, config, machine, nodes, fence, report)
+            live = [m for m in machines if not is_deleting(m)]
+            pending = sorted((m for m in live if is_pending_victim(m)), key=machine_name)
+            surplus = max(0, len(live) - (replicas if replicas is not None else len(live)))
+            keep = {machine_name(m) for m in pending[:surplus]}  # Cluster API deletes these next: keep them marked
+            for machine in live:
+                name = machine_name(machine)
+                off: dict[str, str | None] = dict(RELEASE)
+                if name in keep:
+                    report.kept_marks.append(name)
+                else:
+                    off.update({DELETE_MACHINE_ANNOTATION: None, SLURM_NODE_ANNOTATION: None})
+                    node = node_for(machine, nodes) if nodes is not None else None
+                    if node is not None and drained_by_us(node):
+                        try:
+                            fence()
+                            self.reads.slurm(config).undrain(node.name)
+                            report.undrained.append(node.name)
+                        except SlurmUnavailable as exc:
+                            report.slurm_error = exc.cause
+                if set(off) & set(machine_annotations(machine)):
+                    self._annotate(mapping, name, off, fence)
+                    if name not in keep:
+                        report.unhooked.append(name)
+        return report
+
+    def _release_for_good(
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        machine: dict[str, Any],
+        nodes: list[SlurmNode] | None,
+        fence: Fence,
+        report: PoolRelease,
+    ) -> None:
+        name = machine_name(machine)
+        if nodes is None:
+            report.held.append(f"{name} (Slurm cannot be read, so its node cannot be checked)")
+            return
+        outcome = self._release(mapping, config, machine, nodes, fence)
+        if outcome == RELEASED:
+            report.released.append(name)
+            return
+        node = node_for(machine, nodes) or (machine_annotations(machine).get(SLURM_NODE_ANNOTATION) or "")
+        state = f"Slurm node {node.name} is {'+'.join(sorted(node.states))}" if isinstance(node, SlurmNode) else ""
+        report.held.append(f"{name} ({state or 'its node may still run jobs'})")
+
+    @staticmethod
+    def _stale_victims(machines: list[dict[str, Any]], replicas: int | None) -> list[dict[str, Any]]:
+        """Machines marked for deletion that Cluster API will not delete: the replicas leave room for every one of
+        them (a scale-in that marked victims for Machines still being created, which were then never made)."""
+        pending = [m for m in machines if is_pending_victim(m)]
+        live = sum(1 for m in machines if not is_deleting(m) and not is_pending_victim(m))
+        if replicas is None or not pending or replicas < live + len(pending):
+            return []
+        return sorted(pending, key=machine_name)
+
+    def _release(
+        self,
+        mapping: Mapping,
+        config: SafeScaleInConfig,
+        machine: dict[str, Any],
+        nodes: list[SlurmNode],
+        fence: Fence,
+        never_registered: frozenset[str] = frozenset(),
+    ) -> str:
+        """Release one held Machine if Slurm, read now for its node, lets it go: RELEASED, HELD, or UNUSABLE when
+        slurmrestd cannot be used (then nothing is released).
+
+        ``nodes`` (the pass's list) says which Machines are worth a fresh read: a busy node waits for
+        the next pass without one; a node that looks drained and idle, or gone, is read again by name,
+        and only that read decides a release."""
+        slurm = self.reads.slurm(config)
         name = machine_name(machine)
         try:
-            nodes = slurm.nodes()  # read for this Machine, now: a node may have joined since the last read
             node = node_for(machine, nodes)
+            recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
+            if node is None and recorded:
+                node = slurm.node(recorded)  # not listed: gone, or back since the list was read
             if node is None:
-                recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
                 if recorded:
                     evidence = f"its Slurm node {recorded} joined before and is gone from Slurm now"
                 elif never_joined(machine):
                     evidence = "it never joined Slurm and its infrastructure was never provisioned, so it cannot"
+                elif name in never_registered and not self._registered_now(slurm, machine):
+                    evidence = (
+                        "machine health judged it never registered with Slurm (registrationTimeout), and Slurm, "
+                        "read again now, has no node of its names"
+                    )
                 else:
                     self._overdue(
                         mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned"
                     )
-                    return True
+                    return HELD
                 self._annotate(mapping, name, RELEASE, fence)
                 self._event(mapping, REASON_RELEASED, f"Machine {name}: {evidence}; deletion may proceed")
-                return True
+                return RELEASED
             if node.drained:
-                fence()
-                reason, what = self._let_go(config, slurm, node.name)
-                self._annotate(mapping, name, RELEASE, fence)
-                self._event(
-                    mapping,
-                    reason,
-                    f"Machine {name}: Slurm node {node.name} drained and idle, {what}; deletion may proceed",
-                )
-                return True
+                fresh = slurm.node(node.name)  # the read the release is decided on
+                if fresh is None:
+                    self._annotate(mapping, name, RELEASE, fence)
+                    self._event(
+                        mapping,
+                        REASON_RELEASED,
+                        f"Machine {name}: Slurm node {node.name} is gone; deletion may proceed",
+                    )
+                    return RELEASED
+                if fresh.drained:
+                    fence()
+                    reason, what = self._let_go(config, slurm, node.name)
+                    self._annotate(mapping, name, RELEASE, fence)
+                    self._event(
+                        mapping,
+                        reason,
+                        f"Machine {name}: Slurm node {node.name} drained and idle, {what}; deletion may proceed",
+                    )
+                    return RELEASED
+                node = fresh
             if "DRAIN" not in node.states:  # deleted by someone else, or joined after it was chosen
                 fence()
                 slurm.drain(node.name, DRAIN_REASON)
                 self._annotate(mapping, name, {SLURM_NODE_ANNOTATION: node.name}, fence)
             self._overdue(mapping, config, machine, f"Slurm node {node.name} is {'+'.join(sorted(node.states))}")
-            return True
+            return HELD
         except SlurmUnavailable as exc:
             self._slurm_failed(
                 mapping, exc, f"not releasing Machine {name} (nothing is released while Slurm cannot be read)"
             )
-            return False
+            return UNUSABLE
+
+    @staticmethod
+    def _registered_now(slurm: SlurmClient, machine: dict[str, Any]) -> bool:
+        """Whether Slurm, read now by each of the Machine's names and addresses, has a node for it."""
+        return any(slurm.node(address) is not None for address in machine_addresses(machine))
 
     @staticmethod
     def _let_go(config: SafeScaleInConfig, slurm: SlurmClient, node: str) -> tuple[str, str]:
@@ -520,9 +700,9 @@ class SafeScaleIn:
         kept = [m for m in machines if not is_deleting(m) and not is_pending_victim(m)]
         if not kept:
             return
-        slurm = self.slurm(config)
+        slurm = self.reads.slurm(config)
         try:
-            nodes = slurm.nodes()
+            nodes = self.reads.nodes(config)
             for machine in kept:
                 node = node_for(machine, nodes)
                 if node is not None and drained_by_us(node):

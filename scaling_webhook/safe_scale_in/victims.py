@@ -4,7 +4,8 @@ A node that is ALLOCATED, MIXED or COMPLETING is never chosen, nor a Machine alr
 deleted. The others, cheapest to remove first (after Slinky's NodeSet: not-ready before idle,
 cordoned late):
 
-0. no Slurm node, and the Machine's infrastructure was never provisioned: nothing has booted;
+0. no Slurm node, and the Machine's infrastructure was never provisioned: nothing has booted; or
+   machine health judged it never registered (provisioned longer than ``registrationTimeout``);
 1. a node that is DOWN or NOT_RESPONDING and runs nothing;
 2. a node SliMe drained (reason ``slime: scale-in``) that runs nothing: already on its way out;
 3. an IDLE node;
@@ -21,13 +22,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.names import DELETE_MACHINE_ANNOTATION, DELETE_MACHINE_VALUE, SLURM_NODE_ANNOTATION
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
-
-# On a Machine whose node SliMe drained: the Slurm node name, so a node that later disappears
-# from Slurm is known to have joined (and to be gone), not to be still on its way.
-DRAIN_REASON = "slime: scale-in"
-ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
+from common.names import SLURM_NODE_ANNOTATION
+from scaling_webhook.slurm.machines import (
+    drained_by_us,
+    infrastructure_provisioned,
+    is_deleting,
+    machine_annotations,
+    machine_name,
+    node_for,
+)
+from scaling_webhook.slurm.slurmrestd import SlurmNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,42 +41,6 @@ class Candidate:
     eligible: bool
     why: str  # for messages: "no Slurm node", "IDLE", "ALLOCATED", "deleting", ...
     rank: tuple[Any, ...] = ()
-
-
-def machine_name(machine: dict[str, Any]) -> str:
-    return str((machine.get("metadata") or {}).get("name") or "")
-
-
-def machine_annotations(machine: dict[str, Any]) -> dict[str, str]:
-    return (machine.get("metadata") or {}).get("annotations") or {}
-
-
-def is_deleting(machine: dict[str, Any]) -> bool:
-    return bool((machine.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def is_pending_victim(machine: dict[str, Any]) -> bool:
-    """Marked for deletion by us, not yet being deleted (so it can still be reclaimed)."""
-    return machine_annotations(machine).get(DELETE_MACHINE_ANNOTATION) == DELETE_MACHINE_VALUE and not is_deleting(
-        machine
-    )
-
-
-def drained_by_us(node: SlurmNode) -> bool:
-    return "DRAIN" in node.states and node.reason == DRAIN_REASON
-
-
-def infrastructure_provisioned(machine: dict[str, Any]) -> bool:
-    """Cluster API's contract: the infrastructure provider reported the machine provisioned.
-
-    v1beta2: ``status.initialization.infrastructureProvisioned``; v1beta1:
-    ``status.infrastructureReady``. CAPM3 reports it once the BareMetalHost is provisioned, that
-    is once the image is written and the host set to boot it: before that, no operating system
-    (so no cloud-init, no slurmd) has run on the host.
-    """
-    status = machine.get("status") or {}
-    initialization = status.get("initialization") or {}
-    return initialization.get("infrastructureProvisioned") is True or status.get("infrastructureReady") is True
 
 
 def never_joined(machine: dict[str, Any]) -> bool:
@@ -85,28 +53,9 @@ def never_joined(machine: dict[str, Any]) -> bool:
     return SLURM_NODE_ANNOTATION not in machine_annotations(machine) and not infrastructure_provisioned(machine)
 
 
-def machine_addresses(machine: dict[str, Any]) -> list[str]:
-    found = []
-    for entry in (machine.get("status") or {}).get("addresses") or []:
-        if isinstance(entry, dict) and entry.get("type") in ADDRESS_TYPES and entry.get("address"):
-            found.append(str(entry["address"]))
-    return found
-
-
-def node_for(machine: dict[str, Any], nodes: Iterable[SlurmNode]) -> SlurmNode | None:
-    """The Slurm node of a Machine: the one SliMe recorded, else one whose
-    name, hostname or address is a Machine address."""
-    recorded = machine_annotations(machine).get(SLURM_NODE_ANNOTATION)
-    addresses = set(machine_addresses(machine))
-    if not addresses and not recorded:
-        return None
-    for node in nodes:
-        if node.name == recorded or {node.name, node.hostname, node.address} & addresses:
-            return node
-    return None
-
-
-def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
+def classify(
+    machine: dict[str, Any], nodes: Sequence[SlurmNode], never_registered: frozenset[str] = frozenset()
+) -> Candidate:
     name = machine_name(machine)
     if is_deleting(machine):
         return Candidate(name, None, False, "already deleting")
@@ -114,6 +63,8 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
     if node is None:
         if never_joined(machine):
             return Candidate(name, None, True, "no Slurm node, not provisioned", (0, name))
+        if name in never_registered:
+            return Candidate(name, None, True, "never registered with Slurm", (0, name))
         return Candidate(name, None, True, "no Slurm node yet", (4, name))
     if node.busy:
         busy = sorted(node.states & {"ALLOCATED", "MIXED", "COMPLETING"})
@@ -131,13 +82,13 @@ def classify(machine: dict[str, Any], nodes: Sequence[SlurmNode]) -> Candidate:
 
 
 def order_candidates(
-    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode]
+    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode], never_registered: frozenset[str] = frozenset()
 ) -> tuple[list[Candidate], list[Candidate]]:
     """(eligible Machines in the order to remove them, ineligible ones with why)."""
     eligible: list[Candidate] = []
     ineligible: list[Candidate] = []
     for machine in machines:
-        candidate = classify(machine, nodes)
+        candidate = classify(machine, nodes, never_registered)
         (eligible if candidate.eligible else ineligible).append(candidate)
     eligible.sort(key=lambda c: c.rank)
     ineligible.sort(key=lambda c: c.machine)
@@ -145,8 +96,12 @@ def order_candidates(
 
 
 def choose_victims(
-    machines: Iterable[dict[str, Any]], nodes: Sequence[SlurmNode], count: int
+    machines: Iterable[dict[str, Any]],
+    nodes: Sequence[SlurmNode],
+    count: int,
+    never_registered: frozenset[str] = frozenset(),
 ) -> tuple[list[Candidate], list[Candidate]]:
-    """Up to ``count`` safe victims, and the ineligible Machines (to say why fewer)."""
-    eligible, ineligible = order_candidates(machines, nodes)
+    """Up to ``count`` safe victims, and the ineligible Machines (to say why fewer). ``never_registered``: the
+    Machines machine health judged never registered (slurmHealth), removed first."""
+    eligible, ineligible = order_candidates(machines, nodes, never_registered)
     return eligible[: max(0, count)], ineligible

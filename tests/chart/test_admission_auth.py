@@ -38,6 +38,7 @@ def auth(
     values: dict[str, Any] = {
         "admissionAuth": {"enabled": True, "clientCA": client_ca},
         "certManager": {"enabled": cert_manager},
+        **({} if cert_manager else {"selfSignedTLS": {"generator": "helm"}}),
         **extra,
     }
     if enforce is not None:
@@ -274,6 +275,8 @@ def test_generated_secrets_are_reused_on_upgrade(helm, tmp_path):
             "--disable-openapi-validation",
             "--set",
             "certManager.enabled=false",
+            "--set",
+            "selfSignedTLS.generator=helm",
             "--set",
             "admissionAuth.enabled=true",
         ]

@@ -3,7 +3,7 @@
 ``promtool test rules`` evaluates an expression on series fixtures (``input_series``) and
 compares the result (``promql_expr_test``); no Prometheus server is started. Debian ships it
 in the ``prometheus`` package: ``promtool`` from PATH, else the one
-:mod:`testbed.real.prometheus` fetches from that package into the cache (``apt-get download``,
+:mod:`testbed.components.prometheus` fetches from that package into the cache (``apt-get download``,
 nothing installed). Only when neither can be had does the test skip locally, and fail under CI=true.
 
 The query must give one node per job: running + pending once at least T jobs are pending,
@@ -144,7 +144,7 @@ def test_thesis_query_was_wrong(promtool: str, tmp_path: Path) -> None:
 def test_the_default_metric_names_are_what_slurm_25_11_serves(render: Any, promtool: str) -> None:
     """The chart's default names are those of Slurm 25.11's /metrics/partitions, in text promtool accepts.
 
-    The text is testbed/real/slurm_metrics.py's, which the whole-loop tier serves to Prometheus in
+    The text is testbed/components/slurm_metrics.py's, which the whole-loop tier serves to Prometheus in
     place of Slurm >= 25.11's endpoint (names, HELP, TYPE and layout read from SchedMD's slurm-25.11 branch).
     """
     text = slurm_metrics.render(

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from demo.cel import MatchConditionError, evaluate_match_conditions
-from testbed.framework.chart import NAMESPACE, TWO_MAPPINGS, one
+from testbed.framework.chart import NAMESPACE, one
 
 
 def _secret_request(owner_refs=None, data=None, operation="CREATE"):
@@ -43,11 +43,6 @@ META = {"metaData": "cHJvdmlkZXJpZDogbWV0YWwzL2JtaC9tM20K"}
 @pytest.fixture(scope="module")
 def mutating(render):
     return one(render(), "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
-
-
-@pytest.fixture(scope="module")
-def validating(render):
-    return one(render(TWO_MAPPINGS), "ValidatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
 
 
 @pytest.mark.parametrize(
@@ -91,62 +86,20 @@ def test_other_secrets_do_not_match(mutating, request_):
     assert evaluate_match_conditions(mutating, request_) is False
 
 
-def _scale_request(resource="deployments", namespace=NAMESPACE, name="mirror-a", dry_run=False):
+def _scale_request():
     return {
         "uid": "u2",
         "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
-        "resource": {"group": "apps", "version": "v1", "resource": resource},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
         "subResource": "scale",
-        "requestKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
         "operation": "UPDATE",
-        "namespace": namespace,
-        "name": name,
-        "dryRun": dry_run,
-        "object": {
-            "apiVersion": "autoscaling/v1",
-            "kind": "Scale",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": 3},
-            "status": {"replicas": 2},
-        },
-        "oldObject": {
-            "apiVersion": "autoscaling/v1",
-            "kind": "Scale",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": 2},
-            "status": {"replicas": 2},
-        },
+        "namespace": NAMESPACE,
+        "name": "mirror-a",
+        "object": {"apiVersion": "autoscaling/v1", "kind": "Scale", "spec": {"replicas": 3}},
     }
 
 
-def test_deployment_scale_of_a_mirror_matches(validating):
-    assert evaluate_match_conditions(validating, _scale_request()) is True
-    assert evaluate_match_conditions(validating, _scale_request(namespace="mirrors", name="mirror-b")) is True
-
-
-@pytest.mark.parametrize(
-    "request_",
-    [
-        _scale_request(resource="statefulsets"),
-        _scale_request(name="some-app"),
-        _scale_request(namespace="mirrors", name="mirror-a"),  # right name, wrong namespace
-    ],
-    ids=["statefulset-scale", "unmapped-deployment", "wrong-namespace"],
-)
-def test_other_scales_do_not_match(validating, request_):
-    assert evaluate_match_conditions(validating, request_) is False
-
-
-def test_non_scale_kind_does_not_match(validating):
-    req = _scale_request()
-    req["kind"] = {"group": "apps", "version": "v1", "kind": "Deployment"}
-    assert evaluate_match_conditions(validating, req) is False
-
-
-def test_without_narrowing_any_deployment_scale_matches(render):
-    conds = one(render(), "ValidatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
-    assert evaluate_match_conditions(conds, _scale_request(name="some-app")) is True
-    assert evaluate_match_conditions(conds, _scale_request(resource="statefulsets")) is False
+# The scaling webhook's match (rules, namespaceSelector and its condition together): test_scaling_match.py.
 
 
 def test_evaluation_error_raises_unless_another_condition_is_false():

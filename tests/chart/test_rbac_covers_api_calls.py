@@ -45,11 +45,12 @@ INJECTION_CALLS = [
 SCALING_VALUES = {
     "scaling": {
         "mappings": [
-            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a"),
-            mapping("mirrors/mirror-b", "metal3-b/md-b", "b"),
+            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "a", maxReplicas=4),
+            mapping("mirrors/mirror-b", "metal3-b/md-b", "b", maxReplicas=4),
         ],
         "safeScaleIn": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
         "capacityAware": {"enabled": True},
+        "slurmHealth": {"enabled": True, "jwtSecrets": [{"name": "slurm-jwt", "namespace": "slurm"}]},
     }
 }
 
@@ -90,6 +91,9 @@ SCALING_CALLS = [
         for v in ("list", "watch")
     ],
     *[R(v, CAPI, "machines", namespace="metal3") for v in ("list", "watch")],
+    # slurmHealth: SliMe's condition on an unhealthy Machine, and its remediation.
+    R("patch", CAPI, "machines", "status", namespace="metal3", name="md-a-xyz"),
+    R("delete", CAPI, "machines", namespace="metal3", name="md-a-xyz"),
 ]
 
 
@@ -98,7 +102,7 @@ def test_interfaces_doc_resources_are_all_in_the_lists():
     doc = (REPO_ROOT / "docs" / "interfaces.md").read_text()
     section = doc.split("## Kubernetes API calls", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`([a-z0-9]+(?:/[a-z]+)?)`", section))
-    verbs = {"get", "list", "watch", "patch", "create", "update"}
+    verbs = {"get", "list", "watch", "patch", "create", "update", "delete"}
     groups = {"apps"}
     resources = named - verbs - groups
     covered = {
@@ -112,35 +116,61 @@ def test_interfaces_doc_resources_are_all_in_the_lists():
     )
 
 
+# The operator's values that make the calls above legitimate: the tenant namespace metal3 bound to
+# the Slurm namespace slurm and to its workload cluster, jwt-key allowed and its Secret named.
+INJECTION_VALUES = {
+    "slurmBindings": ["metal3=slurm", "metal3=workload:slurm"],
+    "templateOptIns": ["jwt-key"],
+    "jwtKeySecretNames": ["slurm-auth-jwths256"],
+}
+
+
 @pytest.mark.parametrize(
     "values",
-    [
-        None,
-        {
-            "injection": {
-                "slurmNamespaces": ["slurm"],
-                "metal3Namespaces": ["metal3"],
-                "slurmKeySecretNames": ["slurm-auth-slurm"],
-                "jwtKeySecretNames": ["slurm-auth-jwths256"],
-            }
-        },
-    ],
+    [INJECTION_VALUES, {**INJECTION_VALUES, "metal3Namespaces": ["metal3"]}],
     ids=["cluster-wide", "namespaced"],
 )
 def test_injection_rbac_covers_its_calls(render, values):
-    assert_rbac_covers(render(values), INJ_SA, NAMESPACE, INJECTION_CALLS)
+    assert_rbac_covers(render({"injection": values}), INJ_SA, NAMESPACE, INJECTION_CALLS)
+
+
+def secret_rules(objs, cluster_wide: bool) -> list[dict]:
+    kinds = ("ClusterRole",) if cluster_wide else ("ClusterRole", "Role")
+    return [
+        rule
+        for o in objs
+        if o["kind"] in kinds and o["metadata"]["name"].startswith(INJ_SA)
+        for rule in o["rules"]
+        if "secrets" in rule["resources"]
+    ]
+
+
+def test_the_default_render_grants_no_secret_cluster_wide_without_names(render):
+    objs = render(None)
+    assert all(rule.get("resourceNames") == ["slurm-auth-slurm"] for rule in secret_rules(objs, cluster_wide=True))
+    for req in (
+        R("list", "", "secrets"),
+        R("list", "", "secrets", namespace="metal3"),
+        R("watch", "", "secrets", namespace="metal3", name="bm-cluster-kubeconfig"),
+        R("watch", "", "secrets", namespace="slurm", name="slurm-auth-jwths256"),
+    ):
+        assert not rbac_allows(objs, INJ_SA, NAMESPACE, req), req
+
+
+def test_kubeconfig_secrets_are_readable_only_where_a_workload_binding_is(render):
+    kubeconfig = R("watch", "", "secrets", namespace="metal3", name="bm-cluster-kubeconfig")
+    elsewhere = R("watch", "", "secrets", namespace="tenant-b", name="bm-cluster-kubeconfig")
+    local_only = render({"injection": {"slurmBindings": ["metal3=slurm"]}})
+    assert not rbac_allows(local_only, INJ_SA, NAMESPACE, kubeconfig)
+    workload = render({"injection": {"slurmBindings": ["metal3=workload:slurm"]}})
+    assert rbac_allows(workload, INJ_SA, NAMESPACE, kubeconfig)
+    assert not rbac_allows(workload, INJ_SA, NAMESPACE, elsewhere)
 
 
 def test_injection_roles_are_namespaced_when_namespaces_are_given(render):
-    objs = render(
-        {
-            "injection": {
-                "slurmNamespaces": ["slurm"],
-                "metal3Namespaces": ["metal3"],
-                "slurmKeySecretNames": ["slurm-auth-slurm"],
-            }
-        }
-    )
+    objs = render({"injection": {"slurmBindings": ["metal3=slurm"], "metal3Namespaces": ["metal3"]}})
+    assert rbac_allows(objs, INJ_SA, NAMESPACE, R("watch", "", "secrets", namespace="slurm", name="slurm-auth-slurm"))
+    assert rbac_allows(objs, INJ_SA, NAMESPACE, R("list", "", "pods", namespace="metal3"))
     for req in (
         R("list", "", "secrets", namespace="other"),
         R("list", "", "pods", namespace="other"),
@@ -148,23 +178,20 @@ def test_injection_roles_are_namespaced_when_namespaces_are_given(render):
         R("list", "", "secrets"),
     ):
         assert not rbac_allows(objs, INJ_SA, NAMESPACE, req), req
-    # Only the Metal3 informers stay cluster wide (of the webhook's roles: the helm test hook's are its own).
+    # Only the Metal3 informers and Events stay cluster wide (of the webhook's roles: the helm test hook has its own).
     cluster_roles = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].startswith(INJ_SA)]
     assert [c["metadata"]["name"] for c in cluster_roles] == [f"{INJ_SA}-metal3"]
 
 
-def test_named_key_secrets_cover_the_jwt_secret_only_when_it_is_named(render):
+def test_the_jwt_secret_is_readable_only_when_jwt_key_is_allowed_and_named(render):
     jwt = R("watch", "", "secrets", namespace="slurm", name="slurm-auth-jwths256")
-    # (metal3Namespaces too: left empty, the kubeconfig rule reads Secrets cluster wide.)
-    narrow = {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"], "slurmKeySecretNames": ["slurm-auth-slurm"]}
-    assert not rbac_allows(render({"injection": narrow}), INJ_SA, NAMESPACE, jwt)
-    assert rbac_allows(
-        render({"injection": {**narrow, "jwtKeySecretNames": ["slurm-auth-jwths256"]}}), INJ_SA, NAMESPACE, jwt
-    )
-    # Without slurmKeySecretNames every Secret of the Slurm namespaces is readable: the JWT one too.
-    assert rbac_allows(
-        render({"injection": {"slurmNamespaces": ["slurm"], "metal3Namespaces": ["metal3"]}}), INJ_SA, NAMESPACE, jwt
-    )
+    bound = {"slurmBindings": ["metal3=slurm"]}
+    assert not rbac_allows(render({"injection": bound}), INJ_SA, NAMESPACE, jwt)
+    named = {**bound, "jwtKeySecretNames": ["slurm-auth-jwths256"]}
+    assert not rbac_allows(render({"injection": named}), INJ_SA, NAMESPACE, jwt)  # named, but jwt-key not allowed
+    assert rbac_allows(render({"injection": {**named, "templateOptIns": ["jwt-key"]}}), INJ_SA, NAMESPACE, jwt)
+    # ["*"]: every Secret of the Slurm namespaces, the JWT one too (an explicit widening).
+    assert rbac_allows(render({"injection": {**bound, "slurmKeySecretNames": ["*"]}}), INJ_SA, NAMESPACE, jwt)
 
 
 def test_scaling_rbac_covers_its_calls(render):

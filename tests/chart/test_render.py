@@ -74,37 +74,25 @@ def test_validating_webhook(render):
     assert wh["failurePolicy"] == "Ignore"
     assert wh["timeoutSeconds"] == 5
     assert wh["clientConfig"]["service"] == {"name": SCL, "namespace": NAMESPACE, "path": "/validate", "port": 8444}
-    (rule,) = wh["rules"]
-    assert rule == {
-        "apiGroups": ["apps"],
-        "apiVersions": ["v1"],
-        "resources": ["deployments/scale"],
-        "operations": ["UPDATE"],
-        "scope": "Namespaced",
-    }
-    (expr,) = wh["namespaceSelector"]["matchExpressions"]
-    assert expr["operator"] == "NotIn" and expr["values"] == ["kube-system"]
-    names = [c["name"] for c in wh["matchConditions"]]
-    assert names == ["is-scale", "is-deployments", "is-mapped-mirror"]
-    assert f'"{NAMESPACE}/mirror-a"' in wh["matchConditions"][2]["expression"]
-    assert '"mirrors/mirror-b"' in wh["matchConditions"][2]["expression"]
-
-
-def test_mirror_narrowing_is_optional(render):
-    (wh,) = one(
-        render({"scaling": {**TWO_MAPPINGS["scaling"], "narrowToMirrors": False}}), "ValidatingWebhookConfiguration"
-    )["webhooks"]
-    assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
-    # No mappings: nothing to narrow to (the ConfigMap may be managed outside the chart).
-    (wh,) = one(render(), "ValidatingWebhookConfiguration")["webhooks"]
-    assert [c["name"] for c in wh["matchConditions"]] == ["is-scale", "is-deployments"]
+    assert wh["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "apiVersions": ["v1"],
+            "resources": [resources],
+            "operations": ["UPDATE"],
+            "scope": "Namespaced",
+        }
+        for resources in ("deployments/scale", "deployments")
+    ]
+    # What the match lets through: tests/chart/test_scaling_match.py.
+    assert [c["name"] for c in wh["matchConditions"]] == ["is-mapped-mirror"]
 
 
 def test_policies_and_exemptions_are_configurable(render):
     objs = render(
         {
             "injection": {"failurePolicy": "Ignore", "timeoutSeconds": 3, "extraExemptNamespaces": ["infra"]},
-            "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2, "extraExemptNamespaces": ["infra"]},
+            "scaling": {"failurePolicy": "Fail", "timeoutSeconds": 2},
         }
     )
     (m,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
@@ -116,7 +104,6 @@ def test_policies_and_exemptions_are_configurable(render):
         2,
     )
     assert set(m["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", NAMESPACE, "infra"}
-    assert set(v["namespaceSelector"]["matchExpressions"][0]["values"]) == {"kube-system", "infra"}
 
 
 # ---------------------------------------------------------------- TLS
@@ -157,8 +144,12 @@ def test_cert_manager_chain(render):
         assert vols["tls"]["secret"]["secretName"] == spec["secretName"]
 
 
+HELM_TLS = {"certManager": {"enabled": False}, "selfSignedTLS": {"generator": "helm"}}
+
+
 def test_self_managed_tls(render):
-    objs = render(COMBOS["no-cert-manager"])
+    """selfSignedTLS.generator=helm: Helm generates the pair and the caBundle at render (certgen: test_certgen.py)."""
+    objs = render(HELM_TLS)
     assert not by_kind(objs, "Certificate") and not by_kind(objs, "Issuer")
     secrets = {s["metadata"]["name"]: s for s in by_kind(objs, "Secret")}
     configs = {c["kind"]: c for c in objs if c["kind"].endswith("WebhookConfiguration")}
@@ -177,7 +168,7 @@ def test_self_managed_tls(render):
 
 def test_self_managed_cert_is_valid_for_the_service(render):
     x509 = pytest.importorskip("cryptography.x509")
-    objs = render(COMBOS["no-cert-manager"])
+    objs = render(HELM_TLS)
     secret = one(objs, "Secret", f"{INJ}-tls")
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
@@ -211,7 +202,7 @@ def test_webhook_deployment(render, svc, command):
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"] == [command]
-    assert c["image"] == "localhost/slime:0.1.0"  # what the documented build makes (docs/install.md, "The image")
+    assert c["image"] == "localhost/slime:0.2.0"  # what the documented build makes (docs/install.md, "The image")
     _check_hardened(pod, c)
     assert pod["serviceAccountName"] == svc
     assert c["resources"]["requests"] and c["resources"]["limits"]
@@ -265,6 +256,9 @@ def test_conf_server_values_reach_the_process_and_it_accepts_them(render):
             "injection": {
                 "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21", "k8s-2.example.org"]},
                 "extraJoinData": ["controller-name", "jwt-key"],
+                "jwtKeySecretNames": ["slurm-auth-jwths256"],
+                "slurmBindings": ["metal3=slurm", "*=workload:slurm"],
+                "templateOptIns": ["controller-name"],
             }
         }
     )
@@ -273,15 +267,20 @@ def test_conf_server_values_reach_the_process_and_it_accepts_them(render):
     assert env["SLIME_CONF_SERVER_POLICY"] == "service"
     assert env["SLIME_CONF_SERVER_NODE_ADDRESSES"] == "192.0.2.21,k8s-2.example.org"
     assert env["SLIME_EXTRA_JOIN_DATA"] == "controller-name,jwt-key"
-    options = InjectionSettings(
+    settings = InjectionSettings(
         conf_server_policy=env["SLIME_CONF_SERVER_POLICY"],
         conf_server_node_addresses=env["SLIME_CONF_SERVER_NODE_ADDRESSES"],
         extra_join_data=env["SLIME_EXTRA_JOIN_DATA"],
-    ).join_options()
+        slurm_bindings=env["SLIME_SLURM_BINDINGS"],
+        template_opt_ins=env["SLIME_TEMPLATE_OPT_INS"],
+    )
+    options = settings.join_options()
     assert options.node_addresses == ("192.0.2.21", "k8s-2.example.org") and options.extras == {
         "controller-name",
         "jwt-key",
     }
+    assert options.template_opt_ins == {"controller-name"}
+    assert str(settings.bindings()) == "metal3=slurm,*=workload:slurm"
 
 
 def test_single_replica_has_no_pdb(render):
@@ -296,8 +295,8 @@ def test_scaling_configmap(render):
     cm = one(render(TWO_MAPPINGS), "ConfigMap", "scaling-webhook-configmap")
     assert cm["metadata"]["namespace"] == NAMESPACE
     assert yaml.safe_load(cm["data"]["mappings"]) == [
-        {"mirror": f"{NAMESPACE}/mirror-a", "machineDeployment": "metal3/md-a"},
-        {"mirror": "mirrors/mirror-b", "machineDeployment": "metal3-b/md-b"},
+        {"mirror": f"{NAMESPACE}/mirror-a", "machineDeployment": "metal3/md-a", "maxReplicas": 10},
+        {"mirror": "mirrors/mirror-b", "machineDeployment": "metal3-b/md-b", "maxReplicas": 4},
     ]
     empty = one(render(), "ConfigMap", "scaling-webhook-configmap")
     assert yaml.safe_load(empty["data"]["mappings"]) == []
@@ -307,13 +306,13 @@ def test_scaling_configmap(render):
         {
             "scaling": {
                 "configMapName": "my-map",
-                "mappings": [mapping("a/m", "b/d", config={"drainTimeoutSeconds": 30})],
+                "mappings": [mapping("a/m", "b/d", config={"capacityAware": True})],
             }
         }
     )
     cm = one(custom, "ConfigMap", "my-map")
     assert yaml.safe_load(cm["data"]["mappings"]) == [
-        {"mirror": "a/m", "machineDeployment": "b/d", "drainTimeoutSeconds": 30}
+        {"mirror": "a/m", "machineDeployment": "b/d", "capacityAware": True}
     ]
     env = {
         e["name"]: e.get("value")
@@ -401,7 +400,7 @@ def test_scaledobject_knobs_and_exporter_metric_names(render):
             "mappings": [
                 mapping("s/m1", "d/md1", "gpu"),
                 mapping("s/m2", "d/md2", "cpu", keda={"query": "sum(x)", "maxReplicaCount": 2}),
-                mapping("s/m3", "d/md3", "off", keda={"enabled": False}),
+                mapping("s/m3", "d/md3", "off", keda={"enabled": False}, maxReplicas=3),
             ]
         },
     }
@@ -445,7 +444,7 @@ def test_max_replicas_follows_keda_or_the_explicit_value(render):
                 mapping("s/explicit-lower", "d/md3", "p3", maxReplicas=2),
                 mapping("s/explicit-equal", "d/md4", "p4", maxReplicas=8),
                 mapping("s/explicit-zero", "d/md5", "p5", maxReplicas=0),
-                mapping("s/keda-off", "d/md6", keda={"enabled": False}),
+                mapping("s/keda-off-capacity", "d/md6", keda={"enabled": False}, config={"capacityAware": True}),
                 mapping("s/keda-off-explicit", "d/md7", keda={"enabled": False, "maxReplicaCount": 1}, maxReplicas=30),
             ]
         },
@@ -457,13 +456,13 @@ def test_max_replicas_follows_keda_or_the_explicit_value(render):
         "s/explicit-lower": 2,
         "s/explicit-equal": 8,
         "s/explicit-zero": 0,
-        "s/keda-off": None,
+        "s/keda-off-capacity": None,
         "s/keda-off-explicit": 30,
     }
-    assert "maxReplicas" not in items["s/keda-off"]
+    assert "maxReplicas" not in items["s/keda-off-capacity"]  # capped by the hosts that can take it
     # Without KEDA: only explicit values appear.
-    plain = _items(render({"scaling": {"mappings": [mapping("s/a", "d/a"), mapping("s/b", "d/b", maxReplicas=3)]}}))
-    assert "maxReplicas" not in plain["s/a"] and plain["s/b"]["maxReplicas"] == 3
+    plain = _items(render({"scaling": {"mappings": [mapping("s/b", "d/b", maxReplicas=3)]}}))
+    assert plain["s/b"]["maxReplicas"] == 3
     # The ScaledObject's maximum is the KEDA one, untouched by an explicit lower maxReplicas.
     sos = {s["metadata"]["name"]: s for s in by_kind(render(values), "ScaledObject")}
     assert sos["explicit-lower"]["spec"]["maxReplicaCount"] == 8
@@ -663,3 +662,39 @@ def test_network_policy_never_renders_an_allow_all_rule(render):
         for policy in by_kind(render(values), "NetworkPolicy"):
             for rule in policy["spec"]["ingress"]:
                 assert rule.get("from") and rule.get("ports"), rule
+
+
+# ---------------------------------------------------------------- who may scale a mirror
+
+
+def _scale_requesters(objs):
+    env = one(objs, "Deployment", SCL)["spec"]["template"]["spec"]["containers"][0]["env"]
+    return next(e["value"] for e in env if e["name"] == "SLIME_SCALE_REQUESTERS").split(",")
+
+
+KEDA_PAIR = [
+    "system:serviceaccount:keda:keda-operator",  # 0 <-> 1
+    "system:serviceaccount:kube-system:horizontal-pod-autoscaler",  # 1 <-> N, --use-service-account-credentials
+    "system:kube-controller-manager",  # 1 <-> N without it
+]
+
+
+SELF = f"system:serviceaccount:{NAMESPACE}:{SCL}"  # the leader adopts mirrors: it sets their replicas
+
+
+def test_keda_scaled_mirrors_take_scales_from_keda_and_the_hpa_only(render):
+    """Issue 30: KEDA's operator alone would stop every pool at 1; the HPA controller makes the 1 -> N steps."""
+    assert _scale_requesters(render(COMBOS["keda"])) == [*KEDA_PAIR, SELF]
+    mine = {**COMBOS["keda"], "scaling": {**COMBOS["keda"]["scaling"], "allowedRequesters": ["ci-robot"]}}
+    assert _scale_requesters(render(mine)) == ["ci-robot", *KEDA_PAIR, SELF]
+    elsewhere = {**COMBOS["keda"], "keda": {"enabled": True, "scaleRequesters": ["system:serviceaccount:ops:keda"]}}
+    assert _scale_requesters(render(elsewhere)) == ["system:serviceaccount:ops:keda", SELF]
+    rule_off = {**COMBOS["keda"], "keda": {"enabled": True, "scaleRequesters": []}}
+    assert _scale_requesters(render(rule_off)) == [""]
+    # Without KEDA the chart cannot know who scales: no rule unless you give one (RBAC decides).
+    assert _scale_requesters(render(TWO_MAPPINGS)) == [""]
+    off = {
+        "keda": {"enabled": True},
+        "scaling": {"mappings": [mapping("s/m", "d/md", "p", keda={"enabled": False}, maxReplicas=2)]},
+    }
+    assert _scale_requesters(render(off)) == [""]

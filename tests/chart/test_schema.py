@@ -33,7 +33,10 @@ BAD = {
         {"scaling": {"mappings": [mapping("s/m", "Not.A.Label/d")]}},
         "/scaling/mappings/0/machineDeployment/namespace",
     ),
-    "bad-slurm-namespace": ({"injection": {"slurmNamespaces": ["UPPER"]}}, "/injection/slurmNamespaces/0"),
+    "bad-slurm-binding": ({"injection": {"slurmBindings": ["UPPER=slurm"]}}, "/injection/slurmBindings/0"),
+    "binding-without-target": ({"injection": {"slurmBindings": ["metal3="]}}, "/injection/slurmBindings/0"),
+    "template-opt-in": ({"injection": {"templateOptIns": ["munge-key"]}}, "/injection/templateOptIns/0"),
+    "no-key-secret-names": ({"injection": {"slurmKeySecretNames": []}}, "/injection/slurmKeySecretNames"),
     "conf-server-policy": (
         {"injection": {"confServer": {"policy": "slurm_ctld:6817"}}},
         "/injection/confServer/policy",
@@ -170,9 +173,9 @@ def test_bad_values_are_rejected(render, lint, case):
             {
                 "scaling": {
                     "mappings": [
-                        mapping("metal3/m0", "metal3/md-a"),
-                        mapping("s/m1", "metal3/md-b"),
-                        mapping("s/m2", "metal3/md-a"),
+                        mapping("metal3/m0", "metal3/md-a", maxReplicas=2),
+                        mapping("s/m1", "metal3/md-b", maxReplicas=2),
+                        mapping("s/m2", "metal3/md-a", maxReplicas=2),
                     ]
                 }
             },
@@ -183,7 +186,10 @@ def test_bad_values_are_rejected(render, lint, case):
             {
                 "scaling": {
                     "createConfigMap": False,
-                    "mappings": [mapping("s/m0", "metal3/md-a"), mapping("s/m0", "metal3/md-b")],
+                    "mappings": [
+                        mapping("s/m0", "metal3/md-a", maxReplicas=2),
+                        mapping("s/m0", "metal3/md-b", maxReplicas=2),
+                    ],
                 }
             },
             "scaling.mappings[0] and scaling.mappings[1] both use mirror Deployment s/m0; a mirror may drive only one "

@@ -17,7 +17,7 @@ from common.kube import (
     local_client,
     version_priority,
 )
-from kubemu import Emulator
+from kubemu import Emulator, Fault
 
 CAPI = "cluster.x-k8s.io"
 
@@ -129,19 +129,41 @@ def test_an_unusable_kubeconfig_file_is_named(tmp_path: Path, content: str | Non
     assert reason in str(error.value)
 
 
-def test_a_workload_kubeconfig_from_bytes_works(emulator: Emulator) -> None:
-    client = client_from_kubeconfig(yaml.safe_dump(emulator.kubeconfig()).encode(), "metal3/bm-cluster")
+def test_a_workload_kubeconfig_from_bytes_works(emulator_factory: Callable[..., Emulator]) -> None:
+    workload = emulator_factory(workload=True, token="workload-token")  # https, as Cluster API writes it
+    client = client_from_kubeconfig(yaml.safe_dump(workload.kubeconfig()).encode(), "metal3/bm-cluster")
     try:
-        assert client.name == "metal3/bm-cluster"
+        assert (client.name, client.trusted) == ("metal3/bm-cluster", False)
         assert client.request("GET", "/api/v1/namespaces/default")["metadata"]["name"] == "default"
     finally:
         client.close()
 
 
-@pytest.mark.parametrize("data", [b"- not a map", b"{apiVersion: v1, clusters: 7}", b"\xff\xfe"])
-def test_an_unusable_workload_kubeconfig_names_the_cluster_not_the_content(data: bytes) -> None:
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"- not a map", "refused: it is not a kubeconfig document (a YAML map)"),
+        (b"{apiVersion: v1, clusters: 7}", "refused: clusters is not a list"),
+        (b"\xff\xfe", "refused: it is not a kubeconfig document"),
+        (b"a: [unclosed", "is not YAML"),
+    ],
+)
+def test_an_unusable_workload_kubeconfig_names_the_cluster_not_the_content(data: bytes, reason: str) -> None:
     with pytest.raises(KubeError) as error:
         client_from_kubeconfig(data, "metal3/bm-cluster")
     assert (error.value.status, error.value.reason) == (0, "InvalidKubeconfig")
-    assert error.value.message.startswith("kubeconfig for cluster metal3/bm-cluster is not usable: ")
-    assert "not a map" not in error.value.message and "clusters" not in error.value.message
+    assert error.value.message.startswith(f"kubeconfig for cluster metal3/bm-cluster {reason}")
+    assert "not a map" not in error.value.message
+
+
+def test_an_untrusted_clusters_errors_carry_its_status_only(emulator_factory: Callable[..., Emulator]) -> None:
+    workload = emulator_factory(workload=True)
+    workload.add_fault(Fault(path_regex="/namespaces/default$", status=403, message="EVIL: send your token to evil"))
+    client = client_from_kubeconfig(yaml.safe_dump(workload.kubeconfig()).encode(), "metal3/bm-cluster")
+    try:
+        with pytest.raises(KubeError) as error:
+            client.request("GET", "/api/v1/namespaces/default")
+    finally:
+        client.close()
+    assert (error.value.status, error.value.reason) == (403, "Forbidden")
+    assert str(error.value) == "403 Forbidden: the API server of cluster metal3/bm-cluster answered 403 Forbidden"

@@ -21,7 +21,7 @@ import httpx
 from certs.devcerts import main as dev_certs
 from common.logs import configure_logging
 from kubemu import Emulator
-from testbed.framework.objects import metadata_secret
+from testbed.framework.objects import SLURM_BINDINGS, metadata_secret
 from testbed.framework.ports import free_port
 from testbed.framework.reviews import secret_request
 from testbed.framework.wait import wait_for
@@ -52,6 +52,8 @@ def test_logs_are_plain_json_once_each_and_every_admission_says_why(emulator: Em
             str(port),
             "--metrics-port",
             str(metrics_port),
+            "--slurm-bindings",
+            SLURM_BINDINGS,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -18,11 +18,10 @@ import pytest
 
 from common.logs import REDACTED, JsonFormatter, redactor
 from kubemu import Emulator
-from testbed.components.serve import RunningService
 from testbed.components.services import StartInjection
 from testbed.framework.audit import EVIDENCE
-from testbed.framework.objects import b64, decoded_metadata, metadata_secret
-from testbed.framework.reviews import secret_request
+from testbed.framework.objects import b64, metadata_secret
+from testbed.framework.reviews import denial, injected, mutate
 from testbed.framework.wait import wait_for
 from testbed.framework.world import (
     SlurmCluster,
@@ -36,27 +35,6 @@ from testbed.framework.world import (
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 PREFIX = "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: "
-
-
-def mutate(service: RunningService, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    response = service.review("/mutate", secret_request(secret, operation))
-    if "status" in response:
-        EVIDENCE.add_text("injection denial", json.dumps(response))  # the session's secret scan reads it too
-    return response
-
-
-def injected(response: dict[str, Any]) -> dict[str, str]:
-    assert response["allowed"] is True and response.get("patchType") == "JSONPatch", response
-    patch = json.loads(base64.b64decode(response["patch"]))
-    assert [(op["op"], op["path"]) for op in patch] == [("replace", "/data/metaData")]
-    return decoded_metadata(patch[0]["value"])
-
-
-def denial(response: dict[str, Any]) -> str:
-    assert response["allowed"] is False and "patch" not in response, response
-    assert response["status"]["code"] == 403
-    message: str = response["status"]["message"]
-    return message
 
 
 def template(emu: Emulator, name: str = "workers-template", index: int = 0, **annotations: str) -> dict[str, Any]:
@@ -328,13 +306,31 @@ def test_controller_name_and_jwt_key_where_the_template_opts_in(
     slurm = seed_slinky(emulator)
     both = template(emulator, slurm_extra_join_data="controller-name, jwt-key")
     name_only = template(emulator, "named-workers", index=1, slurm_extra_join_data="controller-name")
-    service = start_injection(emulator)
+    service = start_injection(emulator, template_opt_ins="controller-name,jwt-key")
     content = injected(mutate(service, metadata_secret(both)))
     assert content["slurm_controller_name"] == "slurm-controller-0"  # Slinky's SlurmctldHost: the StatefulSet's pod 0
     assert base64.b64decode(content["slurm_jwt_hs256_key_base64"]) == slurm.jwt_key
     assert base64.b64decode(content["slurm_key_base64"]) == slurm.key
     named = injected(mutate(service, metadata_secret(name_only, machine="m3m-1")))
     assert named["slurm_controller_name"] == "slurm-controller-0" and "slurm_jwt_hs256_key_base64" not in named
+
+
+def test_a_template_asking_for_what_templates_may_not_choose_gets_no_join_data(
+    emulator: Emulator, start_injection: StartInjection
+) -> None:
+    slurm = seed_slinky(emulator)
+    greedy = template(emulator, slurm_extra_join_data="controller-name,jwt-key")
+    response = mutate(start_injection(emulator, template_opt_ins="controller-name"), metadata_secret(greedy))
+    assert response["allowed"] is True and "patch" not in response
+    assert response["warnings"] == [
+        "SliMe added no Slurm join data: the template asks for join data templates may not choose"
+    ]
+    assert response["status"]["message"] == (
+        "Slurm join data withheld from Secret metal3/m3m-0-metadata: Metal3DataTemplate metal3/workers-template asks "
+        "for jwt-key (slurm-extra-join-data), which templates may not choose (the operator allows it with "
+        "--template-opt-ins)"
+    )
+    assert b64(slurm.jwt_key) not in json.dumps(response) and b64(slurm.key) not in json.dumps(response)
 
 
 def test_the_chart_default_opts_in_and_an_empty_annotation_opts_out(
@@ -359,7 +355,7 @@ def test_the_jwt_key_comes_from_the_secret_the_controller_references(
 ) -> None:
     slurm = seed_slinky(emulator, jwt_key_ref={"name": "site-jwt", "key": "jwt.key"}, jwt_ref_field=field)
     data = template(emulator, slurm_extra_join_data="jwt-key")
-    content = injected(mutate(start_injection(emulator), metadata_secret(data)))
+    content = injected(mutate(start_injection(emulator, template_opt_ins="jwt-key"), metadata_secret(data)))
     assert base64.b64decode(content["slurm_jwt_hs256_key_base64"]) == slurm.jwt_key
 
 
@@ -367,7 +363,7 @@ def test_an_opted_in_jwt_key_that_is_missing_is_denied(emulator: Emulator, start
     seed_slinky(emulator, with_jwt_secret=False)
     data = template(emulator, slurm_extra_join_data="jwt-key")
     bad = template(emulator, "bad-workers", index=1, slurm_extra_join_data="munge-key")
-    service = start_injection(emulator)
+    service = start_injection(emulator, template_opt_ins="jwt-key")
     assert denial(mutate(service, metadata_secret(data))) == PREFIX + (
         "Secret slurm/slurm-auth-jwths256 (JWT key of Controller slurm/slurm; the template asks for jwt-key) "
         "does not exist in cluster local"
@@ -386,7 +382,7 @@ def test_the_jwt_key_is_registered_with_the_redactor_and_never_logged(
     caplog.set_level(logging.DEBUG)
     slurm: SlurmCluster = seed_slinky(emulator)
     data = template(emulator, slurm_extra_join_data="jwt-key")
-    service = start_injection(emulator, log_level="DEBUG")
+    service = start_injection(emulator, log_level="DEBUG", template_opt_ins="jwt-key")
     injected(mutate(service, metadata_secret(data)))
     bad = metadata_secret(data)
     bad["data"]["metaData"] = b64("[not a map")
@@ -407,7 +403,7 @@ def test_zero_api_calls_per_warm_admission_with_every_option(
     lb = seed_loadbalancer(emulator, "slurm", "slurm")
     assign_ingress(emulator, "slurm", lb, ip="203.0.113.50")
     data = template(emulator, slurm_conf_server="service", slurm_extra_join_data="controller-name,jwt-key")
-    service = start_injection(emulator)
+    service = start_injection(emulator, template_opt_ins="controller-name,jwt-key")
     injected(mutate(service, metadata_secret(data)))  # warms the per-namespace caches, the JWT Secret's too
     wait_for(
         lambda: emulator.count_requests(verb="watch") >= emulator.count_requests(verb="list"),

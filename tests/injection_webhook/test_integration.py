@@ -10,34 +10,14 @@ from typing import Any
 
 import jsonpatch
 import pytest
-import yaml
 
 from kubemu import Emulator
-from testbed.components.serve import RunningService
 from testbed.components.services import StartInjection
-from testbed.framework.objects import b64, decoded_metadata, metadata_secret
-from testbed.framework.reviews import secret_request
+from testbed.framework.objects import b64, kubeconfig_secret, metadata_secret
+from testbed.framework.reviews import denial, injected, mutate, secret_request
 from testbed.framework.world import seed_metal3, seed_nodeport, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
-
-
-def mutate(service: RunningService, secret: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    return service.review("/mutate", secret_request(secret, operation))
-
-
-def injected(response: dict[str, Any]) -> dict[str, str]:
-    assert response["allowed"] is True, response
-    assert response.get("patchType") == "JSONPatch", response
-    patch = json.loads(base64.b64decode(response["patch"]))
-    assert [(op["op"], op["path"]) for op in patch] == [("replace", "/data/metaData")]
-    return decoded_metadata(patch[0]["value"])
-
-
-def denial(response: dict[str, Any]) -> str:
-    assert response["allowed"] is False and "patch" not in response, response
-    assert response["status"]["code"] == 403
-    return response["status"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -125,56 +105,55 @@ def test_already_injected_sends_no_patch(emulator: Emulator, start_injection: St
     assert again["allowed"] is True and "patch" not in again
 
 
+WORKLOAD = {**OPT_IN, "slurm-controller-cluster": "workload"}
+
+
 def test_workload_cluster_through_kubeconfig_secret(emulator_factory: Any, start_injection: StartInjection) -> None:
     management: Emulator = emulator_factory()
     workload: Emulator = emulator_factory(token="workload-token", workload=True)
     seed_slinky(management, host_ip="198.51.100.1")  # a decoy: must not be used
     slurm = seed_slinky(workload, host_ip="203.0.113.7")
     seed_nodeport(workload, "slurm", "slurm", node_port=32000)
-    _, data = seed_metal3(management, cluster="bm-cluster", template_labels=OPT_IN)
-    management.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "cluster.x-k8s.io/secret",
-            "metadata": {
-                "name": "bm-cluster-kubeconfig",
-                "namespace": "metal3",
-                "labels": {"cluster.x-k8s.io/cluster-name": "bm-cluster"},
-            },
-            "data": {"value": b64(yaml.safe_dump(workload.kubeconfig()))},
-        }
-    )
-    service = start_injection(management)
+    _, data = seed_metal3(management, cluster="bm-cluster", template_labels=WORKLOAD)
+    management.create(kubeconfig_secret(workload.kubeconfig()))
+    service = start_injection(management, slurm_bindings="metal3=workload:slurm")
     content = injected(mutate(service, metadata_secret(data)))
     assert content["slurm_conf_server"] == "203.0.113.7:32000"
     assert base64.b64decode(content["slurm_key_base64"]) == slurm.key
     assert workload.count_requests(resource="pods") >= 1
 
 
-def test_cluster_label_override_local(emulator_factory: Any, start_injection: StartInjection) -> None:
+def test_a_kubeconfig_secret_does_not_move_the_lookup_to_the_workload_cluster(
+    emulator_factory: Any, start_injection: StartInjection
+) -> None:
+    management: Emulator = emulator_factory()
+    workload: Emulator = emulator_factory(workload=True)
+    seed_slinky(management, host_ip="198.51.100.1")
+    seed_slinky(workload, host_ip="203.0.113.7")
+    _, data = seed_metal3(management, template_labels=OPT_IN)  # no slurm-controller-cluster label
+    management.create(kubeconfig_secret(workload.kubeconfig()))  # Cluster API writes one for every Cluster
+    service = start_injection(management, slurm_bindings="metal3=slurm,metal3=workload:slurm")
+    assert injected(mutate(service, metadata_secret(data)))["slurm_controller_host"] == "198.51.100.1"
+    assert workload.count_requests() == 0
+
+
+def test_cluster_label_local_ignores_the_kubeconfig(emulator_factory: Any, start_injection: StartInjection) -> None:
     management: Emulator = emulator_factory()
     seed_slinky(management, host_ip="198.51.100.1")
     _, data = seed_metal3(management, template_labels={**OPT_IN, "slurm-controller-cluster": "local"})
-    management.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
-            "data": {"value": b64("apiVersion: v1\nkind: Config\nclusters: []\n")},
-        }
-    )
+    management.create(kubeconfig_secret("apiVersion: v1\nkind: Config\nclusters: []\n"))
     assert (
         injected(mutate(start_injection(management), metadata_secret(data)))["slurm_controller_host"] == "198.51.100.1"
     )
 
 
-def test_cluster_label_override_names_missing_kubeconfig(emulator: Emulator, start_injection: StartInjection) -> None:
+def test_a_cluster_label_naming_another_cluster_is_denied(emulator: Emulator, start_injection: StartInjection) -> None:
     seed_slinky(emulator)
     _, data = seed_metal3(emulator, template_labels={**OPT_IN, "slurm-controller-cluster": "other"})
     assert denial(mutate(start_injection(emulator), metadata_secret(data))) == (
         "cannot inject Slurm join data into Secret metal3/m3m-0-metadata: Metal3DataTemplate metal3/workers-template "
-        "sets slurm-controller-cluster=other, but Secret metal3/other-kubeconfig does not exist"
+        "has an invalid label slurm-controller-cluster: it names cluster 'other', but a template chooses only 'local' "
+        "(the default: the management cluster) or 'workload' (each Metal3Data's own Cluster, here bm-cluster)"
     )
 
 
@@ -185,16 +164,9 @@ def test_unreachable_workload_cluster_is_denied_within_budget(
     gone: Emulator = emulator_factory(workload=True)
     kubeconfig = gone.kubeconfig()
     gone.stop()
-    _, data = seed_metal3(management, template_labels=OPT_IN)
-    management.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
-            "data": {"value": b64(yaml.safe_dump(kubeconfig))},
-        }
-    )
-    service = start_injection(management, cache_sync_timeout_seconds=2.0)
+    _, data = seed_metal3(management, template_labels=WORKLOAD)
+    management.create(kubeconfig_secret(kubeconfig))
+    service = start_injection(management, cache_sync_timeout_seconds=2.0, slurm_bindings="metal3=workload:slurm")
     started = time.monotonic()
     message = denial(mutate(service, metadata_secret(data)))
     assert time.monotonic() - started < 5

@@ -17,7 +17,7 @@ from injection_webhook.confserver import (
     parse_policy,
     service_endpoint,
 )
-from injection_webhook.handler import JoinInfo
+from injection_webhook.decision import JoinInfo
 
 POD = {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": "slurm"}
 

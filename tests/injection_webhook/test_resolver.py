@@ -9,13 +9,15 @@ import pytest
 
 from common.kube import local_client
 from common.names import CLUSTER_OVERRIDE_LABEL, OPT_IN_LABEL
-from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Unresolved
+from injection_webhook.decision import JoinInfo, MetaDataSecret, NotOptedIn, Unresolved
 from injection_webhook.resolver import InjectionResolver, NeedsWait
 from injection_webhook.settings import DEFAULT_CONTROLLER_SELECTOR
 from kubemu import Emulator, Fault
-from testbed.framework.objects import b64
+from testbed.framework.objects import b64, kubeconfig_secret
 from testbed.framework.wait import wait_for
 from testbed.framework.world import SlurmCluster, seed_metal3, seed_slinky
+
+from .conftest import MakeResolver
 
 M3 = "infrastructure.cluster.x-k8s.io/v1beta1"
 
@@ -73,7 +75,9 @@ def test_waiting_for_the_caches_covers_the_start_up_discovery(emulator: Emulator
 def test_the_owner_is_verified_by_name_and_uid(resolver: InjectionResolver, emulator: Emulator) -> None:
     _, data = seed_metal3(emulator)
     assert resolver.wait_for_metal3_caches() is None
-    assert resolver.not_ready_reason() is None and resolver.metal3_version == "v1beta2"
+    # The templates' cache syncs on its own thread: readiness waits for both.
+    wait_for(lambda: resolver.not_ready_reason() is None, what="both Metal3 caches synced")
+    assert resolver.metal3_version == "v1beta2"
     record = wait_for(lambda: resolver.check_owner(review_of(data)).verified, what="the Metal3Data in the cache")
     assert record == {"template": "workers-template", "cluster": "bm-cluster", "uid": data["metadata"]["uid"]}
     forged = resolver.check_owner(review_of(data, uid="not-its-uid"))
@@ -165,43 +169,56 @@ def test_a_key_secret_without_the_key_names_the_key_not_the_value(
     )
 
 
-def test_an_override_naming_a_missing_kubeconfig_is_named(resolver: InjectionResolver, emulator: Emulator) -> None:
-    data, _ = opted_in(emulator, template_labels={CLUSTER_OVERRIDE_LABEL: "elsewhere"})
+def test_the_workload_cluster_needs_its_kubeconfig_secret(make_resolver: MakeResolver, emulator: Emulator) -> None:
+    data, _ = opted_in(emulator, template_labels={CLUSTER_OVERRIDE_LABEL: "workload"})
+    resolver = make_resolver("metal3=workload:slurm")
     assert resolve(resolver, data) == Unresolved(
-        f"Metal3DataTemplate metal3/workers-template sets {CLUSTER_OVERRIDE_LABEL}=elsewhere, "
-        "but Secret metal3/elsewhere-kubeconfig does not exist"
+        "Secret metal3/bm-cluster-kubeconfig (the kubeconfig of Cluster metal3/bm-cluster) does not exist"
     )
 
 
-def test_without_a_kubeconfig_secret_the_local_cluster_runs_slurm(
+def test_without_the_cluster_label_the_management_cluster_runs_slurm(
     resolver: InjectionResolver, emulator: Emulator
 ) -> None:
-    data, _ = opted_in(emulator)  # labelled cluster bm-cluster, no bm-cluster-kubeconfig: slurmctld is local
+    data, _ = opted_in(emulator)  # labelled cluster bm-cluster; its kubeconfig Secret does not decide anything
+    emulator.create(kubeconfig_secret("apiVersion: v1\nkind: Config\n"))
     info = resolve(resolver, data)
     assert isinstance(info, JoinInfo) and info.source.endswith("in cluster local")
 
 
+NOT_CAPI_KUBECONFIG = (
+    "Secret metal3/bm-cluster-kubeconfig is not the kubeconfig Cluster API writes for Cluster metal3/bm-cluster "
+    "(it needs type cluster.x-k8s.io/secret and label cluster.x-k8s.io/cluster-name=bm-cluster)"
+)
+
+
 @pytest.mark.parametrize(
-    ("value", "reason"),
+    ("secret", "reason"),
     [
-        ("not*base64", "Secret metal3/bm-cluster-kubeconfig has no valid base64 key 'value'"),
         (
-            b64("- not a map"),
-            "kubeconfig for cluster metal3/bm-cluster is not usable: ValueError "
-            "(from Secret metal3/bm-cluster-kubeconfig)",
+            kubeconfig_secret("x", secret_type="Opaque"),
+            NOT_CAPI_KUBECONFIG,
+        ),
+        (
+            kubeconfig_secret("x", cluster_label="other"),
+            NOT_CAPI_KUBECONFIG,
+        ),
+        (
+            {**kubeconfig_secret("x"), "data": {"value": "not*base64"}},
+            "Secret metal3/bm-cluster-kubeconfig has no valid base64 key 'value'",
+        ),
+        (
+            kubeconfig_secret("- not a map"),
+            "kubeconfig for cluster metal3/bm-cluster refused: it is not a kubeconfig document (a YAML map) (only "
+            "server, certificate-authority-data and inline credentials are accepted: token, client-certificate-data, "
+            "client-key-data) (from Secret metal3/bm-cluster-kubeconfig)",
         ),
     ],
+    ids=["not-capi-type", "other-cluster-label", "not-base64", "not-a-map"],
 )
 def test_an_unusable_workload_kubeconfig_is_named(
-    resolver: InjectionResolver, emulator: Emulator, value: str, reason: str
+    make_resolver: MakeResolver, emulator: Emulator, secret: dict[str, Any], reason: str
 ) -> None:
-    data, _ = opted_in(emulator)
-    emulator.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "bm-cluster-kubeconfig", "namespace": "metal3"},
-            "data": {"value": value},
-        }
-    )
-    assert resolve(resolver, data) == Unresolved(reason)
+    data, _ = opted_in(emulator, template_labels={CLUSTER_OVERRIDE_LABEL: "workload"})
+    emulator.create(secret)
+    assert resolve(make_resolver("metal3=workload:slurm"), data) == Unresolved(reason)

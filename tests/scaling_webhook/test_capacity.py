@@ -19,12 +19,14 @@ from testbed.framework.objects import (
     machine_deployment,
     metal3_machine_template,
     mirror,
+    reuse_booking,
 )
 from testbed.framework.wait import wait_for
 from testbed.framework.world import md_events, md_replicas, scale_mirror
 
-NS, MD = "metal3", "workers"
+NS, MD, CLUSTER = "metal3", "workers", "c1"
 POOL = {"pool": "workers"}
+REUSE = "infrastructure.cluster.x-k8s.io/node-reuse"
 
 
 # --- the rule, as pure functions ---------------------------------------------------------------------
@@ -72,6 +74,86 @@ def test_a_host_being_deleted_is_not_free() -> None:
     host = baremetal_host("h", NS)
     host["metadata"]["deletionTimestamp"] = "2026-11-22T10:00:00Z"
     assert not host_is_free(host, MD)
+
+
+# --- node reuse: CAPM3 v1.13 books a host with the label alone, v1.14 with the label and the Cluster -------
+
+
+def booked(
+    name: str, pool: str | None = MD, cluster: str | None = CLUSTER, state: str = "available", **ref: str
+) -> dict[str, Any]:
+    """A host CAPM3 keeps for node reuse: the label ``md-<pool>`` (none when ``pool`` is None) and a consumerRef to
+    Cluster ``cluster`` as v1.14 sets it (none, as v1.13 leaves it, when ``cluster`` is None; ``ref`` overrides)."""
+    consumer = None if cluster is None else {**reuse_booking(cluster, NS), **ref}
+    labels = {**POOL, **({REUSE: f"md-{pool}"} if pool is not None else {})}
+    return baremetal_host(name, NS, state=state, labels=labels, consumer_ref=consumer)
+
+
+@pytest.mark.parametrize(
+    ("host", "free"),
+    [
+        (booked("v1.14, this pool's"), True),
+        (booked("v1.14, this pool's, Cluster read as v1beta1", apiVersion="cluster.x-k8s.io/v1beta1"), True),
+        (booked("v1.13, this pool's", cluster=None), True),
+        (booked("v1.14, another pool of the same Cluster", pool="gpu"), False),
+        (booked("v1.14, a pool of another Cluster", pool="other", cluster="c2"), False),
+        (booked("v1.13, another pool's", pool="gpu", cluster=None), False),
+        (booked("this Cluster's consumerRef without the label", pool=None), False),
+        (booked("stale: another Cluster's booking with this pool's label", cluster="c2"), False),
+        (booked("stale: a Cluster of another group", apiVersion="example.com/v1"), False),
+        (booked("stale: this Cluster's name in another namespace", namespace="elsewhere"), False),
+        (booked("stale: a Metal3Machine's consumerRef with the label", kind="Metal3Machine"), False),
+        (booked("v1.14, this pool's, still deprovisioning", state="deprovisioning"), False),
+    ],
+    ids=lambda value: value["metadata"]["name"] if isinstance(value, dict) else str(value),
+)
+def test_which_node_reuse_bookings_are_free_for_this_pool(host: dict[str, Any], free: bool) -> None:
+    assert host_is_free(host, MD, CLUSTER) is free
+
+
+def test_a_control_plane_booking_is_taken() -> None:
+    """CAPM3 labels a control plane's host ``cp-<name>``; no MachineDeployment's Machine gets it."""
+    host = booked("cp", pool=None)
+    host["metadata"]["labels"][REUSE] = f"cp-{MD}"
+    assert not host_is_free(host, MD, CLUSTER)
+
+
+def test_without_the_pools_cluster_a_clusters_booking_is_taken_and_a_label_alone_is_not() -> None:
+    assert not host_is_free(booked("v1.14"), MD, None)
+    assert host_is_free(booked("v1.13", cluster=None), MD, None)
+
+
+def test_a_booking_is_free_for_its_pool_and_taken_for_every_other() -> None:
+    """One namespace, two Clusters: c1 has pools workers and gpu, c2 has pool other. Every host is
+    booked for reuse (v1.14 and v1.13 style) or stale; each pool counts only its own."""
+    template = metal3_machine_template(MD, NS, host_selector={"matchLabels": POOL})
+    hosts = [
+        booked("workers-v114"),
+        booked("workers-v113", cluster=None),
+        booked("gpu-v114", pool="gpu"),
+        booked("other-v114", pool="other", cluster="c2"),
+        booked("workers-label-c2-booking", cluster="c2"),  # stale for workers; no pool of c2 has this label
+        baremetal_host("free", NS, labels=POOL),
+    ]
+    assert count(NS, MD, template, hosts, [], cluster=CLUSTER) == Capacity(bound=0, free=3, reuse=2, stale=1)
+    assert count(NS, "gpu", template, hosts, [], cluster=CLUSTER) == Capacity(bound=0, free=2, reuse=1, stale=0)
+    assert count(NS, "other", template, hosts, [], cluster="c2") == Capacity(bound=0, free=2, reuse=1, stale=0)
+    # The same hosts under CAPM3 v1.13 only (no Cluster bookings): the label alone decides.
+    v113 = [h for h in hosts if (h["spec"].get("consumerRef") or {}).get("kind") != "Cluster"]
+    assert count(NS, MD, template, v113, [], cluster=CLUSTER) == Capacity(bound=0, free=2, reuse=1, stale=0)
+
+
+def test_a_booked_host_that_is_not_available_or_out_of_the_selector_is_not_free_nor_stale() -> None:
+    template = metal3_machine_template(MD, NS, host_selector={"matchLabels": POOL})
+    outside = booked("outside")
+    outside["metadata"]["labels"]["pool"] = "gpu"
+    hosts = [
+        outside,
+        booked("paused"),
+        booked("stale, deprovisioning", cluster="c2", state="deprovisioning"),
+    ]
+    hosts[1]["metadata"]["annotations"]["baremetalhost.metal3.io/paused"] = ""
+    assert count(NS, MD, template, hosts, [], cluster=CLUSTER) == Capacity(bound=0, free=0)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +247,7 @@ def test_the_ceiling_is_hosts_in_use_by_the_pool_plus_free_matching_hosts() -> N
 def capacity_config(capacity_aware: bool = True) -> dict[str, Any]:
     return config_map(
         {
-            "mappings": f"- mirror: {SLIME_NAMESPACE}/mirror\n  machineDeployment: {NS}/{MD}\n"
+            "mappings": f"- mirror: {SLIME_NAMESPACE}/mirror\n  machineDeployment: {NS}/{MD}\n  maxReplicas: 100\n"
             f"  capacityAware: {'true' if capacity_aware else 'false'}\n"
         }
     )
@@ -253,6 +335,39 @@ def test_hosts_the_pool_already_uses_count_and_a_scale_down_is_never_capped(
         pool.delete("metal3.io/v1alpha1", "BareMetalHost", NS, f"host-{index}")
     scale_mirror(pool, SLIME_NAMESPACE, "mirror", 1)
     wait_for(lambda: md_replicas(pool, NS, MD) == 1, what="the scale-down")
+
+
+def test_a_node_reuse_rollout_under_capm3_v1_14_is_not_capped_by_the_pools_own_bookings(
+    pool: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
+    """Two of the pool's old Machines are gone and CAPM3 v1.14 booked their hosts for the pool's node reuse
+    (consumerRef: the Cluster the MachineDeployment's spec.clusterName names, label md-workers): with the three
+    free hosts, five Machines can be provisioned. A host another pool booked and a stale booking (this pool's label,
+    another Cluster's consumerRef) are not counted."""
+    for name, cluster, label in (
+        ("reused-0", CLUSTER, f"md-{MD}"),
+        ("reused-1", CLUSTER, f"md-{MD}"),
+        ("gpu-pool", CLUSTER, "md-gpu"),
+        ("stale", "c2", f"md-{MD}"),
+    ):
+        pool.create(baremetal_host(name, NS, labels={**POOL, REUSE: label}, consumer_ref=reuse_booking(cluster, NS)))
+    pool.create(capacity_config())
+    scaling = scaling_factory(pool)
+    scale_mirror(pool, SLIME_NAMESPACE, "mirror", 7)
+    wait_for(lambda: md_replicas(pool, NS, MD) == 5, what="3 free hosts + 2 booked for this pool's node reuse")
+    (event,) = wait_for(lambda: md_events(pool, NS, MD, "CapacityLimited"), what="the CapacityLimited event")
+    assert event["message"] == (
+        f"mirror {SLIME_NAMESPACE}/mirror asks 7; MachineDeployment {NS}/{MD} is held at 5 because 0 host(s) are in "
+        "use by this pool and 5 available BareMetalHost(s) match its Metal3MachineTemplate's hostSelector (2 of them "
+        "booked for this pool's node reuse); 1 more carry this pool's node-reuse label but a consumerRef that is not "
+        "its Cluster's, a stale booking not counted; the rest follows when hosts become available"
+    )
+    assert scaling.metric("slime_scaling_capacity_shortfall_replicas") == 2
+    # CAPM3 takes the stale booking's host back for this pool's Cluster: its watch event raises the pool.
+    pool.patch(
+        "metal3.io/v1alpha1", "BareMetalHost", NS, "stale", {"spec": {"consumerRef": reuse_booking(CLUSTER, NS)}}
+    )
+    wait_for(lambda: md_replicas(pool, NS, MD) == 6, what="the booking now names this pool's Cluster")
 
 
 def test_a_capacity_that_cannot_be_counted_holds_the_pool_and_says_why(

@@ -18,7 +18,7 @@ from testbed.framework.reviews import scale_request
 from testbed.framework.wait import wait_for
 from testbed.framework.world import md_events, md_replicas, scale_mirror
 
-THESIS_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}
+SINGLE_CM = {"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3", "maxReplicas": "100"}
 MD_REF = "metal3/md"
 
 
@@ -31,11 +31,11 @@ def mirror_of(emulator: Emulator, name: str = "mirror-deployment") -> dict:
 
 
 @pytest.fixture
-def thesis(emulator: Emulator) -> Emulator:
+def single(emulator: Emulator) -> Emulator:
     """A mapping that existed before the test: the mirror is already adopted from metal3/md, both at 3."""
     emulator.create(mirror("mirror-deployment", replicas=3, adopted_from=MD_REF))
     emulator.create(machine_deployment("md", "metal3", replicas=3))
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     return emulator
 
 
@@ -50,7 +50,7 @@ def test_a_new_mapping_adopts_the_pool_and_never_resets_it(
     emulator.create(machine_deployment("md", "metal3", replicas=5))
     emulator.create(mirror("mirror-deployment", replicas=None))  # as the chart renders it
     assert mirror_of(emulator)["spec"]["replicas"] == 1
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     scaling = scaling_factory(emulator)
     wait_for(lambda: mirror_of(emulator)["spec"]["replicas"] == 5, what="the mirror adopted at 5")
     assert md_replicas(emulator, "metal3", "md") == 5
@@ -67,25 +67,25 @@ def test_a_new_mapping_adopts_the_pool_and_never_resets_it(
 
 
 def test_removing_a_mapping_leaves_the_machine_deployment_and_mapping_again_adopts_again(
-    thesis: Emulator, scaling_factory: Callable[..., Scaling]
+    single: Emulator, scaling_factory: Callable[..., Scaling]
 ) -> None:
-    scaling = scaling_factory(thesis)
-    thesis.patch(
+    scaling = scaling_factory(single)
+    single.patch(
         "v1",
         "ConfigMap",
         SLIME_NAMESPACE,
         "scaling-webhook-configmap",
-        {"data": {"machineDeploymentName": None, "machineDeploymentNamespace": None}},
+        {"data": {"machineDeploymentName": None, "machineDeploymentNamespace": None, "maxReplicas": None}},
     )
     wait_for(
-        lambda: ADOPTED_ANNOTATION not in (mirror_of(thesis)["metadata"].get("annotations") or {}),
+        lambda: ADOPTED_ANNOTATION not in (mirror_of(single)["metadata"].get("annotations") or {}),
         what="the mark removed",
     )
-    scale_mirror(thesis, SLIME_NAMESPACE, "mirror-deployment", 9)  # unmapped: nothing follows
-    set_md(thesis, 4)
-    thesis.patch("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap", {"data": THESIS_CM})
-    wait_for(lambda: mirror_of(thesis)["spec"]["replicas"] == 4, what="the mirror adopted again, at 4")
-    assert md_replicas(thesis, "metal3", "md") == 4
+    scale_mirror(single, SLIME_NAMESPACE, "mirror-deployment", 9)  # unmapped: nothing follows
+    set_md(single, 4)
+    single.patch("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap", {"data": SINGLE_CM})
+    wait_for(lambda: mirror_of(single)["spec"]["replicas"] == 4, what="the mirror adopted again, at 4")
+    assert md_replicas(single, "metal3", "md") == 4
     assert scaling.metric("slime_scaling_writes_total", 'reason="adopt"') == 1
 
 
@@ -95,7 +95,7 @@ def test_removing_a_mapping_leaves_the_machine_deployment_and_mapping_again_adop
 def test_drift_at_start_is_healed(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     emulator.create(mirror("mirror-deployment", replicas=4, adopted_from=MD_REF))
     emulator.create(machine_deployment("md", "metal3", replicas=1))
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     scaling = scaling_factory(emulator)
     assert md_replicas(emulator, "metal3", "md") == 4
     assert scaling.metric("slime_scaling_writes_total", 'reason="drift"') == 1
@@ -104,30 +104,30 @@ def test_drift_at_start_is_healed(emulator: Emulator, scaling_factory: Callable[
     assert event["type"] == "Normal" and event["source"]["component"] == "slime-scaling-webhook"
 
 
-def test_a_hand_edit_is_healed_on_its_watch_event(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_a_hand_edit_is_healed_on_its_watch_event(single: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     """No resync needed (it is an hour here): the MachineDeployment's watch wakes the reconciler."""
-    scaling = scaling_factory(thesis)
-    set_md(thesis, 7)  # someone (or something with write access) scaled the MachineDeployment directly
+    scaling = scaling_factory(single)
+    set_md(single, 7)  # someone (or something with write access) scaled the MachineDeployment directly
     started = time.monotonic()
-    wait_for(lambda: md_replicas(thesis, "metal3", "md") == 3, 5, "the watch-driven heal")
+    wait_for(lambda: md_replicas(single, "metal3", "md") == 3, 5, "the watch-driven heal")
     healed_in = time.monotonic() - started
     assert scaling.metric("slime_scaling_writes_total", 'reason="drift"') == 1
     assert healed_in >= 0  # the figure goes to docs/reliability.md through the reliability suite, not asserted here
 
 
-def test_reconcile_once_is_quiet_when_in_step(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
-    scaling = scaling_factory(thesis)
-    thesis.clear_requests()
+def test_reconcile_once_is_quiet_when_in_step(single: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+    scaling = scaling_factory(single)
+    single.clear_requests()
     assert scaling.service.reconcile_once() == []
-    assert not [c for c in thesis.requests if c.method in ("PATCH", "PUT", "POST") and c.resource != "leases"]
+    assert not [c for c in single.requests if c.method in ("PATCH", "PUT", "POST") and c.resource != "leases"]
 
 
-def test_reconcile_writes_an_absolute_merge_patch(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
-    scaling_factory(thesis)
-    thesis.clear_requests()
-    scale_mirror(thesis, SLIME_NAMESPACE, "mirror-deployment", 0)
-    wait_for(lambda: md_replicas(thesis, "metal3", "md") == 0, what="0")
-    patches = [c for c in thesis.requests if c.method == "PATCH" and c.resource == "machinedeployments"]
+def test_reconcile_writes_an_absolute_merge_patch(single: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+    scaling_factory(single)
+    single.clear_requests()
+    scale_mirror(single, SLIME_NAMESPACE, "mirror-deployment", 0)
+    wait_for(lambda: md_replicas(single, "metal3", "md") == 0, what="0")
+    patches = [c for c in single.requests if c.method == "PATCH" and c.resource == "machinedeployments"]
     assert [(c.resource, c.subresource, c.path) for c in patches] == [
         ("machinedeployments", "scale", f"/apis/{CAPI}/v1beta2/namespaces/metal3/machinedeployments/md/scale")
     ]
@@ -137,7 +137,7 @@ def test_missing_mirror_never_scales_to_zero(
     emulator: Emulator, scaling_factory: Callable[..., Scaling], caplog: pytest.LogCaptureFixture
 ) -> None:
     emulator.create(machine_deployment("md", "metal3", replicas=5))
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     with caplog.at_level(logging.WARNING, logger="slime.scaling.reconciler"):
         scaling = scaling_factory(emulator)
         assert scaling.service.reconcile_once() == []
@@ -155,7 +155,7 @@ def test_missing_machine_deployment_waits_without_a_write(
     emulator: Emulator, scaling_factory: Callable[..., Scaling]
 ) -> None:
     emulator.create(mirror("mirror-deployment", replicas=2))
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     scaling = scaling_factory(emulator)
     assert scaling.service.reconcile_once() == []
     assert scaling.metric("slime_scaling_waiting_mappings", 'reason="missing"') == 1
@@ -165,27 +165,27 @@ def test_missing_machine_deployment_waits_without_a_write(
 
 
 def test_api_errors_are_counted_and_retried_next_pass(
-    thesis: Emulator, scaling_factory: Callable[..., Scaling]
+    single: Emulator, scaling_factory: Callable[..., Scaling]
 ) -> None:
-    scaling = scaling_factory(thesis)
-    thesis.add_fault(Fault(method="PATCH", path_regex=r"/scale$", status=500, times=1))
-    set_md(thesis, 9)
+    scaling = scaling_factory(single)
+    single.add_fault(Fault(method="PATCH", path_regex=r"/scale$", status=500, times=1))
+    set_md(single, 9)
     wait_for(lambda: scaling.metric("slime_scaling_reconcile_errors_total") == 1, what="the failed write counted")
-    wait_for(lambda: md_replicas(thesis, "metal3", "md") == 3, what="the retry (the next watch event or pass)")
+    wait_for(lambda: md_replicas(single, "metal3", "md") == 3, what="the retry (the next watch event or pass)")
 
 
-def test_mapping_change_triggers_a_pass(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
-    scaling_factory(thesis)
-    thesis.create(mirror("mirror-new", replicas=6, adopted_from="metal3/md-new"))
-    thesis.create(machine_deployment("md-new", "metal3", replicas=1))
-    cm = thesis.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"]["mappings"] = "- {mirror: slime-system/mirror-new, machineDeployment: metal3/md-new}"
-    thesis.update(cm)
-    wait_for(lambda: md_replicas(thesis, "metal3", "md-new") == 6, what="the new mapping reconciled")
+def test_mapping_change_triggers_a_pass(single: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+    scaling_factory(single)
+    single.create(mirror("mirror-new", replicas=6, adopted_from="metal3/md-new"))
+    single.create(machine_deployment("md-new", "metal3", replicas=1))
+    cm = single.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
+    cm["data"]["mappings"] = "- {mirror: slime-system/mirror-new, machineDeployment: metal3/md-new, maxReplicas: 100}"
+    single.update(cm)
+    wait_for(lambda: md_replicas(single, "metal3", "md-new") == 6, what="the new mapping reconciled")
 
 
-def test_periodic_resync(thesis: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
-    scaling = scaling_factory(thesis, resync_seconds=0.2)
+def test_periodic_resync(single: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+    scaling = scaling_factory(single, resync_seconds=0.2)
     passes = scaling.service.reconciler.passes
     wait_for(lambda: scaling.service.reconciler.passes >= passes + 3, what="three resync passes")
 
@@ -226,7 +226,7 @@ def test_a_pause_is_respected_and_the_change_applied_when_lifted(
             "spec": {},
         }
     )
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     kind, field = where.split("-")
     target = ("MachineDeployment", "md") if kind == "md" else ("Cluster", "c1")
     pause = (
@@ -267,7 +267,7 @@ def test_a_cluster_autoscaler_node_group_is_never_written(
         "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "10",
     }
     emulator.create(md)
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     scaling = scaling_factory(emulator)
     with pytest.raises(ApiException) as refused:
         scale_mirror(emulator, SLIME_NAMESPACE, "mirror-deployment", 6)
@@ -289,7 +289,7 @@ def test_only_the_lease_holder_writes_and_another_takes_over(
 ) -> None:
     emulator.create(mirror("mirror-deployment", replicas=1, adopted_from=MD_REF))
     emulator.create(machine_deployment("md", "metal3", replicas=1))
-    emulator.create(config_map(THESIS_CM))
+    emulator.create(config_map(SINGLE_CM))
     lease = {
         "lease_duration_seconds": 3,
         "lease_renew_deadline_seconds": 2,

@@ -170,7 +170,9 @@ def test_a_review_for_a_mirror_that_does_not_exist_is_refused(
     emulator: Emulator, scaling_factory: Callable[..., Scaling]
 ) -> None:
     emulator.create(machine_deployment("md", "metal3", replicas=3))
-    emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
+    emulator.create(
+        config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3", "maxReplicas": "100"})
+    )
     scaling = scaling_factory(emulator)
     response = scaling.review(scale_request(SLIME_NAMESPACE, "mirror-deployment", 0))
     assert_denied(response, "mirror Deployment slime-system/mirror-deployment does not exist")
@@ -227,16 +229,22 @@ def test_event_failure_never_stops_the_change(scaling: Scaling, seeded: Emulator
 # --- config forms and reload ------------------------------------------------------------------------
 
 
-def test_thesis_form_config(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_single_mapping_keys_config(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
     emulator.create(mirror("mirror-deployment", replicas=1))
     emulator.create(machine_deployment("md-slurm-workers", "metal3", replicas=1))
-    emulator.create(config_map({"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3"}))
+    emulator.create(
+        config_map(
+            {"machineDeploymentName": "md-slurm-workers", "machineDeploymentNamespace": "metal3", "maxReplicas": "100"}
+        )
+    )
     scaling_factory(emulator)
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-deployment", 4)
     follows(emulator, "metal3", "md-slurm-workers", 4)
 
 
-def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+def test_single_mapping_keys_and_list_form_combined(
+    emulator: Emulator, scaling_factory: Callable[..., Scaling]
+) -> None:
     emulator.create(mirror("mirror-x", namespace="keda", replicas=1))
     emulator.create(mirror("mirror-p", replicas=1))
     emulator.create(machine_deployment("md-x", "metal3", replicas=1))
@@ -246,9 +254,10 @@ def test_thesis_and_list_forms_combined(emulator: Emulator, scaling_factory: Cal
             {
                 "machineDeploymentName": "md-x",
                 "machineDeploymentNamespace": "metal3",
+                "maxReplicas": "100",
                 "mirrorDeploymentName": "mirror-x",
                 "mirrorDeploymentNamespace": "keda",
-                "mappings": "- {mirror: slime-system/mirror-p, machineDeployment: metal3/md-p}\n",
+                "mappings": "- {mirror: slime-system/mirror-p, machineDeployment: metal3/md-p, maxReplicas: 100}\n",
             }
         )
     )
@@ -264,7 +273,9 @@ def test_config_map_name_flag(emulator: Emulator, scaling_factory: Callable[...,
     emulator.create(mirror("m1"))
     emulator.create(machine_deployment("md1", "metal3"))
     emulator.create(
-        config_map({"mappings": "- {mirror: slime-system/m1, machineDeployment: metal3/md1}"}, name="custom")
+        config_map(
+            {"mappings": "- {mirror: slime-system/m1, machineDeployment: metal3/md1, maxReplicas: 100}"}, name="custom"
+        )
     )
     scaling_factory(emulator, config_map="custom")
     scale_mirror(emulator, SLIME_NAMESPACE, "m1", 3)
@@ -277,7 +288,7 @@ def test_live_config_reload(scaling: Scaling, seeded: Emulator) -> None:
     scale_mirror(seeded, SLIME_NAMESPACE, "mirror-c", 6)  # not mapped yet: admitted, nothing follows
     assert md_replicas(seeded, "metal3", "md-c") == 4
     cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"] = {"mappings": "- {mirror: slime-system/mirror-c, machineDeployment: metal3/md-c}"}
+    cm["data"] = {"mappings": "- {mirror: slime-system/mirror-c, machineDeployment: metal3/md-c, maxReplicas: 100}"}
     seeded.update(cm)
     wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-c") is not None, what="the new mapping")
     # Mapping adopts: the mirror takes the MachineDeployment's replicas, the pool does not move.
@@ -294,7 +305,10 @@ def test_invalid_config_keeps_last_good_mappings(
 ) -> None:
     assert scaling.metric("slime_scaling_config_valid") == 1
     cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"] = {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  extra: 1\n"}
+    cm["data"] = {
+        "mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"
+        "  extra: 1\n"
+    }
     with caplog.at_level(logging.ERROR, logger="slime.scaling.mappings"):
         seeded.update(cm)
         wait_for(lambda: scaling.metric("slime_scaling_config_valid") == 0, what="config_valid 0")
@@ -306,7 +320,7 @@ def test_invalid_config_keeps_last_good_mappings(
     follows(seeded, "metal3-b", "md-b", 5)
     # A fixed ConfigMap is valid again.
     cm = seeded.get("v1", "ConfigMap", SLIME_NAMESPACE, "scaling-webhook-configmap")
-    cm["data"] = {"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}"}
+    cm["data"] = {"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 100}"}
     seeded.update(cm)
     wait_for(lambda: scaling.metric("slime_scaling_config_valid") == 1, what="config_valid 1")
     wait_for(lambda: scaling.service.source.table.get(SLIME_NAMESPACE, "mirror-b") is None, what="mirror-b unmapped")
@@ -322,7 +336,9 @@ def test_missing_config_map_is_an_empty_table_and_ready(
     assert emulator.requests == []
     emulator.create(mirror("mirror-deployment"))
     emulator.create(machine_deployment("md", "metal3"))
-    emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
+    emulator.create(
+        config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3", "maxReplicas": "100"})
+    )
     wait_for(lambda: len(scaling.service.source.table) == 1, what="the created ConfigMap")
     wait_for(lambda: scaling.metric("slime_scaling_writes_total", 'reason="adopt"') == 1, what="the adoption")
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-deployment", 3)
@@ -379,7 +395,9 @@ def test_cluster_serving_one_capi_version(
     emulator = emulator_factory(served={CAPI: [version]})
     emulator.create(mirror("mirror-deployment", replicas=1))
     emulator.create(machine_deployment("md", "metal3", replicas=1, version=version))
-    emulator.create(config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3"}))
+    emulator.create(
+        config_map({"machineDeploymentName": "md", "machineDeploymentNamespace": "metal3", "maxReplicas": "100"})
+    )
     scaling_factory(emulator)
     emulator.clear_requests()
     scale_mirror(emulator, SLIME_NAMESPACE, "mirror-deployment", 6)
@@ -438,7 +456,7 @@ def test_bad_review_is_errored_with_no_call(scaling: Scaling, seeded: Emulator) 
 
 
 def test_not_ready_until_the_config_map_is_listed(emulator: Emulator, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from scaling_webhook.main import build
+    from scaling_webhook.app import build
     from scaling_webhook.settings import ScalingSettings
     from testbed.components.serve import serve_in_thread
 

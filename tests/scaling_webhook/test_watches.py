@@ -24,7 +24,8 @@ CLUSTER = {"apiVersion": f"{CAPI}/v1beta1", "kind": "Cluster", "metadata": {"nam
 
 def table(extra: str = "") -> MappingTable:
     return parse_mappings(
-        {"mappings": f"- {{mirror: slime-system/mirror-a, machineDeployment: metal3/md-a{extra}}}"}, "slime-system"
+        {"mappings": f"- {{mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 100{extra}}}"},
+        "slime-system",
     )
 
 

@@ -115,7 +115,9 @@ def test_the_injection_webhook_answers_every_body(emulator: Emulator, pki: Pki, 
 def test_the_scaling_webhook_answers_every_body(emulator: Emulator, scaling_factory: Any) -> None:
     emulator.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
-    emulator.create(config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}"}))
+    emulator.create(
+        config_map({"mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 100}"})
+    )
     scaling: Scaling = scaling_factory(emulator)
     template = scale_request("slime", "mirror-a", 3, old_replicas=2)
 

@@ -104,7 +104,7 @@ def test_a_client_trickling_its_headers_is_let_go(transport: RunningService) -> 
                 let_go = True
                 break
         assert let_go
-    assert metric(transport, 'slime_webhook_dropped_connections_total{reason="slow"}') >= 1
+    assert metric(transport, 'slime_webhook_dropped_connections_total{port="admission",reason="slow"}') >= 1
 
 
 def test_a_client_that_never_finishes_its_body_is_let_go(transport: RunningService) -> None:
@@ -118,23 +118,27 @@ def test_a_client_that_never_finishes_its_body_is_let_go(transport: RunningServi
 def test_the_port_counts_the_connections_it_accepts_not_the_requests(transport: RunningService) -> None:
     # The counter tells an operator whether the API server reuses its connections (one TLS
     # handshake each) or pays a handshake per admission.
-    before = metric(transport, "slime_webhook_connections_total")
+    before = metric(transport, 'slime_webhook_connections_total{port="admission"}')
     review = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u"}})
     with transport.client() as kept_alive:
         for _ in range(3):
             kept_alive.post(f"{transport.url}/review", content=review, headers={"Content-Type": "application/json"})
-    assert metric(transport, "slime_webhook_connections_total") == before + 1
+    assert metric(transport, 'slime_webhook_connections_total{port="admission"}') == before + 1
     for _ in range(2):
         transport.post("/review", review.encode())
-    assert metric(transport, "slime_webhook_connections_total") == before + 3
+    assert metric(transport, 'slime_webhook_connections_total{port="admission"}') == before + 3
 
 
-def test_connections_over_the_cap_are_closed_at_once(transport: RunningService) -> None:
-    held = [tls_socket(transport) for _ in range(4)]
+def test_connections_over_the_cap_are_closed_at_once_when_none_is_idle_or_stalled(
+    transport: RunningService,
+) -> None:
+    held = [tls_socket(transport) for _ in range(4)]  # each just opened: neither idle nor stalled yet
     try:
         with tls_socket(transport) as extra:
             assert closed_by_server(extra)
-        assert metric(transport, 'slime_webhook_dropped_connections_total{reason="connection-cap"}') == 1
+        assert (
+            metric(transport, 'slime_webhook_dropped_connections_total{port="admission",reason="connection-cap"}') == 1
+        )
     finally:
         for sock in held:
             sock.close()

@@ -26,9 +26,9 @@ from testbed.components.serve import RunningService
 from testbed.components.services import InjectionRoute, Scaling, start_injection
 from testbed.framework.objects import config_map, machine_deployment, metadata_secret, mirror
 from testbed.framework.pki import Pki
-from testbed.framework.reviews import scale_request, secret_request
+from testbed.framework.reviews import deployment_request, scale_request, secret_request
 from testbed.framework.wait import wait_for
-from testbed.framework.world import SlurmCluster, impersonating, seed_metal3, seed_slinky
+from testbed.framework.world import SlurmCluster, impersonating, md_replicas, seed_metal3, seed_slinky
 
 OPT_IN = {"slurm-controller-namespace": "slurm"}
 TENANT = "system:serviceaccount:team-a:ci-robot"
@@ -198,7 +198,9 @@ def carries_the_key(obj: Any, slurm: SlurmCluster) -> bool:
 def pool(emulator: Emulator) -> Emulator:
     emulator.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
-    emulator.create(config_map({"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}"}))
+    emulator.create(
+        config_map({"mappings": "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 100}"})
+    )
     return emulator
 
 
@@ -226,3 +228,38 @@ def test_without_a_restriction_anyone_the_api_server_authorized_may_scale(
     scaling = scaling_factory(pool)
     request = scale_request("slime-system", "mirror-a", 3, old_replicas=2)
     assert scaling.review({**request, "userInfo": {"username": TENANT}})["allowed"] is True
+
+
+def test_the_side_door_meets_the_same_rule(pool: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+    """``kubectl patch deployment <mirror>`` of spec.replicas moves the pool as /scale does: the same requesters."""
+    keda = "system:serviceaccount:keda:keda-operator"
+    scaling = scaling_factory(pool, scale_requesters=keda)
+    scaling.sees_mirror("slime-system", "mirror-a", 2)
+    tenant = client.AppsV1Api(impersonating(pool.api_client(), TENANT))
+    with pytest.raises(client.ApiException) as refused:
+        tenant.patch_namespaced_deployment("mirror-a", "slime-system", {"spec": {"replicas": 2147483647}})
+    assert refused.value.status == 403
+    assert f"requester {TENANT} may not scale mirror Deployment slime-system/mirror-a" in str(refused.value.body)
+    assert pool.get("apps/v1", "Deployment", "slime-system", "mirror-a")["spec"]["replicas"] == 2
+    # An update that leaves the replicas alone is not a scale: the rule does not apply to it.
+    tenant.patch_namespaced_deployment("mirror-a", "slime-system", {"metadata": {"labels": {"team": "a"}}})
+    allowed = client.AppsV1Api(impersonating(pool.api_client(), keda))
+    allowed.patch_namespaced_deployment("mirror-a", "slime-system", {"spec": {"replicas": 3}})
+    wait_for(lambda: md_replicas(pool, "metal3", "md-a") == 3, what="the MachineDeployment following the mirror")
+
+
+def test_a_side_door_scale_is_checked_like_a_scale(pool: Emulator, scaling_factory: Callable[..., Scaling]) -> None:
+    scaling = scaling_factory(pool)
+    scaling.sees_mirror("slime-system", "mirror-a", 2)
+    answer = scaling.review(deployment_request("slime-system", "mirror-a", 2**31, old_replicas=2))
+    assert answer["allowed"] is False and answer["status"]["code"] == 400
+    assert answer["status"]["message"] == (
+        "cannot scale MachineDeployment metal3/md-a from mirror slime-system/mirror-a: Deployment has spec.replicas "
+        "2147483648, more than a Kubernetes replica count may be (2147483647)"
+    )
+    forged = scaling.review(deployment_request("slime-system", "mirror-a", 5, old_replicas=7))  # not the stored 2
+    assert forged["allowed"] is False and forged["status"]["code"] == 409
+    capped = scaling.review(deployment_request("slime-system", "mirror-a", 500, old_replicas=2))
+    assert capped["allowed"] is True and capped["warnings"] == [
+        "MachineDeployment metal3/md-a is capped at maxReplicas 100 (the mirror asks 500)"
+    ]

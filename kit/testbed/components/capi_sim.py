@@ -22,12 +22,16 @@ tier). The whole-loop tier runs the real CAPI controllers instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import yaml
+
 from common.names import DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK
-from kubemu import Emulator
+from kubemu import AdmissionAttributes, Emulator
 from testbed.components.fake_slurmrestd import FakeSlurmrestd
 from testbed.components.services import Scaling
 from testbed.framework.objects import CAPI, SLIME_NAMESPACE, config_map
@@ -45,10 +49,24 @@ def safe_config_map(url: str, **extra: Any) -> dict[str, Any]:
     return config_map(
         {
             "mappings": (
-                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  safeScaleIn: {{{inner}}}\n"
+                f"- mirror: {SLIME_NAMESPACE}/{MIRROR}\n  machineDeployment: {MD_NS}/{MD}\n  maxReplicas: 100\n"
+                f"  safeScaleIn: {{{inner}}}\n"
             )
         }
     )
+
+
+def pool_config_map(
+    url: str, safe_scale_in: dict[str, Any] | None = None, slurm_health: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The scaling ConfigMap of the stand-in's pool with the given Slurm blocks (each names the fake slurmrestd)."""
+    endpoint = {"slurmrestd": url, "jwtSecret": f"{JWT_NS}/{JWT_SECRET}"}
+    item: dict[str, Any] = {"mirror": f"{SLIME_NAMESPACE}/{MIRROR}", "machineDeployment": f"{MD_NS}/{MD}"}
+    item["maxReplicas"] = 100
+    for key, block in (("safeScaleIn", safe_scale_in), ("slurmHealth", slurm_health)):
+        if block is not None:
+            item[key] = {**endpoint, **block}
+    return config_map({"mappings": yaml.safe_dump([item], sort_keys=False)})
 
 
 PRE_DRAIN_PREFIX = "pre-drain.delete.hook.machine.cluster.x-k8s.io"
@@ -135,11 +153,16 @@ class MachineSetStandIn:
         )
         return name
 
-    def provisioned(self, name: str, host: str, address: str, extra: dict[str, Any] | None = None) -> None:
-        """The Machine's infrastructure is ready at ``address``; with a kubelet its Node registers (nodeRef)."""
+    def provisioned(
+        self, name: str, host: str, address: str, extra: dict[str, Any] | None = None, at: float | None = None
+    ) -> None:
+        """The Machine's infrastructure is ready at ``address`` (since ``at``, default now: Cluster API's
+        InfrastructureReady condition says when); with a kubelet its Node registers (nodeRef)."""
+        since = datetime.fromtimestamp(time.time() if at is None else at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status: dict[str, Any] = {
             "infrastructureReady": True,
             "addresses": [{"type": "Hostname", "address": host}, {"type": "InternalIP", "address": address}],
+            "conditions": [{"type": "InfrastructureReady", "status": "True", "lastTransitionTime": since}],
             **(extra or {}),
         }
         if self.kubelet:
@@ -173,6 +196,52 @@ class MachineSetStandIn:
         return released
 
 
+class PoolInvariant:
+    """An admission hook that checks, at every write to the pool, the rule safe scale-in keeps: the
+    MachineDeployment never asks for fewer Machines than exist, or are being created, minus the ones
+    marked for deletion. At a write that breaks it, Cluster API (whenever it looks) would delete an
+    unmarked Machine: each such write is recorded in ``broken``.
+
+    Installed in front of the emulator's own hook (``install``), so the scaling webhooks still see
+    the writes they admit."""
+
+    def __init__(self, emulator: Emulator) -> None:
+        self.emulator = emulator
+        self.broken: list[str] = []
+        self._next = emulator.app.admission
+
+    def install(self) -> PoolInvariant:
+        self.emulator.app.admission = self
+        return self
+
+    def __call__(self, attrs: AdmissionAttributes) -> Any:
+        result = self._next(attrs) if self._next is not None else None
+        if attrs.namespace != MD_NS or attrs.operation != "UPDATE" or attrs.object is None:
+            return result
+        machines = {m["metadata"]["name"]: m for m in self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)}
+        replicas_before = md_replicas(self.emulator, MD_NS, MD) or 0
+        replicas = replicas_before
+        if attrs.resource == "machinedeployments" and attrs.name == MD:
+            replicas = int((attrs.object.get("spec") or {}).get("replicas") or 0)
+        elif attrs.resource == "machines" and not attrs.subresource:
+            machines[attrs.name] = attrs.object
+        else:
+            return result
+        pool = [
+            m
+            for m in machines.values()
+            if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == MD
+            and not m["metadata"].get("deletionTimestamp")
+        ]
+        marked = sum(1 for m in pool if (m["metadata"].get("annotations") or {}).get(DELETE_MACHINE_ANNOTATION))
+        present = max(len(pool), replicas_before)  # existing, or being created for the replicas asked before
+        if replicas < present - marked:
+            self.broken.append(
+                f"{attrs.resource} {attrs.name}: replicas {replicas} < {present} present - {marked} marked"
+            )
+        return result
+
+
 @dataclass
 class CapiSim(MachineSetStandIn):
     """The stand-in with the fake slurmrestd's nodes as hosts."""
@@ -187,13 +256,13 @@ class CapiSim(MachineSetStandIn):
         assert self.slurm is not None, "CapiSim needs the fake slurmrestd"
         return self.slurm
 
-    def add_machine(self, join: bool = True, provisioned: bool = True) -> str:
-        """A new Machine; ``provisioned``: its host is provisioned (CAPM3 reports infrastructure ready),
-        ``join``: its slurmd has joined Slurm."""
+    def add_machine(self, join: bool = True, provisioned: bool = True, at: float | None = None) -> str:
+        """A new Machine; ``provisioned``: its host is provisioned (CAPM3 reports infrastructure ready, since
+        ``at``), ``join``: its slurmd has joined Slurm."""
         name = self.create_machine({"infrastructureReady": False})
         self._host_for(name)
         if provisioned:
-            self.provision(name, join)
+            self.provision(name, join, at)
         return name
 
     def _host_for(self, machine: str) -> str:
@@ -206,10 +275,10 @@ class CapiSim(MachineSetStandIn):
             self.assigned[machine] = f"node-{int(machine.rsplit('-', 1)[1]):03d}"
         return self.assigned[machine]
 
-    def provision(self, name: str, join: bool = True) -> None:
-        """The host of Machine ``name`` finishes provisioning (and its slurmd joins)."""
+    def provision(self, name: str, join: bool = True, at: float | None = None) -> None:
+        """The host of Machine ``name`` finishes provisioning (since ``at``, default now) and its slurmd joins."""
         node, address = self.assigned[name], f"10.0.0.{int(name.rsplit('-', 1)[1])}"
-        self.provisioned(name, node, address)
+        self.provisioned(name, node, address, at=at)
         if join:
             self.fake.add_node(node, address)
 
@@ -241,7 +310,7 @@ class Env:
         then the reconciler acts on it (it also would on the watch event; a pass here makes it now)."""
         scale_mirror(self.emulator, SLIME_NAMESPACE, MIRROR, replicas)
         scaling.sees_mirror(SLIME_NAMESPACE, MIRROR, replicas)
-        scaling.service.reconcile_once()
+        scaling.reconcile()
 
     def annotated(self) -> list[str]:
         return self.capi.annotated()

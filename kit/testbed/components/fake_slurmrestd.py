@@ -1,16 +1,27 @@
 """A fake slurmrestd on 127.0.0.1: nodes, DRAIN/UNDRAIN, FUTURE, DELETE, HS256 JWT auth, the versions a release serves.
 
 Test code drives a small job model (``start_job`` / ``finish_job``); a node's state is IDLE or
-ALLOCATED from its jobs, plus DRAIN when drained, plus DYNAMIC_NORM (every node here joined with
-``slurmd -Z``). ``fail_status`` makes every call answer that status; ``stop()`` takes the server
-down (connection refused).
+ALLOCATED from its jobs, or DOWN when its slurmd stopped answering (``lose``, with NOT_RESPONDING and
+slurmctld's "Not responding" reason as SlurmUser) or a person downed it (``admin_down``), plus DRAIN
+when drained, plus DYNAMIC_NORM (every node here joined with ``slurmd -Z``). ``fail_status`` makes
+every call answer that status; ``stop()`` takes the server down (connection refused).
 
 It answers as real slurmrestd 26.05 or 24.11 does (``release``; checked against both: the
 conformance test sends the same requests to each, kit/tests/real_slurm/test_conformance.py), serving
-the data parsers of the release it plays (:data:`SERVED`). Both: a request without a token gets
+the data parsers of the release it plays (:data:`SERVED`). It also plays **26.11** (``release="26.11"``),
+which no test here has run for real (neither Debian nor a registry reachable here has it,
+docs/testing.md): data parsers v0.0.43 to v0.0.46 (v0.0.42 removed, v0.0.43 deprecated), no
+``/healthz``, ``/readyz`` or ``/livez`` (dropped by 26.11, as SchedMD's release notes say; an
+unknown URL still answers 404: with a token, since in SchedMD's master a path no route serves goes
+to the OpenAPI router, which authenticates first, ``src/slurmrestd/http.c`` ``_req_not_found``), and
+otherwise 26.05's answers (an inference: the node API did not change in the notes). 26.05 serves
+the three health paths (its ``src/slurmrestd/openapi.c``: 204 without a body or Content-Type,
+with a token; 401 without one, as every path); 24.11 never
+had them in slurmrestd (404 with a token, 401 without). Both: a request without a token gets
 401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
 one 2016 on DELETE (node errors name ``_update_node`` for a POST, ``op_handler_node`` for a
-DELETE); an unserved version or path 404 text/plain; ``reason_set_by_user`` is the token's
+DELETE); an unserved version or path 404 text/plain with a token, 401 without one (slurmrestd
+authenticates before it routes); ``reason_set_by_user`` is the token's
 ``sun``; bodies carry ``errors``, ``warnings`` and ``meta``. Where the releases differ (status
 codes, words, when a drain reason goes), :class:`Dialect` says how. A job here takes the whole
 node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
@@ -36,22 +47,23 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
 import jwt
 
-from testbed.framework.httpserve import Answer, LoopbackServer, Request
-
 # The data parsers each Slurm release serves (of those SliMe speaks, v0.0.42 and up; 24.11 also
-# serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44, 26.11 drops v0.0.42).
+# serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44; 26.11 removes v0.0.42 and adds v0.0.46).
 SERVED = {
     "24.11": ("v0.0.40", "v0.0.41", "v0.0.42"),
     "25.05": ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43"),
     "25.11": ("v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44"),
     "26.05": ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"),
+    "26.11": ("v0.0.43", "v0.0.44", "v0.0.45", "v0.0.46"),
 }
+HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class Dialect:
     reason_outlives_drain: bool  # 24.11 keeps a reason after UNDRAIN/FUTURE until the node next runs a job
     registered_by: str  # reason_set_by_user of a node that just registered
     ping_word: bool  # 24.11's ping carries "pinged": "UP"/"DOWN"; 26.05's only "responding" and "status"
+    health: bool = False  # slurmrestd serves /healthz, /readyz, /livez (26.05 only: 24.11 never, 26.11 no more)
 
 
 DIALECTS = {
@@ -95,8 +108,11 @@ DIALECTS = {
         reason_outlives_drain=False,
         registered_by="",
         ping_word=False,
+        health=True,
     ),
 }
+# 26.11: 26.05's answers without the health paths (not run for real here: see the module's docstring).
+DIALECTS["26.11"] = replace(DIALECTS["26.05"], release="26.11.0", health=False)
 DEFAULT_RELEASE = "26.05"  # Slinky's default Slurm
 VERSIONS = SERVED[DEFAULT_RELEASE]
 PARTITION = "batch"  # where running jobs of the node model run
@@ -112,10 +128,26 @@ class Node:
     reason: str = ""
     reason_set_by_user: str = ""
     hostname: str = ""
+    reason_changed_at: int = 0  # 0: never set
+    down: bool = False  # DOWN: slurmctld or a person took it out of service
+    not_responding: bool = False  # slurmd does not answer slurmctld's pings
 
     def states(self, future: bool = False) -> list[str]:
-        base = ["FUTURE"] if future else ["ALLOCATED"] if self.jobs else ["IDLE"]
-        return base + (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
+        base = ["FUTURE"] if future else ["DOWN"] if self.down else ["ALLOCATED"] if self.jobs else ["IDLE"]
+        flags = (["DRAIN"] if self.drain else []) + ["DYNAMIC_NORM"]
+        return base + flags + (["NOT_RESPONDING"] if self.not_responding else [])
+
+    def json(self) -> dict[str, Any]:
+        """The node as GET nodes and GET node/<name> list it."""
+        return {
+            "name": self.name,
+            "hostname": self.hostname,
+            "address": self.address,
+            "state": self.states(),
+            "reason": self.reason,
+            "reason_set_by_user": self.reason_set_by_user,
+            "reason_changed_at": _no_val(self.reason_changed_at or None),
+        }
 
     @property
     def busy(self) -> bool:
@@ -123,10 +155,19 @@ class Node:
 
 
 class FakeSlurmrestd:
-    def __init__(self, key: bytes, release: str = DEFAULT_RELEASE, versions: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        release: str = DEFAULT_RELEASE,
+        versions: tuple[str, ...] | None = None,
+        health: bool | None = None,
+    ) -> None:
+        """``versions``: the data parsers served (default: the release's); ``health``: whether ``/healthz``,
+        ``/readyz`` and ``/livez`` are served (default: as the release does; 404 otherwise, as any unknown URL)."""
         self.key = key
         self.dialect = DIALECTS[release]
         self.versions = SERVED[release] if versions is None else versions
+        self.health = self.dialect.health if health is None else health
         self.nodes: dict[str, Node] = {}  # what GET nodes lists
         self.future: dict[str, Node] = {}  # FUTURE records: kept, not listed
         self.lock = threading.RLock()
@@ -138,8 +179,9 @@ class FakeSlurmrestd:
         self.drains: list[str] = []
         self.undrains: list[str] = []
         self.tokens_seen: list[dict[str, Any]] = []
-        # Called after every GET of the node list has been answered (tests use it to play a race).
+        # Called after every GET of the node list (or of one node) has been answered (tests use them to play a race).
         self.after_nodes_read: Callable[[], None] | None = None
+        self.after_node_read: Callable[[], None] | None = None
         self._next_job = 1
         self.started: dict[int, int] = {}  # job id -> when it became eligible (it started at once)
         self.pending: dict[int, dict[str, Any]] = {}  # job id -> its record, as GET jobs lists it
@@ -148,25 +190,58 @@ class FakeSlurmrestd:
         # what an update_time query compares against (tests also edit pending and node jobs directly).
         self._listed: tuple[int, tuple[Any, ...]] | None = None
         self.unchanged_answers = 0  # GET jobs answered "No job changes since update_time"
-        self.http = LoopbackServer(self._respond, self._after, "fake-slurmrestd")
+        self.health_checks = 0  # GET /healthz, /readyz, /livez answered (a release that serves them)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict[str, Any] | str) -> None:
+                text = isinstance(body, str)
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(status)
+                if status != 204:
+                    self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                fake.calls.append((method, self.path))
+                if method == "POST" and (self.headers.get("Content-Type") or "").split(";")[0] != "application/json":
+                    self._answer(*fake.dialect.untyped_post)
+                    return
+                status, body = fake.handle(method, self.path, self.headers.get("X-SLURM-USER-TOKEN"), raw)
+                self._answer(status, body)
+                if method == "GET" and "/nodes" in self.path and fake.after_nodes_read is not None:
+                    fake.after_nodes_read()
+                if method == "GET" and "/node/" in self.path and fake.after_node_read is not None:
+                    fake.after_node_read()
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
 
     @property
     def url(self) -> str:
-        return self.http.url
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:
-        self.http.stop()
-
-    def _respond(self, request: Request) -> Answer:
-        self.calls.append((request.method, request.path))
-        content_type = (request.headers.get("content-type") or "").split(";")[0]
-        if request.method == "POST" and content_type != "application/json":
-            return self.dialect.untyped_post
-        return self.handle(request.method, request.path, request.headers.get("x-slurm-user-token"), request.body)
-
-    def _after(self, request: Request) -> None:
-        if request.method == "GET" and "/nodes" in request.path and self.after_nodes_read is not None:
-            self.after_nodes_read()
+        self.server.shutdown()
+        self.server.server_close()
 
     # --- the model ----------------------------------------------------------------------------
 
@@ -187,7 +262,7 @@ class FakeSlurmrestd:
         """DRAIN goes; the reason with it on 26.05, on 24.11 only when the node next runs a job."""
         node.drain = False
         if not self.dialect.reason_outlives_drain:
-            node.reason, node.reason_set_by_user = "", ""
+            node.reason, node.reason_set_by_user, node.reason_changed_at = "", "", 0
 
     def admin_future(self, node: str) -> None:
         """An administrator's ``scontrol update nodename=... state=future`` of an idle node (DRAIN cleared)."""
@@ -201,11 +276,37 @@ class FakeSlurmrestd:
         with self.lock:
             self.future[name] = Node(name, name, hostname=name)
 
+    def lose(self, node: str, since: float, busy: bool = False) -> None:
+        """Its slurmd stops answering: slurmctld marks it NOT_RESPONDING and, after SlurmdTimeout, DOWN with
+        reason "Not responding" as SlurmUser (``since``: when; jobs die with it unless ``busy`` keeps them,
+        for a node that still shows its job)."""
+        with self.lock:
+            found = self.nodes[node]
+            found.not_responding, found.down = True, not busy
+            found.reason, found.reason_set_by_user, found.reason_changed_at = "Not responding", "slurm", int(since)
+            if not busy:
+                found.jobs.clear()
+
+    def admin_down(self, node: str, reason: str, since: float) -> None:
+        """An administrator's ``scontrol update nodename=... state=down reason=...`` (as root)."""
+        with self.lock:
+            found = self.nodes[node]
+            found.down, found.jobs = True, {}
+            found.reason, found.reason_set_by_user, found.reason_changed_at = reason, "root", int(since)
+
+    def recover(self, node: str) -> None:
+        """slurmd answers again and the node is resumed: no DOWN, no NOT_RESPONDING, no reason."""
+        with self.lock:
+            found = self.nodes[node]
+            found.down = found.not_responding = False
+            found.reason, found.reason_set_by_user, found.reason_changed_at = "", "", 0
+
     def admin_drain(self, node: str, reason: str) -> None:
         """An administrator's ``scontrol update nodename=... state=drain reason=...``."""
         with self.lock:
             found = self.nodes[node]
             found.drain, found.reason, found.reason_set_by_user = True, reason, "root"
+            found.reason_changed_at = int(time.time())
 
     def start_job(self, node: str, end: float) -> int:
         with self.lock:
@@ -281,102 +382,108 @@ class FakeSlurmrestd:
         if self.fail_status is not None:
             return self.fail_status, self._body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
         path, _, query = path.partition("?")
+        if token is None:  # slurmrestd authenticates before it routes: any path, served or not
+            return 401, "Authentication failure"
+        if path in HEALTH_PATHS and method == "GET" and self.health:
+            self.health_checks += 1
+            return 204, ""  # slurmrestd 26.05's health answer: no content, no Content-Type
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
             return 404, self.dialect.not_found  # text/plain
-        _, what, name = match.groups()
-        if token is None:
-            return 401, "Authentication failure"
+        version, what, name = match.groups()
         try:
             claims = jwt.decode(token, self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
         except jwt.PyJWTError:
-            return self._unauthenticated(method, what, name)
+            if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: not responding
+                return 200, self._body(pings=[self._ping(False)])
+            if name is None:
+                return 511, self._body(
+                    errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")]
+                )
+            return 511, self._body(
+                errors=[
+                    _error(f"{self._failure(method)} {name}", 1007, "Protocol authentication error", _source(method))
+                ]
+            )
         self.tokens_seen.append(claims)
         with self.lock:
-            if method == "GET" and what in ("ping", "jobs", "partitions", "nodes"):
-                return 200, self._listing(what, query)
+            if what == "ping" and method == "GET":
+                return 200, self._body(pings=[self._ping(True)])
+            if what == "jobs" and method == "GET":
+                return 200, self._job_listing(query)
+            if what == "partitions" and method == "GET":
+                total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
+                return 200, self._body(
+                    partitions=[
+                        {
+                            "name": name,
+                            "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
+                            "nodes": {"total": total},
+                        }
+                        for name, limit in self.partitions.items()
+                    ]
+                )
+            if what == "nodes" and method == "GET":
+                return 200, self._body(nodes=[n.json() for n in self.nodes.values()])
             node = self.nodes.get(name or "")
             record = self.future.get(name or "")
+            if name is not None and method == "GET":  # one node; unknown and FUTURE ones are not shown
+                if node is None:  # real 24.11 and 26.05: 200, no "nodes", one error that says "No error"
+                    return 200, self._body(
+                        errors=[_error(f"Failure to query node {name}", 0, "No error", "_dump_nodes")]
+                    )
+                return 200, self._body(nodes=[node.json()])
             if node is None and record is None:
-                failure = f"{self._failure(method)} {name}"
-                errors = [_error(failure, 2018, "Invalid node name specified", _source(method))]
-                return self.dialect.error_status, self._body(errors=errors)
+                return self.dialect.error_status, self._body(
+                    errors=[
+                        _error(f"{self._failure(method)} {name}", 2018, "Invalid node name specified", _source(method))
+                    ]
+                )
             if record is not None:
                 return self._future_record(method, record, raw, claims)
+            refused = self.dialect.error_status
             assert node is not None
             if method == "POST":
-                return self._update(node, json.loads(raw or b"{}"), claims)
+                body = json.loads(raw or b"{}")
+                states = body.get("state") or []
+                if "FUTURE" in states:
+                    if node.busy:
+                        self.violations.append(f"FUTURE of busy node {node.name}")
+                        return refused, self._invalid_state(node.name)
+                    self._clear_drain(node)
+                    self.future[node.name] = self.nodes.pop(node.name)
+                    self.returned.append(node.name)
+                    return 200, self._body()
+                if "DRAIN" in states:
+                    node.drain, node.reason, node.reason_set_by_user = (
+                        True,
+                        body.get("reason", ""),
+                        str(claims.get("sun")),
+                    )
+                    node.reason_changed_at = int(time.time())
+                    self.drains.append(node.name)
+                elif "UNDRAIN" in states or "RESUME" in states:
+                    self._clear_drain(node)
+                    self.undrains.append(node.name)
+                else:
+                    return refused, self._body(
+                        errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")]
+                    )
+                return 200, self._body()
             if method == "DELETE":
-                return self._delete(node, method)
+                if node.busy:
+                    self.violations.append(f"DELETE of busy node {node.name}")
+                    return refused, self._body(
+                        errors=[
+                            _error(
+                                f"{self._failure(method)} {name}", 2016, "Requested nodes are busy", "op_handler_node"
+                            )
+                        ]
+                    )
+                del self.nodes[node.name]
+                self.deleted.append(node.name)
+                return 200, self._body()
         return 405, "Method not allowed"
-
-    def _unauthenticated(self, method: str, what: str, name: str | None) -> tuple[int, dict[str, Any]]:
-        """A token slurmrestd cannot verify: a ping says not responding, anything else is 511."""
-        if what == "ping":
-            return 200, self._body(pings=[self._ping(False)])
-        if name is None:
-            error = _error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")
-        else:
-            error = _error(f"{self._failure(method)} {name}", 1007, "Protocol authentication error", _source(method))
-        return 511, self._body(errors=[error])
-
-    def _listing(self, what: str, query: str) -> dict[str, Any]:
-        """``GET ping``, ``jobs``, ``partitions`` or ``nodes``."""
-        if what == "ping":
-            return self._body(pings=[self._ping(True)])
-        if what == "jobs":
-            return self._job_listing(query)
-        if what == "partitions":
-            total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
-            partitions = [
-                {"name": name, "maximums": {"nodes": _no_val(limit, infinite=limit is None)}, "nodes": {"total": total}}
-                for name, limit in self.partitions.items()
-            ]
-            return self._body(partitions=partitions)
-        nodes = [
-            {
-                "name": n.name,
-                "hostname": n.hostname,
-                "address": n.address,
-                "state": n.states(),
-                "reason": n.reason,
-                "reason_set_by_user": n.reason_set_by_user,
-            }
-            for n in self.nodes.values()
-        ]
-        return self._body(nodes=nodes)
-
-    def _update(self, node: Node, body: dict[str, Any], claims: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """``POST node/<name>``: FUTURE (the node returns to a record), DRAIN, UNDRAIN or RESUME."""
-        states = body.get("state") or []
-        refused = self.dialect.error_status
-        if "FUTURE" in states:
-            if node.busy:
-                self.violations.append(f"FUTURE of busy node {node.name}")
-                return refused, self._invalid_state(node.name)
-            self._clear_drain(node)
-            self.future[node.name] = self.nodes.pop(node.name)
-            self.returned.append(node.name)
-        elif "DRAIN" in states:
-            node.drain, node.reason, node.reason_set_by_user = True, body.get("reason", ""), str(claims.get("sun"))
-            self.drains.append(node.name)
-        elif "UNDRAIN" in states or "RESUME" in states:
-            self._clear_drain(node)
-            self.undrains.append(node.name)
-        else:
-            errors = [_error(f"Failure to update node {node.name}", 2, "Invalid state", "op_handler_node")]
-            return refused, self._body(errors=errors)
-        return 200, self._body()
-
-    def _delete(self, node: Node, method: str) -> tuple[int, dict[str, Any]]:
-        if node.busy:
-            self.violations.append(f"DELETE of busy node {node.name}")
-            failure = f"{self._failure(method)} {node.name}"
-            errors = [_error(failure, 2016, "Requested nodes are busy", "op_handler_node")]
-            return self.dialect.error_status, self._body(errors=errors)
-        del self.nodes[node.name]
-        self.deleted.append(node.name)
-        return 200, self._body()
 
     def _body(self, errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
         return _body(self.dialect.release, errors, **payload)

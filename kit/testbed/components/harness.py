@@ -14,8 +14,10 @@ from typing import Any
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from common.admission import AdmissionResponse
+from common.certificates import ServingCertificate
+from common.health import Readiness
 from common.metrics import WebhookMetrics
-from common.serving import Readiness, ServiceRunner, ServingCertificate
+from common.serving import ServiceRunner
 from common.webhook import AdmissionEndpoint, AdmissionHandler, admission_app
 from testbed.components.serve import RunningService, serve_in_thread
 from testbed.framework.pki import Pki
@@ -30,9 +32,11 @@ def serve_handler(
     read_timeout_seconds: float = 10.0,
     max_connections: int = 512,
     deadline_seconds: float = 5.0,
+    max_connections_per_peer: int = 64,
+    body_budget: int = 16 * 1024 * 1024,
 ) -> RunningService:
     metrics = WebhookMetrics()
-    endpoint = AdmissionEndpoint("test", handler, metrics, max_body_bytes, deadline_seconds)
+    endpoint = AdmissionEndpoint("test", handler, metrics, max_body_bytes, deadline_seconds, body_budget)
     runner = ServiceRunner(
         webhook_app=admission_app("test", "/review", endpoint),
         certificate=ServingCertificate(str(pki.cert_file), str(pki.key_file), metrics, poll_seconds, client_ca_file),
@@ -40,6 +44,7 @@ def serve_handler(
         readiness=Readiness(),
         read_timeout_seconds=read_timeout_seconds,
         max_connections=max_connections,
+        max_connections_per_peer=max_connections_per_peer,
     )
     return serve_in_thread(runner, pki.ca_file)
 

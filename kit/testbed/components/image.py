@@ -43,6 +43,7 @@ IMAGE_INPUTS = (
     "injection_webhook",
     "scaling_webhook",
     "preflight",
+    "lifecycle",
 )
 PODMAN_COMMANDS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 

@@ -32,7 +32,8 @@ namespace reaching only the API server) **as its own ServiceAccount**: a TokenRe
 in a kubeconfig, so the ClusterRoles of their ``config/rbac`` authorize every call, and the
 API server's audit log names them. ``capm3-manager`` is the identity the chart's injection webhook
 gives join data to by default (``--allowed-requesters``). CAPM3 gets ``CAPM3_FAST_TRACK=false``
-(its ConfigMap's default). BMO runs ``--test-mode`` (its fixture provisioner: no Ironic; every
+(its ConfigMap's default). BMO runs its fixture provisioner (no Ironic; ``--test-mode`` up to v0.13,
+``-provisioner=fixture`` from v0.14, :func:`bmo_fixture_flags`; every
 state change of a host is real BMO code, only the calls to Ironic are answered by the fixture)
 with ``--webhook-port=0``, as upstream's ``make run-test-mode`` runs it out of cluster, and without
 ``--enable-leader-election`` (one replica; a missed lease renewal on two busy cores would stop it).
@@ -69,6 +70,14 @@ CAPM3_CONTROLLERS = ("metal3machine", "metal3cluster", "metal3data", "metal3data
 BMO_CONTROLLERS = ("baremetalhost",)
 
 Obj = dict[str, Any]
+
+
+def bmo_fixture_flags(version: str) -> list[str]:
+    """BMO's fixture provisioner (no Ironic) for BMO ``version``: ``--test-mode`` up to v0.13; v0.14 removed that flag
+    (provisioners became plugins) for ``-provisioner=fixture``, the one compiled in (v0.14 ``main.go``; its
+    ``make run-test-mode`` passes it). v0.14 also limits provisioning retries to 5 by default: the tier keeps it."""
+    major, minor = (int(part) for part in version.removeprefix("v").split("-")[0].split(".")[:2])
+    return ["--test-mode"] if (major, minor) < (0, 14) else ["-provisioner=fixture"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +174,7 @@ class Metal3:
         bmo_args = [a for a in container(self.manifests["bmo"]).get("args") or [] if a != "--enable-leader-election"]
         self.bmo = IsolatedManager(
             "baremetal-operator",
-            [str(self.parts.bmo), *bmo_args, "--test-mode", "--webhook-port=0"],
+            [str(self.parts.bmo), *bmo_args, *bmo_fixture_flags(BMO.version), "--webhook-port=0"],
             self.cp,
             self.workdir / "bmo",
             json_workers_started(*BMO_CONTROLLERS),

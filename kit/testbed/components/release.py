@@ -71,6 +71,12 @@ def tier_values(image: str, mappings: list[dict[str, Any]], **overrides: Any) ->
     values: dict[str, Any] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "certManager": {"enabled": False},
+        # The tiers play the kubelet for the webhooks' pods, not for hook Jobs: Helm makes the
+        # certificates (the certgen Jobs have tests of their own, kit/tests/real_k8s/test_certgen.py).
+        "selfSignedTLS": {"generator": "helm"},
+        # Nor for the pre-delete teardown Job: `helm uninstall --wait` would wait for a Job no kubelet runs. The
+        # teardown is tested as the command the Job runs, against kubemu (tests/lifecycle/test_teardown.py).
+        "uninstall": {"enabled": False},
         "admissionAuth": {"enabled": True},
         "logLevel": "INFO",
     }
@@ -82,7 +88,12 @@ def tier_values(image: str, mappings: list[dict[str, Any]], **overrides: Any) ->
             # Host network here: listen on loopback only (the services' --host, a chart value).
             "extraEnv": [{"name": "SLIME_HOST", "value": "127.0.0.1"}],
         }
-    values["scaling"]["mappings"] = mappings
+    keda = bool((overrides.get("keda") or {}).get("enabled"))
+    # Every pool has a ceiling: without KEDA (whose maxReplicaCount the chart takes) the tier names one.
+    values["scaling"]["mappings"] = [m if keda or "maxReplicas" in m else {**m, "maxReplicas": 10} for m in mappings]
+    # The tier's tenants keep their Metal3 objects in their own namespaces and take join data from the Slinky
+    # Controller in the Slurm namespace: the operator's binding for every namespace.
+    values["injection"]["slurmBindings"] = ["*=slurm"]
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(values.get(key), dict):
             values[key].update(value)

@@ -16,13 +16,16 @@ from typing import Any, Protocol
 import httpx
 import jsonpatch
 
-from common.names import METADATA_KEY, METAL3_GROUP
-from injection_webhook.main import build as build_injection
+from common.names import CAPI_GROUP, DEPLOYMENT_NAME_LABEL, METADATA_KEY, METAL3_GROUP
+from injection_webhook.app import build as build_injection
 from injection_webhook.settings import InjectionSettings
 from kubemu import AdmissionAttributes, AdmissionDenied, Emulator, RecordedRequest
-from scaling_webhook.main import ScalingService, build_service
+from scaling_webhook.app import ScalingService, build_service
+from scaling_webhook.mappings import Mapping
+from scaling_webhook.reconciler import Change
 from scaling_webhook.settings import ScalingSettings
 from testbed.components.serve import RunningService, serve_in_thread
+from testbed.framework.objects import SLURM_BINDINGS
 from testbed.framework.wait import wait_for
 
 StartInjection = Callable[..., RunningService]  # a fixture that starts an injection webhook against an emulator
@@ -46,7 +49,12 @@ def start_injection(
 ) -> RunningService:
     """The injection webhook on 127.0.0.1 (admission on ``port``, 0: any); with ``ready``, returns once ``/readyz``
     answers 200."""
-    values: dict[str, Any] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file), "KUBECONFIG": kubeconfig}
+    values: dict[str, Any] = {
+        "cert_file": str(tls.cert_file),
+        "key_file": str(tls.key_file),
+        "KUBECONFIG": kubeconfig,
+        "slurm_bindings": SLURM_BINDINGS,
+    }
     values.update(settings)
     service = serve_in_thread(build_injection(InjectionSettings(**values)), tls.ca_file, "injection-webhook", port)
     if ready:
@@ -75,6 +83,26 @@ class Scaling:
             if line.startswith(prefix):
                 return float(line.split()[-1])
         return None
+
+    def reconcile(self, timeout: float = 5.0) -> list[Change]:
+        """One pass now, once the service's Machine caches hold what the emulator stores (a pass reads the pools
+        from them, as the leader does; a test that just changed a Machine must let the watch deliver it first)."""
+        emulator = self.emulator
+        if emulator is not None:
+            for mapping in self.service.source.table:
+                if mapping.safe_scale_in is None and mapping.slurm_health is None:
+                    continue
+                label = f"{DEPLOYMENT_NAME_LABEL}={mapping.machine_deployment[1]}"
+
+                def caught_up(mapping: Mapping = mapping, label: str = label) -> bool:
+                    cached = self.service.objects.machines(mapping)
+                    stored = emulator.list(
+                        f"{CAPI_GROUP}/v1beta1", "Machine", mapping.machine_deployment[0], label_selector=label
+                    )
+                    return cached is not None and _versions(cached) == _versions(stored)
+
+                wait_for(caught_up, timeout, f"the Machine cache of {mapping.machine_deployment_ref}")
+        return self.service.reconcile_once()
 
     def sees_mirror(self, namespace: str, name: str, replicas: int, timeout: float = 5.0) -> None:
         """Wait until the webhook's watch of mirror ``namespace/name`` shows ``replicas`` (it acts on what it sees)."""
@@ -127,7 +155,8 @@ def start_scaling(
 
 
 class ScaleWebhookRoute:
-    """A kubemu admission hook that sends ``deployments/scale`` updates to scaling webhooks, as kube-apiserver would.
+    """A kubemu admission hook that sends ``deployments/scale`` updates, and updates of Deployments themselves, to
+    scaling webhooks, as kube-apiserver would with the chart's webhook configuration.
 
     Pass it as ``Emulator(admission=...)``; ``add`` the running webhooks. Like a Service in front
     of several replicas, it takes them in turn. A denial becomes the API server's refusal of the
@@ -145,7 +174,9 @@ class ScaleWebhookRoute:
         self.webhooks.remove(scaling)
 
     def __call__(self, attrs: AdmissionAttributes) -> None:
-        if attrs.subresource != "scale" or attrs.resource != "deployments" or not self.webhooks:
+        scale = attrs.subresource == "scale"
+        update = not attrs.subresource and attrs.operation == "UPDATE"
+        if attrs.resource != "deployments" or not (scale or update) or not self.webhooks:
             return None
         webhook = self.webhooks[self._next % len(self.webhooks)]
         self._next += 1
@@ -229,3 +260,7 @@ def _is_metadata(secret: dict[str, Any] | None) -> bool:
     return any(
         o.get("kind") == "Metal3Data" and str(o.get("apiVersion", "")).startswith(METAL3_GROUP + "/") for o in owners
     )
+
+
+def _versions(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {o["metadata"]["name"]: o["metadata"].get("resourceVersion", "") for o in objects}

@@ -22,7 +22,10 @@ the partition metrics it serves, read from SchedMD's slurm-25.11 branch:
 
 Only these five metrics are served (the node, CPU and memory ones of 25.11 are left out: SliMe's
 query reads ``slurm_partition_jobs_pending`` and ``_running``). :func:`render` is the pure part;
-:class:`SlurmMetrics` serves it on 127.0.0.1 (path ``/metrics/partitions``, 25.11's).
+:class:`SlurmMetrics` serves it on 127.0.0.1 (path ``/metrics/partitions``, 25.11's). It reads
+slurmrestd with the newest data parser it serves (:data:`API_VERSIONS`, probed once through
+``/ping`` unless ``api_version`` is given): v0.0.42 for 24.11, v0.0.45 for 26.05, v0.0.46 for
+26.11, which no longer serves v0.0.42. The job fields it reads are the same in all of them.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ import jwt
 from testbed.framework.errors import ComponentFailed
 from testbed.framework.httpserve import Answer, LoopbackServer, Request
 
-API_VERSION = "v0.0.42"  # Slurm 24.11's newest
+# Newest first: 26.11, 26.05, 25.11, 25.05, 24.11's newest data parsers.
+API_VERSIONS = ("v0.0.46", "v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
 PATH = "/metrics/partitions"
 # (name, count, HELP text) in the order Slurm 25.11 adds them; slurm_partitions comes first.
 PARTITION_METRICS = (
@@ -109,6 +113,7 @@ class SlurmMetrics:
     restd_url: str  # http://127.0.0.1:<port>
     jwt_key: bytes = field(repr=False)
     user: str = "slurm"
+    api_version: str | None = None  # None: the newest of API_VERSIONS slurmrestd serves (probed on the first read)
     scrapes: int = 0
     errors: list[str] = field(default_factory=list)
     _server: LoopbackServer | None = field(default=None, repr=False)
@@ -118,13 +123,21 @@ class SlurmMetrics:
         token = jwt.encode({"sun": self.user, "iat": now, "exp": now + 60}, self.jwt_key, algorithm="HS256")
         headers = {"X-SLURM-USER-TOKEN": token}
         with httpx.Client(base_url=self.restd_url, headers=headers, timeout=10) as client:
-            jobs = client.get(f"/slurm/{API_VERSION}/jobs/")
-            parts = client.get(f"/slurm/{API_VERSION}/partitions/")
+            version = self.api_version or self._probe(client)
+            jobs = client.get(f"/slurm/{version}/jobs/")
+            parts = client.get(f"/slurm/{version}/partitions/")
         for answer in (jobs, parts):
             if answer.status_code != 200:
                 raise ComponentFailed(f"slurmrestd {answer.request.url.path} answered {answer.status_code}")
         names = [str(p["name"]) for p in parts.json().get("partitions") or []]
         return render(partition_counts(jobs.json().get("jobs") or [], names))
+
+    def _probe(self, client: httpx.Client) -> str:
+        for version in API_VERSIONS:
+            if client.get(f"/slurm/{version}/ping/").status_code == 200:  # an unserved version's URL: 404
+                self.api_version = version
+                return version
+        raise ComponentFailed(f"slurmrestd {self.restd_url} serves none of {', '.join(API_VERSIONS)}")
 
     def start(self) -> SlurmMetrics:
         self._server = LoopbackServer(self._respond, name="slurm-metrics")

@@ -31,7 +31,11 @@ from testbed.framework.rbac import ApiRequest, assert_rbac_covers
 # Every API call made to a *management-cluster* emulator during this session (the emulator
 # fixtures and the demo tests add them). The RBAC audit checks each one the services made.
 RECORDED_CALLS: list[RecordedRequest] = []
-USER_AGENTS = {"injection-webhook": "slime-injection-webhook", "scaling-webhook": "slime-scaling-webhook"}
+USER_AGENTS = {
+    "injection-webhook": "slime-injection-webhook",
+    "scaling-webhook": "slime-scaling-webhook",
+    "teardown": "slime-teardown",  # the chart's pre-delete hook Job
+}
 
 
 # --- RBAC ---------------------------------------------------------------------------------------
@@ -87,16 +91,39 @@ def scaling_values(calls: list[ApiRequest]) -> dict[str, Any]:
             {
                 "mirror": {"namespace": mirror[0], "name": mirror[1]},
                 "machineDeployment": {"namespace": md[0], "name": md[1]},
+                "maxReplicas": 10,
             }
         )
     jwt_secrets = sorted({(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name})
     safe_scale_in = {"enabled": True, "jwtSecrets": [{"namespace": ns, "name": name} for ns, name in jwt_secrets]}
     capacity_aware = {"enabled": any(c.resource == "baremetalhosts" for c in calls)}
-    return {"scaling": {"mappings": mappings, "safeScaleIn": safe_scale_in, "capacityAware": capacity_aware}}
+    judged = any(c.resource == "machines" and (c.subresource == "status" or c.verb == "delete") for c in calls)
+    slurm_health = {"enabled": judged, "jwtSecrets": safe_scale_in["jwtSecrets"] if judged else []}
+    return {
+        "scaling": {
+            "mappings": mappings,
+            "safeScaleIn": safe_scale_in,
+            "capacityAware": capacity_aware,
+            "slurmHealth": slurm_health,
+        }
+    }
+
+
+def injection_values(calls: list[ApiRequest]) -> dict[str, Any]:
+    """The operator's values that make these calls legitimate: the key Secrets read by name, and a workload
+    binding for each namespace whose kubeconfig Secret was read (the RBAC must follow the bindings)."""
+    secrets = {(c.namespace, c.name) for c in calls if c.resource == "secrets" and c.name}
+    kubeconfigs = sorted({ns for ns, name in secrets if name.endswith("-kubeconfig")})
+    keys = sorted({name for _, name in secrets if not name.endswith("-kubeconfig")})
+    injection: dict[str, Any] = {"slurmBindings": [f"{ns}=workload:slurm" for ns in kubeconfigs]}
+    if keys:
+        injection["slurmKeySecretNames"] = keys
+    return {"injection": injection}
 
 
 def audit_injection(calls: list[ApiRequest], workdir: Path) -> None:
-    assert_rbac_covers(render({}, workdir, NAMESPACE), f"{RELEASE}-injection-webhook", NAMESPACE, calls)
+    values = injection_values(calls)
+    assert_rbac_covers(render(values, workdir, NAMESPACE), f"{RELEASE}-injection-webhook", NAMESPACE, calls)
 
 
 def audit_scaling(calls: list[ApiRequest], workdir: Path) -> None:
@@ -110,6 +137,15 @@ def audit_scaling(calls: list[ApiRequest], workdir: Path) -> None:
         assert_rbac_covers(render(release_values, workdir, namespace), f"{RELEASE}-scaling-webhook", namespace, own)
 
 
+def audit_teardown(calls: list[ApiRequest], workdir: Path) -> None:
+    """The hook's calls against its own hook-scoped RBAC, rendered with the pools and Secrets it touched."""
+    values = scaling_values(calls)
+    assert_rbac_covers(render(values, workdir, NAMESPACE), f"{RELEASE}-teardown", NAMESPACE, calls)
+
+
+AUDITS = {"injection-webhook": audit_injection, "scaling-webhook": audit_scaling, "teardown": audit_teardown}
+
+
 def audit_rbac(recorded: list[RecordedRequest], started: set[str], workdir: Path) -> dict[str, int]:
     """Check every recorded call of each started service against the rendered chart; calls checked per service."""
     checked = {}
@@ -120,7 +156,7 @@ def audit_rbac(recorded: list[RecordedRequest], started: set[str], workdir: Path
                 f"RBAC audit: {service} was started in this session but no API call of it was recorded"
             )
         if calls:
-            (audit_injection if service == "injection-webhook" else audit_scaling)(calls, workdir)
+            AUDITS[service](calls, workdir)
         checked[service] = len(calls)
     return checked
 

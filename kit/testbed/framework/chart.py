@@ -48,8 +48,8 @@ def mapping(mirror: str, md: str, partition: str | None = None, **extra: Any) ->
 TWO_MAPPINGS = {
     "scaling": {
         "mappings": [
-            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a"),
-            mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}),
+            mapping(f"{NAMESPACE}/mirror-a", "metal3/md-a", "partition-a", maxReplicas=10),
+            mapping("mirrors/mirror-b", "metal3-b/md-b", "partition-b", keda={"maxReplicaCount": 4}, maxReplicas=4),
         ]
     },
 }
@@ -63,22 +63,31 @@ COMBOS: dict[str, dict[str, Any] | None] = {
     "only-scaling": {"injection": {"enabled": False}, **TWO_MAPPINGS},
     "several-mappings": {
         "scaling": {
-            "mappings": [mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}") for i in range(4)]
+            "mappings": [
+                mapping(f"{NAMESPACE}/mirror-{i}", f"metal3-{i % 2}/md-{i}", f"p{i}", maxReplicas=8) for i in range(4)
+            ]
         }
     },
-    "slurm-namespaces": {
+    "slurm-bindings": {
         "injection": {
-            "slurmNamespaces": ["slurm", "slurm-b"],
+            "slurmBindings": ["metal3=slurm", "metal3=workload:slurm-b", "*=slurm-site"],
             "metal3Namespaces": ["metal3"],
             "slurmKeySecretNames": ["slurm-auth-slurm"],
             "jwtKeySecretNames": ["slurm-auth-jwths256"],
+            "templateOptIns": ["controller-name"],
             "confServer": {"policy": "service", "nodeAddresses": ["192.0.2.21"]},
             "extraJoinData": ["controller-name", "jwt-key"],
         }
     },
     "everything-off-cm": {"certManager": {"enabled": False}, "keda": {"enabled": True}, **TWO_MAPPINGS},
     "admission-auth": {"admissionAuth": {"enabled": True}},
-    "admission-auth-helm": {"admissionAuth": {"enabled": True}, "certManager": {"enabled": False}, **TWO_MAPPINGS},
+    "admission-auth-helm": {
+        "admissionAuth": {"enabled": True},
+        "certManager": {"enabled": False},
+        "selfSignedTLS": {"generator": "helm"},
+        **TWO_MAPPINGS,
+    },
+    "admission-auth-certgen": {"admissionAuth": {"enabled": True}, "certManager": {"enabled": False}, **TWO_MAPPINGS},
     "admission-auth-own-ca": {
         "admissionAuth": {"enabled": True, "clientCA": {"source": "configMap", "name": "kube-apiserver-ca"}}
     },

@@ -17,14 +17,18 @@ from common.names import (
     ACTIVE_CONTROLLER_LABEL,
     ADOPTED_ANNOTATION,
     CAPI_PROVIDER_LABEL,
+    CAPI_SECRET_TYPE,
     CAPM3_MANAGER_USERNAME,
     CAPM3_PROVIDER,
+    CLUSTER_NAME_LABEL,
 )
 
 Obj = dict[str, Any]
 
 CAPI = "cluster.x-k8s.io"
 SLIME_NAMESPACE = "slime-system"  # where the tests, the demo and the docs install SliMe (docs/install.md says why)
+# The test world's operator binds its tenant namespace (Metal3 objects) to its Slurm namespace (Slinky).
+SLURM_BINDINGS = "metal3=slurm"
 SCALING_CONFIG_MAP = "scaling-webhook-configmap"
 CONTROLLER_SELECTOR_LABELS = {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/component": "controller"}
 SLURMCTLD_IMAGE = "ghcr.io/slinkyproject/slurmctld:25.05"
@@ -115,6 +119,26 @@ def opaque_secret(name: str, namespace: str, data: dict[str, bytes]) -> Obj:
 
 
 # --- CAPM3, CAPI and the scaling webhook -------------------------------------------------------------------------
+
+
+def kubeconfig_secret(
+    kubeconfig: dict[str, Any] | str,
+    cluster: str = "bm-cluster",
+    namespace: str = "metal3",
+    secret_type: str = CAPI_SECRET_TYPE,
+    cluster_label: str | None = None,
+) -> Obj:
+    """The ``<cluster>-kubeconfig`` Secret Cluster API writes for a Cluster (type, label and ``value``);
+    a kubeconfig given as a string is stored as it is (for kubeconfigs no YAML dump would make)."""
+    text = kubeconfig if isinstance(kubeconfig, str) else yaml.safe_dump(kubeconfig)
+    labels = {CLUSTER_NAME_LABEL: cluster if cluster_label is None else cluster_label}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": secret_type,
+        "metadata": {"name": f"{cluster}-kubeconfig", "namespace": namespace, "labels": labels},
+        "data": {"value": b64(text)},
+    }
 
 
 def metadata_secret(data: Obj, machine: str = "m3m-0", extra: dict[str, str] | None = None, host: str = "bmh-0") -> Obj:
@@ -228,9 +252,10 @@ def baremetal_host(
     consumer: str | None = None,
     annotations: dict[str, str] | None = None,
     error: str = "",
+    consumer_ref: Obj | None = None,
 ) -> Obj:
     """A BareMetalHost as BMO reports it: ``state`` is ``status.provisioning.state``;
-    ``consumer`` a Metal3Machine name."""
+    ``consumer`` a Metal3Machine name, or ``consumer_ref`` any reference (:func:`reuse_booking`)."""
     spec: Obj = {"online": True, "bmc": {"address": f"redfish://bmc.example/{name}", "credentialsName": f"{name}-bmc"}}
     if consumer is not None:
         spec["consumerRef"] = {
@@ -239,6 +264,8 @@ def baremetal_host(
             "name": consumer,
             "namespace": namespace,
         }
+    if consumer_ref is not None:
+        spec["consumerRef"] = consumer_ref
     status: Obj = {
         "provisioning": {"state": state},
         "operationalStatus": "error" if error else "OK",
@@ -251,6 +278,12 @@ def baremetal_host(
         "spec": spec,
         "status": status,
     }
+
+
+def reuse_booking(cluster: str, namespace: str, version: str = "v1beta2") -> Obj:
+    """The ``consumerRef`` CAPM3 v1.14 leaves on a host it keeps for node reuse: the Cluster (CAPM3 #3474; the
+    host also carries the label ``infrastructure.cluster.x-k8s.io/node-reuse: md-<MachineDeployment>``)."""
+    return {"apiVersion": f"{CAPI}/{version}", "kind": "Cluster", "name": cluster, "namespace": namespace}
 
 
 def config_map(data: dict[str, str], name: str = SCALING_CONFIG_MAP, namespace: str = SLIME_NAMESPACE) -> Obj:

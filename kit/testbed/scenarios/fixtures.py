@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 
-from kubemu import Emulator
+from kubemu import Emulator, TlsFiles
 from testbed.components.controlplane import ControlPlane
-from testbed.components.serve import started_services
-from testbed.components.services import ScaleWebhookRoute, Scaling, start_scaling
+from testbed.components.serve import RunningService, started_services
+from testbed.components.services import ScaleWebhookRoute, Scaling, StartInjection, start_scaling
+from testbed.components.services import start_injection as start_injection_service
 from testbed.framework.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
 from testbed.framework.objects import SLIME_NAMESPACE
 from testbed.framework.pins import SLURM_RELEASES
@@ -93,8 +94,12 @@ def scale_routes() -> dict[int, ScaleWebhookRoute]:
 
 
 @pytest.fixture
-def emulator_factory(tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute]) -> Iterator[Callable[..., Emulator]]:
+def emulator_factory(
+    tmp_path: Path, pki: Pki, scale_routes: dict[int, ScaleWebhookRoute]
+) -> Iterator[Callable[..., Emulator]]:
     """Start emulators (a management and a workload cluster, say); all stop after the test.
+
+    A workload cluster serves https (the test PKI's pair), as the kubeconfig Cluster API writes demands.
 
     Unless a test brings its own ``admission`` hook, a mirror ``/scale`` write through the API goes to the
     scaling webhooks started against that emulator (``scaling_factory``), as kube-apiserver sends it.
@@ -105,6 +110,8 @@ def emulator_factory(tmp_path: Path, scale_routes: dict[int, ScaleWebhookRoute])
         """``workload=True``: a CAPI workload cluster, whose RBAC comes from its kubeconfig, not our chart."""
         route = ScaleWebhookRoute()
         options.setdefault("admission", route)
+        if workload:
+            options.setdefault("tls", TlsFiles(str(pki.cert_file), str(pki.key_file), str(pki.ca_file)))
         emulator = Emulator(**options).start()  # type: ignore[arg-type]
         scale_routes[id(emulator)] = route
         started.append((emulator, workload))
@@ -154,6 +161,21 @@ def scaling_factory(
     yield start
     for scaling in started:
         scaling.running.stop()
+
+
+@pytest.fixture
+def start_injection(pki: Pki, tmp_path: Path) -> Iterator[StartInjection]:
+    running: list[RunningService] = []
+
+    def start(emulator: Emulator, **overrides: Any) -> RunningService:
+        kubeconfig = emulator.write_kubeconfig(tmp_path / f"kubeconfig-{emulator.port}")
+        service = start_injection_service(kubeconfig, pki, **overrides)
+        running.append(service)
+        return service
+
+    yield start
+    for service in running:
+        service.stop()
 
 
 # --- the real tiers' builds -------------------------------------------------------------------------------------

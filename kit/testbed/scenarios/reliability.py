@@ -42,7 +42,11 @@ def seed_scaling_cluster(emu: Emulator) -> Emulator:
     """``slime-system/mirror-a`` -> ``metal3/md-a`` (2 replicas each, the mirror already adopted), list form."""
     emu.create(mirror("mirror-a", replicas=2, adopted_from="metal3/md-a"))
     emu.create(machine_deployment("md-a", "metal3", replicas=2))
-    emu.create(config_map({"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n"}))
+    emu.create(
+        config_map(
+            {"mappings": "- mirror: slime-system/mirror-a\n  machineDeployment: metal3/md-a\n  maxReplicas: 100\n"}
+        )
+    )
     return emu
 
 

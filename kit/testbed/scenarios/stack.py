@@ -207,6 +207,7 @@ def story_mapping() -> list[dict[str, Any]]:
             "mirror": {"name": MIRROR, "namespace": SLIME_NAMESPACE},
             "machineDeployment": {"name": MD_NAME, "namespace": MD_NAMESPACE},
             "partition": "batch",
+            "maxReplicas": 10,
         }
     ]
 

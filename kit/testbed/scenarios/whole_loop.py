@@ -106,12 +106,12 @@ class Loop(Metal3Site):
 
     def slurm_jobs(self) -> dict[int, dict[str, Any]]:
         """Slurm's jobs through slurmrestd (the same API SliMe reads)."""
-        answer = self.slurm.rest("GET", "/slurm/v0.0.42/jobs/")
+        answer = self.slurm.rest("GET", f"/slurm/{self.slurm.root.api_version}/jobs/")
         answer.raise_for_status()
         return {int(j["job_id"]): j for j in answer.json().get("jobs") or []}
 
     def slurm_nodes(self) -> dict[str, set[str]]:
-        answer = self.slurm.rest("GET", "/slurm/v0.0.42/nodes/")
+        answer = self.slurm.rest("GET", f"/slurm/{self.slurm.root.api_version}/nodes/")
         answer.raise_for_status()
         return {n["name"]: set(n.get("state") or []) for n in answer.json().get("nodes") or []}
 

@@ -118,9 +118,10 @@ def test_a_secret_whose_owner_does_not_match_is_refused(stack: Stack, mismatch: 
 
 
 def test_a_denied_injection_surfaces_in_kubectls_error(stack: Stack) -> None:
-    """A template opted in to a namespace without slurmctld: the Secret is refused, and kubectl prints why."""
+    """A template opted in to a namespace without slurmctld (its own, which needs no binding): the Secret is
+    refused, and kubectl prints why."""
     _, data = seed_metal3(
-        stack.api, template="lost-template", template_labels={"slurm-controller-namespace": "no-slurm-here"}, index=4
+        stack.api, template="lost-template", template_labels={"slurm-controller-namespace": "metal3"}, index=4
     )
     secret = metadata_secret(data, machine="m3m-lost")
     proc = stack.cp.kubectl("create", AS_CAPM3, "-f", "-", stdin=yaml.safe_dump(secret), check=False)

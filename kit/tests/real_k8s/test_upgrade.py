@@ -111,6 +111,7 @@ def test_helm_upgrade_under_load_fails_no_admission(tmp_path: Path) -> None:
             "mirror": {"name": k8s.MIRROR, "namespace": SLIME_NAMESPACE},
             "machineDeployment": {"name": k8s.MD_NAME, "namespace": k8s.MD_NAMESPACE},
             "partition": "batch",
+            "maxReplicas": 10,
         }
         values = tier_values(old_image, [mapping], injection={"extraEnv": POD_IP_ENV}, scaling={"extraEnv": POD_IP_ENV})
         release = Release(cp, SLIME_NAMESPACE, values, tmp_path, routed_at_render=True)

@@ -118,3 +118,51 @@ def test_a_pending_four_node_job_makes_the_nodes_mirror_four(keda_loop: Loop) ->
     assert {"name": "metrics", "port": loop.release.values["scaling"]["metricsPort"]}.items() <= next(
         p for p in ports if p["name"] == "metrics"
     ).items()
+
+
+HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"  # kube-controller-manager's HPA controller
+KEDA_OPERATOR = "system:serviceaccount:keda:keda-operator"
+
+
+def test_the_default_requester_rule_lets_keda_and_the_hpa_take_a_pool_from_zero_to_n_and_back(keda_loop: Loop) -> None:
+    """Issue 30: with keda.enabled the chart sets the requester rule to the pair that writes /scale under KEDA.
+
+    KEDA's operator makes 0 -> 1 and N -> 0, the HPA controller the steps in between
+    (kube-controller-manager runs with --use-service-account-credentials here, as kubeadm runs it):
+    a rule naming KEDA's operator alone would refuse every 1 -> N step. Here the rule is on, and
+    the jobs pool goes 0 -> 2 -> 0 with every scale admitted; the API server's audit log names who
+    wrote each one. (Run last in this module: it lowers the jobs mapping's cooldown and window.)
+    """
+    loop = keda_loop
+    deployment = loop.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, loop.release.service_name("scaling"))
+    assert deployment is not None
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert KEDA_OPERATOR in env["SLIME_SCALE_REQUESTERS"].split(",") and HPA in env["SLIME_SCALE_REQUESTERS"].split(",")
+    for item in loop.release.values["scaling"]["mappings"]:
+        if item["keda"]["demand"] == JOBS:  # back to 0 within seconds, not KEDA's 300 s cooldown and the HPA's window
+            item["keda"].update({"cooldownPeriod": 2, "scaleDownStabilizationSeconds": 0})
+    loop.release.upgrade()
+    loop.cancel_all()
+    loop.wait_for(lambda: loop.mirror_replicas(JOBS) == 0, SCALE_SECONDS, "the jobs mirror back at 0")
+    loop.wait_for(lambda: loop.md_replicas(JOBS) == 0, 60, "md-jobs at 0")
+    for _ in range(2):
+        loop.submit(1)
+    loop.wait_for(lambda: loop.mirror_replicas(JOBS) == 2, SCALE_SECONDS, "the jobs mirror at 2")
+    loop.wait_for(lambda: loop.md_replicas(JOBS) == 2, 60, "md-jobs at 2")
+    loop.cancel_all()
+    loop.wait_for(lambda: loop.mirror_replicas(JOBS) == 0, SCALE_SECONDS, "the jobs mirror at 0 again")
+    loop.wait_for(lambda: loop.md_replicas(JOBS) == 0, 60, "md-jobs at 0 again")
+    scales = [
+        e
+        for e in loop.cp.audit_events()
+        if (e.get("objectRef") or {}).get("subresource") == "scale"
+        and e["objectRef"].get("resource") == "deployments"
+        and e["objectRef"].get("name") == mirror_name(JOBS)
+        and e.get("verb") in ("update", "patch")
+        and e.get("stage") == "ResponseComplete"
+    ]
+    writers = {e["user"]["username"] for e in scales}
+    assert {KEDA_OPERATOR, HPA} <= writers <= {KEDA_OPERATOR, HPA}, writers  # both, and nobody else
+    assert {e["responseStatus"]["code"] for e in scales} == {200}, [e["responseStatus"] for e in scales]
+    calls = webhook_requests(loop.cp, "scaling.webhook.slime")
+    assert not [k for k in calls if k[1] == "true" or k[0] == "fail-open"], calls  # none refused, none failed open

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import jwt
 
+from testbed.components.fake_slurmrestd import HEALTH_PATHS
 from testbed.framework.wait import wait_for
 from testbed.framework.world import make_jwt_key
 
@@ -141,6 +142,7 @@ class Conversation:
         token_: str | None = "good",
         json_type: bool = True,
         version: str | None = None,
+        absolute: bool = False,
     ) -> None:
         headers = {}
         if token_ is not None:
@@ -148,7 +150,7 @@ class Conversation:
         content = None if body is None else json.dumps(body).encode()
         if content is not None and json_type:
             headers["Content-Type"] = "application/json"
-        url = f"/slurm/{version or self.v}{path}"
+        url = path if absolute else f"/slurm/{version or self.v}{path}"
         self.answers.append(
             (what, reduce(self.target, self.client.request(method, url, content=content, headers=headers)))
         )
@@ -183,6 +185,9 @@ class Conversation:
         for version in self.target.unserved:
             self.send(f"list nodes {version} (not served)", "GET", "/nodes/", version=version)
             self.send(f"ping {version} (not served)", "GET", "/ping", version=version)
+        for path in HEALTH_PATHS:  # 26.05 serves them; 24.11 never did, 26.11 no more: 404, as any unknown URL
+            self.send(f"{path}, no token", "GET", path, token_=None, absolute=True)
+            self.send(f"{path}", "GET", path, absolute=True)
         other, key, now = token(self.other_key), self.target.key, int(time.time())
         self.send("no token", "GET", "/nodes/", token_=None)
         self.send("token signed with another key", "GET", "/nodes/", token_=other)
@@ -227,6 +232,7 @@ class Conversation:
         self.send("drain idle node again", "POST", f"/node/{IDLE}", SCALE_IN)
         self.send("FUTURE drained idle node", "POST", f"/node/{IDLE}", {"state": ["FUTURE"]})
         self.send("after FUTURE", "GET", "/nodes/")
+        self.send("get the FUTURE node", "GET", f"/node/{IDLE}")
         self.send("partitions after FUTURE", "GET", "/partitions/")
         self.send("FUTURE again", "POST", f"/node/{IDLE}", {"state": ["FUTURE"]})
         self.target.reboot(IDLE)
@@ -241,6 +247,8 @@ def conversation(target: Target) -> list[tuple[str, dict[str, Any]]]:
     with httpx.Client(base_url=target.url, timeout=15) as client:
         talk = Conversation(target, client)
         talk.send("list nodes", "GET", "/nodes/")
+        talk.send("get one node", "GET", f"/node/{IDLE}")
+        talk.send("get unknown node", "GET", "/node/nosuch")
         talk.send("ping", "GET", "/ping/")
         talk.credentials()
         talk.drains()

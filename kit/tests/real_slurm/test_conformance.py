@@ -5,7 +5,7 @@ of requests (what SliMe's client sends, and the errors it must understand) goes 
 to a real slurmrestd with two real dynamic nodes; each answer is reduced to what a client can
 rely on (status, content type, error entries, the node fields SliMe reads, the job and partition
 fields node demand reads) and the two lists must be equal. Where they differed, the fake was fixed.
-Then SliMe's own client (``scaling_webhook/safe_scale_in/slurmrestd.py``) runs the same operations against both:
+Then SliMe's own client (``scaling_webhook/slurm/slurmrestd.py``) runs the same operations against both:
 each release's newest data parser is proven against real Slurm here (24.11: ``v0.0.42``, of the
 v0.0.40 to v0.0.42 it serves; 26.05: ``v0.0.45``, of v0.0.42 to v0.0.45).
 
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient, SlurmUnavailable
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.components.cloudinit import Node, boot, meta_data_for
 from testbed.components.debian_root import SlurmRoot
-from testbed.components.fake_slurmrestd import DIALECTS, PARTITION, FakeSlurmrestd, JwtKeySecret
+from testbed.components.fake_slurmrestd import DIALECTS, HEALTH_PATHS, PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.components.netns import Network
 from testbed.components.slurm import Slurm, SlurmConfig
 from testbed.framework.audit import scan_logs
@@ -152,6 +152,10 @@ def test_the_fake_answers_as_real_slurmrestd(real: Target, fake: Target, slurm_r
     newer = f"list nodes {real.unserved[0]} (not served)"
     assert facts[newer]["status"] == 404 and facts[newer]["type"] == "text/plain"
     assert (facts["no token"]["status"], facts["no token"]["type"]) == (401, "text/plain")
+    # The health paths: 204 on 26.05 (with a token), 404 on 24.11 (never served, as any unknown URL); without a
+    # token 401 on both (slurmrestd authenticates before it routes). SliMe never asks for them.
+    assert all(facts[path]["status"] == (204 if dialect.health else 404) for path in HEALTH_PATHS)
+    assert all(facts[f"{path}, no token"]["status"] == 401 for path in HEALTH_PATHS)
     assert facts["token signed with another key"]["status"] == 511
     assert [e["error_number"] for e in facts["token signed with another key"]["errors"]] == [1007]
     assert facts["ping with a bad token"]["status"] == 200

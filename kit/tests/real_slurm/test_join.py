@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-import injection_webhook.handler
+import injection_webhook.decision
 from testbed.components.cloudinit import MISSING, USER_DATA, NodeDidNotJoin, boot_script, render_user_data
 from testbed.components.debian_root import SlurmRoot
 from testbed.framework.objects import b64
@@ -42,12 +42,10 @@ def test_install_md_shows_the_user_data_files_verbatim() -> None:
     blocks = re.findall(r"```yaml\n(.*?)```", install, re.S)
     for path in (USER_DATA, FILES_USER_DATA):
         assert path.read_text() in blocks, f"docs/install.md does not show {path.relative_to(REPO_ROOT)} verbatim"
-    # The commands-only form is the user-data's runcmd, with the chmod that user-data has in bootcmd.
-    chmod = "  - chmod 0600 /run/cloud-init/instance-data.json\n"
-    commands = next(b for b in blocks if b.startswith("commands:\n" + chmod + "  - mkdir"))
-    bootcmd, runcmd = USER_DATA.read_text().split("runcmd:\n")
-    assert commands.replace("commands:\n" + chmod, "") == runcmd, "the commands-only form and the user-data differ"
-    assert bootcmd.startswith("## template: jinja\n#cloud-config\nbootcmd:\n") and bootcmd.endswith(chmod)
+    # The CABPV form (files and commands) is the write_files user-data with the keys renamed.
+    cabpv = next(b for b in blocks if b.startswith("files:\n  - path: /var/lib/cloud/scripts/per-boot/"))
+    cloud_config = FILES_USER_DATA.read_text().removeprefix("## template: jinja\n#cloud-config\n")
+    assert cabpv == cloud_config.replace("write_files:", "files:").replace("runcmd:", "commands:")
 
 
 @pytest.mark.parametrize(
@@ -173,13 +171,13 @@ def test_a_broken_injection_makes_the_join_scenario_fail(
     site: SlurmSite, monkeypatch: pytest.MonkeyPatch, broken: Callable[[dict[str, str]], None]
 ) -> None:
     """The join scenario is only as good as what it can catch: break what the webhook injects, and it fails."""
-    original = injection_webhook.handler.join_entries
+    original = injection_webhook.decision.join_entries
 
     def join_entries(*args: Any, **kwargs: Any) -> dict[str, str]:
         entries = dict(original(*args, **kwargs))
         broken(entries)
         return entries
 
-    monkeypatch.setattr(injection_webhook.handler, "join_entries", join_entries)
+    monkeypatch.setattr(injection_webhook.decision, "join_entries", join_entries)
     with pytest.raises(NodeDidNotJoin):
         join(site, 1, timeout=6)

@@ -21,8 +21,9 @@ from collections.abc import Callable
 import pytest
 
 from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmClient
-from scaling_webhook.safe_scale_in.victims import DRAIN_REASON, order_candidates
+from scaling_webhook.safe_scale_in.victims import order_candidates
+from scaling_webhook.slurm.machines import DRAIN_REASON
+from scaling_webhook.slurm.slurmrestd import SlurmClient
 from testbed.components.capi_sim import MD_NS
 from testbed.components.slurm import SlurmFailed
 from testbed.framework.pins import SlurmRelease

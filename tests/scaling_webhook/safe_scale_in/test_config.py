@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from scaling_webhook.demand import NodeDemandConfig
 from scaling_webhook.safe_scale_in.config import (
     DEFAULT_RELEASED_NODES,
     RELEASED_NODES,
-    SLURM_API_VERSIONS,
-    NodeDemandConfig,
     SafeScaleInConfig,
-    SlurmEndpoint,
     parse_released_nodes,
 )
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
 
 
 def test_released_nodes_default_and_values() -> None:

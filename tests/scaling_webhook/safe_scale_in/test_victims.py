@@ -7,18 +7,16 @@ from typing import Any
 import pytest
 
 from common.names import DELETE_MACHINE_ANNOTATION, DELETE_MACHINE_VALUE, SLURM_NODE_ANNOTATION
-from scaling_webhook.safe_scale_in.slurmrestd import SlurmNode
-from scaling_webhook.safe_scale_in.victims import (
+from scaling_webhook.safe_scale_in.victims import choose_victims, classify, never_joined
+from scaling_webhook.slurm.machines import (
     DRAIN_REASON,
-    choose_victims,
-    classify,
     drained_by_us,
     infrastructure_provisioned,
     is_pending_victim,
     machine_addresses,
-    never_joined,
     node_for,
 )
+from scaling_webhook.slurm.slurmrestd import SlurmNode
 
 IDLE = frozenset({"IDLE"})
 

@@ -5,8 +5,10 @@ may deny it), so the MachineDeployment follows only the mirror *as stored*, move
 reconciler (docs/scaling.md). Admission checks that a scale is one kube-apiserver would send now
 and that its MachineDeployment can follow it, and says what will happen:
 
-- :func:`scale_target` picks out the requests we act on (an UPDATE of ``deployments/scale`` of a
-  mapped mirror);
+- :func:`scale_target` picks out the requests we act on: an UPDATE of a mapped mirror's
+  ``deployments/scale``, or of the mirror Deployment itself that changes ``spec.replicas`` (the
+  side door: ``kubectl patch deployment`` moves the pool as surely as ``/scale`` does, so it meets
+  the same rules);
 - :func:`decide` checks the request against what the caches observed (:class:`Observed`);
 - :func:`respond` turns the decision into the AdmissionResponse (an allow or a deny: a
   validating webhook never returns a patch).
@@ -20,15 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.admission import AdmissionResponse, allow, deny, requester
-from common.names import CAPI_PAUSED_ANNOTATION
+from common.admission import AdmissionResponse, allow, bounded, deny, requester
+from common.names import AUTOSCALER_ANNOTATIONS, CAPI_PAUSED_ANNOTATION
 from scaling_webhook.mappings import MAX_INT32, Mapping, MappingTable
-
-# cluster-autoscaler's Cluster API provider: a MachineDeployment with these is its node group.
-AUTOSCALER_ANNOTATIONS = (
-    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size",
-    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size",
-)
 
 DRY_RUN_WARNING_PREFIX = "SliMe: "  # the warning a dry-run scale of a mapped mirror returns (slime-check reads it)
 
@@ -125,9 +121,35 @@ def is_deployment_scale_update(request: dict[str, Any]) -> bool:
     )
 
 
+def is_deployment_update(request: dict[str, Any]) -> bool:
+    """An UPDATE of an ``apps`` Deployment itself (not a subresource)."""
+    if request.get("operation") != "UPDATE" or request.get("subResource"):
+        return False
+    kind, resource = request.get("kind"), request.get("resource")
+    return (
+        isinstance(kind, dict)
+        and kind.get("kind") == "Deployment"
+        and isinstance(resource, dict)
+        and resource.get("resource") == "deployments"
+        and resource.get("group") == "apps"
+    )
+
+
+def requested_replicas(request: dict[str, Any], side: str = "object") -> int | None:
+    """``spec.replicas`` of the request's ``object`` (or ``oldObject``): a Scale's, or a Deployment's."""
+    if is_deployment_update(request):
+        return replicas_of(request.get(side))
+    return scale_replicas(request.get(side))
+
+
 def scale_target(request: dict[str, Any], table: MappingTable) -> Mapping | None:
-    """The mapping this request scales the mirror of, or None when it is not ours."""
-    if not is_deployment_scale_update(request):
+    """The mapping whose mirror this request scales, or None when it is not ours: a ``/scale`` UPDATE, or a
+    Deployment UPDATE that changes ``spec.replicas`` (one that leaves them is not a scale)."""
+    if is_deployment_update(request):
+        old, new = request.get("oldObject"), request.get("object")
+        if isinstance(old, dict) and isinstance(new, dict) and replicas_of(old) == replicas_of(new):
+            return None
+    elif not is_deployment_scale_update(request):
         return None
     namespace, name = request.get("namespace"), request.get("name")
     if not isinstance(namespace, str) or not isinstance(name, str):
@@ -200,15 +222,16 @@ def autoscaler_annotations(machine_deployment: dict[str, Any] | None) -> list[st
 
 def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None) -> Decision:
     """What to answer to a scale of ``mapping``'s mirror, given what the watches observed (None: not synced)."""
-    replicas = scale_replicas(request.get("object"))
+    replicas = requested_replicas(request)
+    what = "Deployment" if is_deployment_update(request) else "Scale object"
     if replicas is None:
-        return Invalid(mapping, "Scale object has no integer spec.replicas")
+        return Invalid(mapping, f"{what} has no integer spec.replicas")
     if replicas < 0:
-        return Invalid(mapping, f"Scale object has a negative spec.replicas ({replicas})")
+        return Invalid(mapping, f"{what} has a negative spec.replicas ({replicas})")
     if replicas > MAX_INT32:
         return Invalid(
             mapping,
-            f"Scale object has spec.replicas {replicas}, more than a Kubernetes replica count may be ({MAX_INT32})",
+            f"{what} has spec.replicas {replicas}, more than a Kubernetes replica count may be ({MAX_INT32})",
         )
     if request.get("dryRun") is True:
         return DryRun(mapping, replicas)
@@ -218,7 +241,7 @@ def decide(request: dict[str, Any], mapping: Mapping, observed: Observed | None)
         if not observed.fresh:
             return Recheck(mapping)
         return Refused(mapping, replicas, f"mirror Deployment {mapping.mirror_ref} does not exist", 404)
-    stored, old = replicas_of(observed.mirror), scale_replicas(request.get("oldObject"))
+    stored, old = replicas_of(observed.mirror), requested_replicas(request, "oldObject")
     if old != stored:
         if not observed.fresh:
             return Recheck(mapping)
@@ -256,7 +279,7 @@ def respond(decision: Decision) -> AdmissionResponse:
         )
     if isinstance(decision, NotAllowed):
         return deny(
-            f"requester {decision.requester or '(none)'} may not scale mirror Deployment {mirror}: only "
+            f"requester {bounded(decision.requester) or '(none)'} may not scale mirror Deployment {mirror}: only "
             f"{', '.join(sorted(decision.allowed))} may (--scale-requesters)"
         )
     if isinstance(decision, DryRun):

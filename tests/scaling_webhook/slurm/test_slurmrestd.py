@@ -9,8 +9,8 @@ import pytest
 
 from common.kube import KubeClient, local_client
 from kubemu import Emulator
-from scaling_webhook.safe_scale_in.config import SlurmEndpoint
-from scaling_webhook.safe_scale_in.slurmrestd import (
+from scaling_webhook.slurm.endpoint import SlurmEndpoint
+from scaling_webhook.slurm.slurmrestd import (
     JobListing,
     SlurmClient,
     SlurmNode,
@@ -18,7 +18,7 @@ from scaling_webhook.safe_scale_in.slurmrestd import (
     _timestamp,
     parse_node,
 )
-from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.fake_slurmrestd import SERVED, FakeSlurmrestd
 from testbed.framework.objects import b64
 from testbed.framework.world import make_jwt_key
 
@@ -107,7 +107,7 @@ def test_timestamp_shapes(value: object, expected: int | None) -> None:
 # --- versions --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("release", "chosen"), [("24.11", "v0.0.42"), ("26.05", "v0.0.45")])
+@pytest.mark.parametrize(("release", "chosen"), [("24.11", "v0.0.42"), ("26.05", "v0.0.45"), ("26.11", "v0.0.46")])
 def test_the_newest_version_both_speak_is_probed_and_kept(
     kube: KubeClient, jwt_key: bytes, emulator: Emulator, release: str, chosen: str
 ) -> None:
@@ -147,8 +147,44 @@ def test_a_slurmrestd_serving_no_known_version_names_each_tried(
         client.close()
         fake.stop()
     message = error.value.cause
-    assert f"slurmrestd {fake.url} serves none of v0.0.45, v0.0.44, v0.0.43, v0.0.42" in message
+    assert f"slurmrestd {fake.url} serves none of v0.0.46, v0.0.45, v0.0.44, v0.0.43, v0.0.42" in message
     assert "v0.0.42: " in message and "answered 404" in message
+
+
+def test_a_slurmrestd_upgraded_past_the_version_in_use_is_probed_again(
+    kube: KubeClient, jwt_key: bytes, emulator: Emulator
+) -> None:
+    """Slurm 25.11 (newest v0.0.44) is upgraded to 26.11 while SliMe runs; 27.05 will drop v0.0.43 the same way.
+    The call that meets the 404 fails (no node is acted on blind); the next one probes and speaks v0.0.46."""
+    emulator.create(jwt_secret(jwt_key))
+    fake = FakeSlurmrestd(jwt_key, release="26.05", versions=("v0.0.42", "v0.0.43", "v0.0.44"))
+    fake.add_node("n1", "10.0.0.1")
+    client = SlurmClient(kube, SlurmEndpoint(fake.url, (JWT_NS, JWT_NAME)), timeout=5.0)
+    try:
+        assert client.version() == "v0.0.44"
+        fake.versions = SERVED["26.11"]  # slurmrestd restarted as 26.11: v0.0.42 gone, v0.0.44 still served
+        assert [n.name for n in client.nodes()] == ["n1"] and client.version() == "v0.0.44"
+        fake.versions = ("v0.0.45", "v0.0.46")  # and later one that no longer serves v0.0.44
+        with pytest.raises(SlurmUnavailable, match="answered 404 to GET /slurm/v0.0.44/nodes/"):
+            client.nodes()
+        assert [n.name for n in client.nodes()] == ["n1"]
+        assert client.version() == "v0.0.46"
+        assert fake.calls[-2:] == [("GET", "/slurm/v0.0.46/ping"), ("GET", "/slurm/v0.0.46/nodes/")]
+    finally:
+        client.close()
+        fake.stop()
+
+
+def test_a_configured_version_is_never_probed_again(
+    make_client: MakeClient, slurm: FakeSlurmrestd, emulator: Emulator, jwt_key: bytes
+) -> None:
+    emulator.create(jwt_secret(jwt_key))
+    client = make_client(api_version="v0.0.42")
+    slurm.versions = SERVED["26.11"]
+    for _ in range(2):
+        with pytest.raises(SlurmUnavailable, match="answered 404 to GET /slurm/v0.0.42/nodes/"):
+            client.nodes()
+    assert not [path for _, path in slurm.calls if path.endswith("/ping")]
 
 
 # --- the signing key --------------------------------------------------------------------------------

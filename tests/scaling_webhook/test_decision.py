@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from common.admission import encode_review
-from scaling_webhook.handler import (
+from scaling_webhook.decision import (
     Accepted,
     DryRun,
     Invalid,
@@ -30,7 +30,7 @@ from testbed.framework.reviews import scale_request
 
 TABLE = parse_mappings(
     {
-        "mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a}\n"
+        "mappings": "- {mirror: slime/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 2147483647}\n"
         "- {mirror: slime/mirror-c, machineDeployment: metal3/md-c, maxReplicas: 4}\n"
     },
     "slime",

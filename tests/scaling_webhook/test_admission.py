@@ -12,7 +12,7 @@ from common.admission import AdmissionResponse
 from common.kube import local_client
 from common.metrics import WebhookMetrics
 from kubemu import Emulator, Fault
-from scaling_webhook.flow import ScaleAdmission
+from scaling_webhook.admission import ScaleAdmission
 from scaling_webhook.machinedeployments import MachineDeploymentScaler
 from scaling_webhook.mappings import MappingTable, parse_mappings
 from scaling_webhook.metrics import ScalingMetrics
@@ -61,7 +61,7 @@ def make_flow(emulator: Emulator, tmp_path: Path) -> Iterator[MakeFlow]:
     emulator.create(machine_deployment("md-a", "metal3", replicas=2))
 
     def make(
-        mappings: str = "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a}",
+        mappings: str = "- {mirror: slime-system/mirror-a, machineDeployment: metal3/md-a, maxReplicas: 100}",
         allowed: frozenset[str] = frozenset(),
     ) -> Flow:
         flow = Flow(emulator, emulator.write_kubeconfig(tmp_path / f"kc-{len(made)}"), mappings, allowed)

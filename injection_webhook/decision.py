@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.admission import AdmissionResponse, allow, deny, patch_response, requester
+from common.admission import AdmissionResponse, allow, bounded, deny, patch_response, requester
 from common.meta import is_dns1123_label, owner_reference
 from common.names import METADATA_KEY, METAL3_GROUP
 from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
@@ -37,7 +37,8 @@ class MetaDataSecret:
 
     @property
     def ref(self) -> str:
-        return f"{self.namespace}/{self.name}" if self.name else f"{self.namespace}/(generated name)"
+        """For messages; the name comes from the review, so it is cut short."""
+        return f"{self.namespace}/{bounded(self.name)}" if self.name else f"{self.namespace}/(generated name)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,18 @@ class Unresolved:
 
 
 @dataclass(frozen=True, slots=True)
+class Withheld:
+    """Opted in, but the operator does not let this template have join data: its namespace is not bound to the
+    Slurm namespace it names (UNBOUND), or it asks for extra join data templates may not choose (TEMPLATE_OPT_IN).
+
+    Answered as a foreign requester is: allowed without join data, with a warning, a log line, a
+    metric and an Event; ``why`` says which rule and how the operator grants it."""
+
+    reason: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class Unverified:
     """The review names an owner the caches do not hold (no such Metal3Data there, or another uid).
 
@@ -86,14 +99,23 @@ class Unverified:
     exists."""
 
 
-Resolution = JoinInfo | NotOptedIn | Unresolved | Unverified
+Resolution = JoinInfo | NotOptedIn | Unresolved | Withheld | Unverified
 
+# Why join data is withheld: the values of slime_injection_join_data_withheld_total{reason}.
 DRY_RUN = "dry-run"
 REQUESTER = "requester"
+UNBOUND = "unbound-namespace"
+TEMPLATE_OPT_IN = "template-opt-in"
+WITHHELD_REASONS = (DRY_RUN, REQUESTER, UNBOUND, TEMPLATE_OPT_IN)
 # What a requester sees when join data is withheld (slime-check reads the first as proof that a
-# dry run reached the webhook).
-DRY_RUN_WARNING = "SliMe added no Slurm join data: this is a dry run"
-REQUESTER_WARNING = "SliMe added no Slurm join data: this requester may not receive it"
+# dry run reached the webhook). Each at most 120 characters, as warnings should be.
+WARNINGS = {
+    DRY_RUN: "SliMe added no Slurm join data: this is a dry run",
+    REQUESTER: "SliMe added no Slurm join data: this requester may not receive it",
+    UNBOUND: "SliMe added no Slurm join data: this namespace is not bound to the Slurm namespace its template names",
+    TEMPLATE_OPT_IN: "SliMe added no Slurm join data: the template asks for join data templates may not choose",
+}
+DRY_RUN_WARNING = WARNINGS[DRY_RUN]
 
 
 def metal3data_owner(metadata: dict[str, Any]) -> dict[str, Any] | None:
@@ -153,15 +175,13 @@ def withheld(secret: MetaDataSecret, allowed_requesters: frozenset[str]) -> str 
     return None
 
 
-def withhold(secret: MetaDataSecret, reason: str) -> AdmissionResponse:
+def withhold(secret: MetaDataSecret, reason: str, why: str = "") -> AdmissionResponse:
     """Allowed without join data, with a warning the requester sees and a message for the log."""
     if reason == DRY_RUN:
         why = "a server-side dry run (join data is only added to Secrets that are stored)"
-        warning = DRY_RUN_WARNING
-    else:
-        why = f"requester {secret.requester or '(none)'} is not one of the requesters allowed join data"
-        warning = REQUESTER_WARNING
-    return replace(allow(f"Slurm join data withheld from Secret {secret.ref}: {why}"), warnings=(warning,))
+    elif reason == REQUESTER:
+        why = f"requester {bounded(secret.requester) or '(none)'} is not one of the requesters allowed join data"
+    return replace(allow(f"Slurm join data withheld from Secret {secret.ref}: {why}"), warnings=(WARNINGS[reason],))
 
 
 def unverified_message(secret: MetaDataSecret) -> str:
@@ -193,6 +213,8 @@ def respond(secret: MetaDataSecret, resolution: Resolution) -> AdmissionResponse
         return deny(unverified_message(secret))
     if isinstance(resolution, Unresolved):
         return deny(f"cannot inject Slurm join data into Secret {secret.ref}: {resolution.reason}")
+    if isinstance(resolution, Withheld):
+        return withhold(secret, resolution.reason, resolution.why)
     try:
         encoded = merged_metadata(secret.encoded_metadata, join_data(resolution))
     except MetaDataError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 
 from common.admission import AdmissionResponse, allow, requester
 from common.kube import KubeError
-from scaling_webhook.handler import (
+from scaling_webhook.decision import (
     Accepted,
     DryRun,
     Invalid,

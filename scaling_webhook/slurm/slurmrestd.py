@@ -1,4 +1,4 @@
-"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.45).
+"""A small synchronous slurmrestd client for safe scale-in and node demand (Slurm API v0.0.42 to v0.0.46).
 
 Authentication is Slinky's: an HS256 JWT signed with the ``jwt_hs256.key`` held in a Kubernetes
 Secret, with claims ``sun`` (the Slurm user), ``iat`` and ``exp`` (60 s later), sent in the
@@ -15,6 +15,12 @@ number: 2018 for a node that does not exist, which a DELETE or a return to FUTUR
 "gone" (nothing left to do); 2016 for deleting a busy node; 2028 (24.11) or 2180 (26.05) for
 returning a busy node, or one already FUTURE, to FUTURE. The client goes by the error number,
 never by the status.
+
+The version is the mapping's ``apiVersion``, else the newest of :data:`SLURM_API_VERSIONS` whose
+``/slurm/<v>/ping`` answers (an unserved version's URL answers 404 on every release). Nothing here
+uses slurmrestd's ``/healthz``, ``/readyz`` or ``/livez``: 24.11 and 25.x never served them and
+26.11 drops them again. A discovered version that later answers 404 (slurmrestd was upgraded past
+it, e.g. v0.0.42 to Slurm 26.11) is forgotten, so the next call probes again.
 """
 
 from __future__ import annotations
@@ -30,12 +36,12 @@ from urllib.parse import quote
 import httpx
 import jwt
 
-from common.kube import KubeClient, KubeError, ResourcePath
-from scaling_webhook.safe_scale_in.config import SLURM_API_VERSIONS, SlurmEndpoint
+from common.apis import SECRETS
+from common.kube import KubeClient, KubeError
+from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS, SlurmEndpoint
 
 log = logging.getLogger("slime.scaling.slurmrestd")
 
-SECRETS = ResourcePath("", "v1", "secrets")
 TOKEN_LIFETIME_SECONDS = 60
 TIMEOUT_SECONDS = 2.0
 BUSY_STATES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
@@ -73,6 +79,8 @@ class SlurmNode:
     address: str = ""
     states: frozenset[str] = field(default_factory=frozenset)
     reason: str = ""
+    reason_set_by_user: str = ""  # who set the reason: an admin's name, or SlurmUser when slurmctld set it
+    reason_changed_at: int | None = None  # when the reason was set (epoch seconds; None when unset)
 
     @property
     def busy(self) -> bool:
@@ -99,6 +107,8 @@ def parse_node(raw: dict[str, Any]) -> SlurmNode:
         address=str(raw.get("address") or ""),
         states=_states(raw.get("state")),
         reason=str(raw.get("reason") or ""),
+        reason_set_by_user=str(raw.get("reason_set_by_user") or ""),
+        reason_changed_at=_timestamp(raw.get("reason_changed_at")),
     )
 
 
@@ -155,9 +165,12 @@ class SlurmClient:
 
     # --- transport ---------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = None, gone_raises: bool = False) -> dict[str, Any]:
+    def _call(
+        self, method: str, path: str, body: Any = None, gone_raises: bool = False, missing_ok: bool = False
+    ) -> dict[str, Any]:
         """One request (signed, the key read again once after 401/511);
-        with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`."""
+        with ``gone_raises``, error 2018 (no such node) raises :class:`_NodeGone`; with ``missing_ok``, a 200
+        whose errors say the node could not be found is an answer with no node, not a failure."""
         for attempt in (1, 2):
             headers = {"X-SLURM-USER-TOKEN": self._token(), "Accept": "application/json"}
             try:
@@ -181,6 +194,8 @@ class SlurmClient:
                 continue
             if gone_raises and _error_numbers(response) == {INVALID_NODE_NAME}:
                 raise _NodeGone(path)
+            if response.status_code == 404:
+                self._forget_version(path)
             if not 200 <= response.status_code <= 299:
                 raise SlurmUnavailable(
                     f"{self.where} answered {response.status_code} to {method} {path}{_errors(response)}"
@@ -190,10 +205,24 @@ class SlurmClient:
             except ValueError:
                 raise SlurmUnavailable(f"{self.where} answered {method} {path} with a body that is not JSON") from None
             problems = _errors_of(data)
+            if problems and missing_ok and not (data.get("nodes") if isinstance(data, dict) else None):
+                return {"nodes": []}
             if problems:
                 raise SlurmUnavailable(f"{self.where} reported errors for {method} {path}: {problems}")
             return data if isinstance(data, dict) else {}
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _forget_version(self, path: str) -> None:
+        """A 404 under the discovered version: slurmrestd no longer serves it (upgraded); probe again next call."""
+        version = self._version
+        if self.config.api_version is None and version is not None and path.startswith(f"/slurm/{version}/"):
+            with self._lock:
+                if self._version == version:
+                    self._version = None
+                    log.warning(
+                        "slurmrestd no longer serves the API version in use; probing again",
+                        extra={"slurmrestd": self.config.slurmrestd, "api_version": version},
+                    )
 
     def version(self) -> str:
         """The API version to use: the configured one, else the newest that answers ``/ping``."""
@@ -228,6 +257,17 @@ class SlurmClient:
 
     def nodes(self) -> list[SlurmNode]:
         return [parse_node(n) for n in self._list("nodes", f"/slurm/{self.version()}/nodes/") if n.get("name")]
+
+    def node(self, name: str) -> SlurmNode | None:
+        """One node, read now (``GET node/<name>``): the fresh read a release or a drain is decided on.
+
+        None when slurmctld has no such node to show: it answers an unknown name (and a record
+        returned to FUTURE, which it hides) with no node and an error, not a failure of the call."""
+        data = self._call("GET", f"/slurm/{self.version()}/node/{quote(name)}", missing_ok=True)
+        found = [parse_node(n) for n in data.get("nodes") or [] if isinstance(n, dict) and n.get("name") == name]
+        if not found or FUTURE in found[0].states:
+            return None
+        return found[0]
 
     def jobs(self, since: int | None = None) -> JobListing:
         """Every job slurmctld knows (pending, running and recently finished), as slurmrestd lists them;

@@ -1,4 +1,4 @@
-"""respond_off_loop: the same answer as respond(), in a worker thread only for large metaData with join data."""
+"""answer(): the same answer as respond(), in a worker thread only for large metaData with join data."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from injection_webhook.handler import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved, respond
-from injection_webhook.large import INLINE_METADATA_BYTES, respond_off_loop
+from injection_webhook.admission import INLINE_METADATA_BYTES, answer
+from injection_webhook.decision import JoinInfo, MetaDataSecret, NotOptedIn, Resolution, Unresolved, respond
 from testbed.framework.objects import b64, decoded_metadata
 
 JOIN = JoinInfo(
@@ -31,13 +31,13 @@ class CountingExecutor(ThreadPoolExecutor):
         return super().submit(fn, *args, **kwargs)
 
 
-def answer(secret: MetaDataSecret, resolution: Resolution) -> tuple[Any, int]:
-    """respond_off_loop's answer, and how many jobs it handed to a worker thread."""
+def answered(secret: MetaDataSecret, resolution: Resolution) -> tuple[Any, int]:
+    """answer()'s answer, and how many jobs it handed to a worker thread."""
     executor = CountingExecutor()
 
     async def run() -> Any:
         asyncio.get_running_loop().set_default_executor(executor)
-        return await respond_off_loop(secret, resolution)
+        return await answer(secret, resolution)
 
     try:
         return asyncio.run(run()), executor.submitted
@@ -54,7 +54,7 @@ def secret_with(size: int) -> MetaDataSecret:
 def test_small_metadata_is_edited_inline() -> None:
     secret = secret_with(100)
     assert len(secret.encoded_metadata) <= INLINE_METADATA_BYTES
-    response, threads = answer(secret, JOIN)
+    response, threads = answered(secret, JOIN)
     assert threads == 0
     assert response == respond(secret, JOIN)
 
@@ -62,7 +62,7 @@ def test_small_metadata_is_edited_inline() -> None:
 def test_large_metadata_is_edited_in_a_worker_thread_with_the_same_answer() -> None:
     secret = secret_with(INLINE_METADATA_BYTES * 4)
     assert len(secret.encoded_metadata) > INLINE_METADATA_BYTES
-    response, threads = answer(secret, JOIN)
+    response, threads = answered(secret, JOIN)
     assert threads == 1
     assert response == respond(secret, JOIN)
     assert response.allowed and response.patch is not None
@@ -73,6 +73,6 @@ def test_large_metadata_is_edited_in_a_worker_thread_with_the_same_answer() -> N
 @pytest.mark.parametrize("resolution", [NotOptedIn(), Unresolved("no slurmctld pod")])
 def test_large_metadata_without_join_data_is_answered_inline(resolution: Resolution) -> None:
     secret = secret_with(INLINE_METADATA_BYTES * 4)
-    response, threads = answer(secret, resolution)
+    response, threads = answered(secret, resolution)
     assert threads == 0
     assert response == respond(secret, resolution)

@@ -1,10 +1,10 @@
-"""The injection app's wait for an owner CAPM3 created a moment ago: woken by the watch, not by a timer."""
+"""The injection admission's wait for an owner CAPM3 created a moment ago: woken by the watch, not by a timer."""
 
 from __future__ import annotations
 
 import asyncio
 
-from injection_webhook.app import CacheChanges
+from common.cache import CacheChanges
 from injection_webhook.resolver import InjectionResolver
 from kubemu import Emulator
 from testbed.framework.world import seed_metal3

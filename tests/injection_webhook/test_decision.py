@@ -8,7 +8,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from injection_webhook.handler import JoinInfo, NotOptedIn, Unresolved, Unverified, respond, select, withheld, withhold
+from injection_webhook.decision import JoinInfo, NotOptedIn, Unresolved, Unverified, respond, select, withheld, withhold
 from injection_webhook.metadata import JOIN_KEYS, MetaDataError, join_entries, merged_metadata
 from testbed.framework.objects import b64
 from testbed.framework.reviews import secret_request
