@@ -470,7 +470,8 @@ class SafeScaleIn:
         waiting for a node that will not come.
 
         ``machines``: the pool as the watch cache holds it (None: list it now); ``replicas``: the
-        MachineDeployment's. Slurm is read once per pass (:class:`~scaling_webhook.slurm.reads.SlurmReads`)
+        MachineDeployment's as cached. A mark is taken back only if fresh reads of both agree it is
+        one no deletion will follow. Slurm is read once per pass (:class:`~scaling_webhook.slurm.reads.SlurmReads`)
         and, before a hook is released, once for that node."""
         config = mapping.safe_scale_in
         assert config is not None
@@ -498,6 +499,14 @@ class SafeScaleIn:
                         return  # slurmrestd unusable: nothing else is released, nothing else is done
             if not scale_in_pending:
                 stale = self._stale_victims(machines, replicas)
+                if stale:
+                    # The caches are separate watches, each possibly behind: the Machines' may show a mark but
+                    # not the Machine created after it, the MachineDeployment's replicas from before the scale-in
+                    # that marked it. Either makes a victim Cluster API is about to delete look like one no
+                    # deletion follows. Taking a mark off is decided on fresh reads, replicas first.
+                    replicas = self.scaler.get_replicas(*mapping.machine_deployment)
+                    machines = self.machines(mapping)
+                    stale = self._stale_victims(machines, replicas)
                 if stale:
                     self._reclaim(mapping, config, stale, Outcome(target=replicas or 0), fence)
                 self._undo_orphan_drains(mapping, config, machines, fence)

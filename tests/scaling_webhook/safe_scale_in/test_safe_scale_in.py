@@ -943,6 +943,45 @@ def test_a_scale_in_while_machines_are_being_created_marks_before_it_lowers(
     assert invariant.broken == [] and e.capi.violations == []
 
 
+def test_the_upkeep_takes_no_mark_back_on_a_machine_deployment_cache_one_write_behind(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    """A scale-in marked a victim and lowered the replicas 5 -> 4; the next pass's caches are separate watches:
+    the Machines' shows the mark, the MachineDeployment's still shows 5 (one event behind, or the write of a
+    replica that held the Lease before). By the caches the replicas leave room for the mark; taking it back
+    would leave 5 unmarked Machines for 4 replicas, and Cluster API would delete an unmarked one."""
+    e, (safe, mapping, _) = standalone(5)
+    invariant = PoolInvariant(e.emulator).install()
+    assert len(safe.apply(mapping, 4).victims) == 1 and md_replicas(e.emulator, MD_NS, MD) == 4
+    safe.reads.begin_pass()
+    safe.maintain(mapping, scale_in_pending=False, machines=e.capi.machines(), replicas=5)
+    assert invariant.broken == [] and len(e.annotated()) == 1
+    e.capi.step()  # the marked one goes, as the scale-in meant
+    assert len(e.capi.live()) == 4 and e.capi.violations == []
+
+
+def test_the_upkeep_takes_no_mark_back_on_a_machine_cache_that_has_not_seen_a_new_machine(
+    standalone: Callable[[int], tuple[Env, Standalone]],
+) -> None:
+    """The MachineDeployment asks for 5, 4 Machines exist; a scale-in to 4 marks one for the fifth, being created,
+    and lowers to 4. Cluster API creates the fifth (it read 5): the surplus is the marked one. The next pass's
+    Machine cache has the mark but not the new Machine yet: by it, the mark is one no deletion will follow.
+    Taken back, 5 unmarked Machines would be left for 4 replicas."""
+    e, (safe, mapping, _) = standalone(4)
+    invariant = PoolInvariant(e.emulator).install()
+    e.emulator.patch(f"{CAPI}/v1beta1", "MachineDeployment", MD_NS, MD, {"spec": {"replicas": 5}})
+    outcome = safe.apply(mapping, 4)
+    assert (outcome.replicas, len(outcome.victims)) == (4, 1)
+    cached = e.capi.machines()  # the cache as the next pass reads it: the mark, not the Machine made after it
+    e.capi.add_machine()
+    safe.reads.begin_pass()
+    safe.maintain(mapping, scale_in_pending=False, machines=cached, replicas=4)
+    assert invariant.broken == [] and e.annotated() == outcome.victims
+    e.capi.step()  # the surplus is the marked one: Cluster API deletes it (its hook holds it for Slurm)
+    deleting = [m["metadata"]["name"] for m in e.capi.machines() if m["metadata"].get("deletionTimestamp")]
+    assert deleting == outcome.victims and len(e.capi.live()) == 4 and e.capi.violations == []
+
+
 # --- what a pass costs: it grows with what changed, not with the Machines held ------------------------------------
 
 
