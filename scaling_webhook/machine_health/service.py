@@ -253,20 +253,23 @@ class MachineHealth:
                 continue
             if mapping.safe_scale_in is not None and PRE_TERMINATE_HOOK not in machine_annotations(machine):
                 continue  # safe scale-in puts its hook on first (this pass), so the deletion waits for Slurm
-            self._delete(mapping, machine, judgment, fence)
-            report.remediated.append(judgment.machine)
+            if self._delete(mapping, machine, judgment, fence):
+                report.remediated.append(judgment.machine)
 
-    def _delete(self, mapping: Mapping, machine: dict[str, Any], judgment: Judgment, fence: Fence) -> None:
+    def _delete(self, mapping: Mapping, machine: dict[str, Any], judgment: Judgment, fence: Fence) -> bool:
+        """Mark and delete one Machine; False when it was gone or changed since it was judged (nothing done)."""
         namespace, name = mapping.machine_deployment[0], judgment.machine
         path = self._machines()
+        # The mark is conditional on the Machine as judged: a pass whose cache has not yet seen an earlier pass's
+        # mark and deletion gets a 409 and leaves the Machine to the next pass, so one fault is remediated once.
+        metadata: dict[str, Any] = {"annotations": {REMEDIATED_ANNOTATION: judgment.reason}}
+        version = (machine.get("metadata") or {}).get("resourceVersion")
+        if version:
+            metadata["resourceVersion"] = version
         try:
             fence()
             self.client.request(
-                "PATCH",
-                path.item(namespace, name),
-                body={"metadata": {"annotations": {REMEDIATED_ANNOTATION: judgment.reason}}},
-                content_type=MERGE_PATCH,
-                timeout=5.0,
+                "PATCH", path.item(namespace, name), body={"metadata": metadata}, content_type=MERGE_PATCH, timeout=5.0
             )
             fence()
             uid = (machine.get("metadata") or {}).get("uid")
@@ -277,8 +280,8 @@ class MachineHealth:
                 timeout=5.0,
             )
         except KubeError as exc:
-            if exc.status == 404:
-                return
+            if exc.status in (404, 409):  # gone, or changed since it was judged: the next pass judges it again
+                return False
             raise ScaleError(f"cannot remediate Machine {namespace}/{name}: {exc}", denial_code(exc.status)) from None
         self.metrics.remediations.labels(judgment.reason).inc()
         message = (
@@ -288,6 +291,7 @@ class MachineHealth:
         log.warning("Machine remediated", extra={"machine": f"{namespace}/{name}", "reason": judgment.reason})
         self._machine_event(mapping, machine, REASON_REMEDIATED, message, warning=True)
         self._md_event(mapping, REASON_REMEDIATED, f"Machine {name}: {message}", warning=True)
+        return True
 
     # --- pools that left ---------------------------------------------------------------------------------------
 

@@ -160,9 +160,12 @@ class Node:
         return pid
 
     def job_processes(self) -> list[int]:
-        """Processes in the node other than slurmd itself: job steps (slurmstepd, the job's script) or an epilog."""
+        """Processes in the node other than slurmd itself: job steps (slurmstepd, the job's script) or an epilog.
+
+        slurmd is known by its PID file, or, before it has written one (a slurmd slurmctld never let register,
+        say), by its program name."""
         daemon = self.slurmd_pid()
-        return [p for p in self.net.pids() if p not in (daemon, self.boot.pid)]
+        return [p for p in self.net.pids() if p not in (daemon, self.boot.pid) and not _is_slurmd(p)]
 
     def slurmd_log(self) -> str:
         return tail(self.dir / "log" / "slurmd.log", 15)
@@ -248,3 +251,12 @@ def boot(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     return Node(hostname, net, directory, process)
+
+
+def _is_slurmd(pid: int) -> bool:
+    """Whether process ``pid`` runs the slurmd program (not slurmstepd, not a job)."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return os.path.basename(argv0) == b"slurmd"

@@ -22,8 +22,12 @@ still lists as RUNNING or COMPLETING there is a **violation**: SliMe released a 
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
 
 from testbed.components.capi_sim import MD, MachineSetStandIn
 from testbed.components.cloudinit import Node
@@ -66,17 +70,24 @@ class RealCapi(MachineSetStandIn):
             self.provision(name)
         return name
 
-    def provision(self, name: str) -> Node:
+    def provision(self, name: str, image_fault: Callable[[dict[str, Any]], None] | None = None) -> Node:
         """CAPM3 makes the host's metaData Secret (admitted by the injection webhook), the host is provisioned and
-        boots."""
+        boots, and joins. ``image_fault`` edits the metadata the host boots with (a broken image, a wrong key): the
+        host boots and is not waited for."""
         site = self.sited
         index = int(name.rsplit("-", 1)[1])
         secret = site.create_metadata_secret(index, self.hostname(name), machine=name if self.host_names else None)
         address = next(a for a in site.network.hosts() if a not in {n.address for n in site.network.nodes.values()})
         self.provisioned(name, self.hostname(name), address, {"phase": "Provisioned"})
+        if image_fault is not None:
+            meta = site.meta_data(secret)
+            image_fault(meta)
+            text = yaml.safe_dump(meta).encode()
+            secret = {**secret, "data": {**secret["data"], "metaData": base64.b64encode(text).decode()}}
         node = site.boot(secret, address=address)
         self.hosts[name] = node
-        node.wait_joined(site.slurm)
+        if image_fault is None:
+            node.wait_joined(site.slurm)
         return node
 
     def busy_in_slurm(self, hostname: str) -> list[str]:

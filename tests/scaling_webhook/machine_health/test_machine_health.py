@@ -234,3 +234,24 @@ def test_with_safe_scale_in_a_remediated_lost_node_is_drained_then_let_go(env: C
     assert md_events(e.emulator, MD_NS, MD, REASON_REMEDIATED)
     # The hook held the Machine until the drain: the host went only after Slurm let its node go.
     assert e.capi.removed == ["md-002"]
+
+
+def test_a_pass_on_a_cache_that_missed_the_remediation_does_not_remediate_again(env: Callable[..., Env]) -> None:
+    """Two passes, the second judging from Machines as they were before the first deleted one (a watch behind):
+    the mark is conditional on the Machine as judged, so one fault is remediated once."""
+    e = env(3)
+    never_registered(e, "md-003")
+    before = e.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)  # as judged before any pass ran
+    scaling = start(e, {"remediate": True, "maxUnhealthy": 1})
+    scaling.reconcile()
+    assert (e.capi.machine("md-003") or {})["metadata"].get("deletionTimestamp")
+    health = scaling.service.reconciler.health
+    assert health is not None
+    mapping = scaling.service.source.table.get(SLIME_NAMESPACE, MIRROR)
+    assert mapping is not None
+    health.reads.begin_pass()
+    report = health.check(mapping, before)
+    assert report.remediated == [] and report.unhealthy == {"md-003": "NeverRegistered"}
+    assert scaling.metric("slime_scaling_remediations_total", 'reason="NeverRegistered"') == 1
+    scaling.service.events.flush()
+    assert len(machine_events(e, "md-003", REASON_REMEDIATED)) == 1
