@@ -48,11 +48,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
 import jwt
+
+from testbed.framework.httpserve import Answer, LoopbackServer, Request
 
 # The data parsers each Slurm release serves (of those SliMe speaks, v0.0.42 and up; 24.11 also
 # serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44; 26.11 removes v0.0.42 and adds v0.0.46).
@@ -191,57 +192,27 @@ class FakeSlurmrestd:
         self._listed: tuple[int, tuple[Any, ...]] | None = None
         self.unchanged_answers = 0  # GET jobs answered "No job changes since update_time"
         self.health_checks = 0  # GET /healthz, /readyz, /livez answered (a release that serves them)
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self, status: int, body: dict[str, Any] | str) -> None:
-                text = isinstance(body, str)
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-                self.send_response(status)
-                if status != 204:
-                    self.send_header("Content-Type", "text/plain" if text else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                fake.calls.append((method, self.path))
-                if method == "POST" and (self.headers.get("Content-Type") or "").split(";")[0] != "application/json":
-                    self._answer(*fake.dialect.untyped_post)
-                    return
-                status, body = fake.handle(method, self.path, self.headers.get("X-SLURM-USER-TOKEN"), raw)
-                self._answer(status, body)
-                if method == "GET" and "/nodes" in self.path and fake.after_nodes_read is not None:
-                    fake.after_nodes_read()
-                if method == "GET" and "/node/" in self.path and fake.after_node_read is not None:
-                    fake.after_node_read()
-
-            def do_GET(self) -> None:
-                self._handle("GET")
-
-            def do_POST(self) -> None:
-                self._handle("POST")
-
-            def do_DELETE(self) -> None:
-                self._handle("DELETE")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.http = LoopbackServer(self._respond, self._after, "fake-slurmrestd")
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return self.http.url
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.stop()
+
+    def _respond(self, request: Request) -> Answer:
+        self.calls.append((request.method, request.path))
+        content_type = (request.headers.get("content-type") or "").split(";")[0]
+        if request.method == "POST" and content_type != "application/json":
+            return self.dialect.untyped_post
+        return self.handle(request.method, request.path, request.headers.get("x-slurm-user-token"), request.body)
+
+    def _after(self, request: Request) -> None:
+        if request.method == "GET" and "/nodes" in request.path and self.after_nodes_read is not None:
+            self.after_nodes_read()
+        if request.method == "GET" and "/node/" in request.path and self.after_node_read is not None:
+            self.after_node_read()
 
     # --- the model ----------------------------------------------------------------------------
 

@@ -1,14 +1,16 @@
-"""A small HTTP server on 127.0.0.1 for the kit's stand-ins (a fake slurmrestd, a metrics endpoint).
+"""A small HTTP server on 127.0.0.1 for the kit's stand-ins (a fake slurmrestd, a metrics endpoint, a webhook
+that records what it is sent).
 
 :class:`LoopbackServer` listens on a free loopback port in threads of its own and answers each
 request with ``respond(request)``: a status and a body, sent as JSON (a dict or a list) or as
-``text/plain`` (a string). ``after(request)`` runs once the answer is sent (a test plays a race
-there).
+``text/plain`` (a string); a 204 has neither body nor Content-Type. ``after(request)`` runs once
+the answer is sent (a test plays a race there). With ``tls`` (a server context) it serves https.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,7 +32,11 @@ class LoopbackServer:
     """Serves ``respond`` on ``http://127.0.0.1:<port>`` until :meth:`stop`."""
 
     def __init__(
-        self, respond: Callable[[Request], Answer], after: Callable[[Request], None] | None = None, name: str = "http"
+        self,
+        respond: Callable[[Request], Answer],
+        after: Callable[[Request], None] | None = None,
+        name: str = "http",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
@@ -45,7 +51,8 @@ class LoopbackServer:
                 text = isinstance(answer, str)
                 data = answer.encode() if text else json.dumps(answer).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                if status != 204:
+                    self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -56,6 +63,10 @@ class LoopbackServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)
         self.thread.start()
 
@@ -65,7 +76,7 @@ class LoopbackServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self.server.shutdown()

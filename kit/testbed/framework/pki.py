@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,12 @@ class Pki:
     def issue(self) -> x509.Certificate:
         """(Re)issue the serving pair, as cert-manager does on renewal."""
         return issue_serving_cert(self.ca, self.cert_file, self.key_file, ["localhost"], ["127.0.0.1"])
+
+    def server_context(self) -> ssl.SSLContext:
+        """A TLS server context with the serving pair (for a stand-in that serves https)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
 
 
 def make_pki(directory: Path) -> Pki:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import ssl
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from demo.admission_chain import AdmissionChain, label_selector_matches, point_to_local, resource_matches, rule_matches
 from kubemu.admission import AdmissionAttributes, AdmissionDenied
+from testbed.framework.httpserve import Answer, LoopbackServer, Request
 from testbed.framework.pki import Pki, make_pki
 
 SCALE_KIND = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
@@ -234,40 +232,21 @@ class FakeWebhook:
         self.answer: Callable[[dict[str, Any]], dict[str, Any]] = lambda req: {"uid": req["uid"], "allowed": True}
         self.delay = 0.0
         self.requests: list[dict[str, Any]] = []
-        outer = self
+        self.http = LoopbackServer(self._respond, name="fake-webhook", tls=pki.server_context())
+        self.url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "content_type": self.headers["Content-Type"], **review})
-                time.sleep(outer.delay)
-                body = json.dumps(
-                    {
-                        "apiVersion": "admission.k8s.io/v1",
-                        "kind": "AdmissionReview",
-                        "response": outer.answer(review["request"]),
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(pki.cert_file, pki.key_file)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+    def _respond(self, request: Request) -> Answer:
+        review = json.loads(request.body)
+        self.requests.append({"path": request.path, "content_type": request.headers["content-type"], **review})
+        time.sleep(self.delay)
+        return 200, {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": self.answer(review["request"]),
+        }
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.stop()
 
 
 @pytest.fixture

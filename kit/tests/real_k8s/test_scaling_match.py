@@ -17,10 +17,7 @@ UPDATE of the mapped mirrors and nothing else, and with no mapping nothing at al
 from __future__ import annotations
 
 import json
-import ssl
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ import yaml
 from testbed.components.controlplane import ControlPlane
 from testbed.framework.chart import NAMESPACE, YAML_LOADER, by_kind, mapping, run_helm
 from testbed.framework.helm import helm_binary
+from testbed.framework.httpserve import Answer, LoopbackServer, Request
 from testbed.framework.paths import CHART
 from testbed.framework.pki import Pki, make_pki
 from testbed.framework.wait import wait_for
@@ -56,44 +54,22 @@ class Recorder:
     def __init__(self, pki: Pki) -> None:
         self.ca = pki.ca_file.read_bytes()
         self.seen: list[tuple[str, dict[str, Any]]] = []
-        outer = self
+        self.http = LoopbackServer(self._respond, name="recorder", tls=pki.server_context())
+        self.url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                # kube-apiserver appends ?timeout=<timeoutSeconds>s to the configured URL.
-                outer.seen.append((self.path.split("?")[0], review["request"]))
-                body = json.dumps(
-                    {
-                        "apiVersion": "admission.k8s.io/v1",
-                        "kind": "AdmissionReview",
-                        "response": {"uid": review["request"]["uid"], "allowed": True},
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(pki.cert_file, pki.key_file)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+    def _respond(self, request: Request) -> Answer:
+        review = json.loads(request.body)
+        # kube-apiserver appends ?timeout=<timeoutSeconds>s to the configured URL.
+        self.seen.append((request.path.split("?")[0], review["request"]))
+        response = {"uid": review["request"]["uid"], "allowed": True}
+        return 200, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
     def calls(self, path: str) -> set[tuple[str, str, str]]:
         """(namespace, name, subResource) of every review sent to ``path``."""
         return {(r["namespace"], r["name"], r.get("subResource", "")) for p, r in list(self.seen) if p == path}
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.stop()
 
 
 def render(values: dict[str, Any] | None, workdir: Path) -> list[dict[str, Any]]:
