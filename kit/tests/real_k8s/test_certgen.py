@@ -64,8 +64,7 @@ def apply(cp: ControlPlane, objects: list[dict[str, Any]], *flags: str) -> None:
 
 def run_job(cp: ControlPlane, args: list[str], workdir: Path) -> None:
     """The Job's container, as its ServiceAccount: a TokenRequest token in a kubeconfig."""
-    token = cp.token(NAMESPACE, "slime-certgen", seconds=600)
-    kubeconfig = cp.write_token_kubeconfig(workdir / "certgen.kubeconfig", token, "slime-certgen")
+    kubeconfig = cp.token_kubeconfig(workdir / "certgen.kubeconfig", NAMESPACE, "slime-certgen", seconds=600)
     proc = subprocess.run(
         [sys.executable, "-m", "lifecycle.certgen", *args, "--kubeconfig", str(kubeconfig)],
         capture_output=True,
@@ -83,7 +82,7 @@ def state(cp: ControlPlane) -> dict[str, Any]:
         assert secret is not None, name
         out[name] = secret["data"]
     for resource, name in CONFIGS:
-        config = cp.request("GET", f"/apis/admissionregistration.k8s.io/v1/{resource}/{name}")
+        config = cp.api.request("GET", f"/apis/admissionregistration.k8s.io/v1/{resource}/{name}")
         out[name] = [h["clientConfig"].get("caBundle") for h in config["webhooks"]]
     return out
 

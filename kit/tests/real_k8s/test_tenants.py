@@ -39,7 +39,9 @@ def tenants(stack: Stack) -> Iterator[dict[str, SlurmCluster]]:
     slurm = {}
     for tenant in ("a", "b"):
         ensure_namespace(stack.api, f"tenant-{tenant}")
-        slurm[tenant] = seed_slinky(stack.api, namespace=f"slurm-{tenant}", host_ip=f"192.0.2.{20 + ord(tenant) - 97}")
+        slurm[tenant] = seed_slinky(
+            stack.api, namespace=f"slurm-{tenant}", host_ip=f"192.0.2.{20 + ord(tenant) - 97}", complete_refs=True
+        )
     seed_capm3_identity(stack.api, ("tenant-a", "tenant-b"))
     stack.release.values["injection"]["slurmBindings"] = ["tenant-a=slurm-a", "tenant-b=slurm-b"]
     stack.release.upgrade()
