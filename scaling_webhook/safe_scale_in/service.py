@@ -228,6 +228,28 @@ class SafeScaleIn:
         except KubeError as exc:
             raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", denial_code(exc.status)) from None
 
+    def _let_machine_go(self, mapping: Mapping, machine: dict[str, Any], fence: Fence) -> bool:
+        """Take the hooks off ``machine`` as it was read; False (nothing done) when it changed since, or is gone.
+
+        Conditional on the Machine's resourceVersion: a pass whose cache has not yet seen an earlier pass's
+        release gets a 409, so a Machine is let go (and told in an Event) once; the next pass decides again."""
+        fence()
+        namespace, name = mapping.machine_deployment[0], machine_name(machine)
+        metadata: dict[str, Any] = {"annotations": RELEASE}
+        version = (machine.get("metadata") or {}).get("resourceVersion")
+        if version:
+            metadata["resourceVersion"] = version
+        try:
+            path = self.client.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
+            self.client.request(
+                "PATCH", path.item(namespace, name), body={"metadata": metadata}, content_type=MERGE_PATCH, timeout=5.0
+            )
+        except KubeError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise ScaleError(f"cannot annotate Machine {namespace}/{name}: {exc}", denial_code(exc.status)) from None
+        return True
+
     def _set_replicas(self, mapping: Mapping, replicas: int, fence: Fence, resource_version: str | None = None) -> bool:
         """Set the replicas; with ``resource_version`` only while the MachineDeployment is at it (False if not)."""
         fence()
@@ -629,13 +651,15 @@ class SafeScaleIn:
                         mapping, config, machine, "no Slurm node yet, though its infrastructure is provisioned"
                     )
                     return HELD
-                self._annotate(mapping, name, RELEASE, fence)
+                if not self._let_machine_go(mapping, machine, fence):
+                    return HELD
                 self._event(mapping, REASON_RELEASED, f"Machine {name}: {evidence}; deletion may proceed")
                 return RELEASED
             if node.drained:
                 fresh = slurm.node(node.name)  # the read the release is decided on
                 if fresh is None:
-                    self._annotate(mapping, name, RELEASE, fence)
+                    if not self._let_machine_go(mapping, machine, fence):
+                        return HELD
                     self._event(
                         mapping,
                         REASON_RELEASED,
@@ -645,7 +669,8 @@ class SafeScaleIn:
                 if fresh.drained:
                     fence()
                     reason, what = self._let_go(config, slurm, node.name)
-                    self._annotate(mapping, name, RELEASE, fence)
+                    if not self._let_machine_go(mapping, machine, fence):
+                        return HELD  # its node is let go in Slurm already: the next pass finds it gone
                     self._event(
                         mapping,
                         reason,

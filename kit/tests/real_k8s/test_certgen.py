@@ -36,6 +36,7 @@ CONFIGS = (
     ("validatingwebhookconfigurations", "slime-scaling-webhook"),
 )
 SECRETS = ("slime-injection-webhook-tls", "slime-scaling-webhook-tls", "slime-certgen-ca", "slime-apiserver-client")
+CLUSTER_KINDS = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
 
 
 def render(workdir: Path) -> str:
@@ -98,9 +99,26 @@ def sync(cp: ControlPlane, workdir: Path, apply_flags: tuple[str, ...], before_p
         cp.kubectl("delete", obj["kind"], obj["metadata"]["name"], "-n", NAMESPACE, "--ignore-not-found")
 
 
+def remove(cp: ControlPlane, workdir: Path) -> None:
+    """Take back what the syncs made (the manifest, the hooks' objects, the Secrets the Jobs made): the session's
+    control plane is shared, and the chart tests install the same release there."""
+    hooks, rest, _ = split(render(workdir))
+    objects = [*rest, *hooks, *({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": n}} for n in SECRETS)]
+    for obj in objects:
+        scope = ["-n", NAMESPACE] if obj["kind"] not in CLUSTER_KINDS else []
+        cp.kubectl("delete", obj["kind"], obj["metadata"]["name"], *scope, "--ignore-not-found", "--wait=false")
+
+
 def test_three_syncs_keep_every_certificate_and_the_ca_bundle(control_plane: ControlPlane, tmp_path: Path) -> None:
     cp = control_plane
     ensure_namespace(cp.api, NAMESPACE)
+    try:
+        three_syncs(cp, tmp_path)
+    finally:
+        remove(cp, tmp_path)
+
+
+def three_syncs(cp: ControlPlane, tmp_path: Path) -> None:
     assert render(tmp_path) == render(tmp_path)  # what a GitOps tool compares: nothing to sync
     before_patch: list[dict[str, Any]] = []
     sync(cp, tmp_path, (), before_patch)
