@@ -163,6 +163,15 @@ def test_the_default_requester_rule_lets_keda_and_the_hpa_take_a_pool_from_zero_
     ]
     writers = {e["user"]["username"] for e in scales}
     assert {KEDA_OPERATOR, HPA} <= writers <= {KEDA_OPERATOR, HPA}, writers  # both, and nobody else
-    assert {e["responseStatus"]["code"] for e in scales} == {200}, [e["responseStatus"] for e in scales]
+    # Every write admitted: none refused by an admission webhook. KEDA's operator and the HPA controller also
+    # race each other on the mirror's resourceVersion now and then (the API server's 409 "Operation cannot be
+    # fulfilled", which the loser retries): that is no refusal.
+    statuses = [e["responseStatus"] for e in scales]
+    refused = [
+        s
+        for s in statuses
+        if s.get("code") != 200 and (s.get("reason") != "Conflict" or "admission webhook" in s.get("message", ""))
+    ]
+    assert not refused and any(s.get("code") == 200 for s in statuses), statuses
     calls = webhook_requests(loop.cp, "scaling.webhook.slime")
     assert not [k for k in calls if k[1] == "true" or k[0] == "fail-open"], calls  # none refused, none failed open
