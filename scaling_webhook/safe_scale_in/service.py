@@ -213,42 +213,43 @@ class SafeScaleIn:
             ) from None
         return [m for m in listing.get("items") or [] if isinstance(m, dict)]
 
-    def _annotate(self, mapping: Mapping, machine: str, values: dict[str, str | None], fence: Fence) -> None:
+    def _annotate(
+        self,
+        mapping: Mapping,
+        machine: str,
+        values: dict[str, str | None],
+        fence: Fence,
+        resource_version: str | None = None,
+    ) -> bool:
+        """Merge ``values`` into the Machine's annotations. With ``resource_version``, only while the Machine is at
+        it: False (nothing done) when it changed since, or is gone."""
         fence()
         namespace = mapping.machine_deployment[0]
+        metadata: dict[str, Any] = {"annotations": values}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
         try:
             path = self.client.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
             self.client.request(
                 "PATCH",
                 path.item(namespace, machine),
-                body={"metadata": {"annotations": values}},
+                body={"metadata": metadata},
                 content_type=MERGE_PATCH,
                 timeout=5.0,
             )
         except KubeError as exc:
+            if resource_version and exc.status in (404, 409):
+                return False
             raise ScaleError(f"cannot annotate Machine {namespace}/{machine}: {exc}", denial_code(exc.status)) from None
+        return True
 
     def _let_machine_go(self, mapping: Mapping, machine: dict[str, Any], fence: Fence) -> bool:
         """Take the hooks off ``machine`` as it was read; False (nothing done) when it changed since, or is gone.
 
         Conditional on the Machine's resourceVersion: a pass whose cache has not yet seen an earlier pass's
         release gets a 409, so a Machine is let go (and told in an Event) once; the next pass decides again."""
-        fence()
-        namespace, name = mapping.machine_deployment[0], machine_name(machine)
-        metadata: dict[str, Any] = {"annotations": RELEASE}
         version = (machine.get("metadata") or {}).get("resourceVersion")
-        if version:
-            metadata["resourceVersion"] = version
-        try:
-            path = self.client.resource(CAPI_GROUP, "machines", CAPI_VERSIONS)
-            self.client.request(
-                "PATCH", path.item(namespace, name), body={"metadata": metadata}, content_type=MERGE_PATCH, timeout=5.0
-            )
-        except KubeError as exc:
-            if exc.status in (404, 409):
-                return False
-            raise ScaleError(f"cannot annotate Machine {namespace}/{name}: {exc}", denial_code(exc.status)) from None
-        return True
+        return self._annotate(mapping, machine_name(machine), RELEASE, fence, resource_version=version)
 
     def _set_replicas(self, mapping: Mapping, replicas: int, fence: Fence, resource_version: str | None = None) -> bool:
         """Set the replicas; with ``resource_version`` only while the MachineDeployment is at it (False if not)."""
