@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from common.names import DELETE_MACHINE_ANNOTATION, DELETE_MACHINE_VALUE, SLURM_NODE_ANNOTATION
-from scaling_webhook.slurm.slurmrestd import SlurmNode
+from scaling_webhook.slurm.slurmrestd import SlurmNode, SlurmNodes
 
 # The reason SliMe drains a node with for a scale-in: a drain with any other reason is someone else's.
 DRAIN_REASON = "slime: scale-in"
@@ -70,7 +70,9 @@ def node_for(machine: dict[str, Any], nodes: Iterable[SlurmNode]) -> SlurmNode |
     addresses = set(machine_addresses(machine))
     if not addresses and not recorded:
         return None
-    for node in nodes:
-        if node.name == recorded or {node.name, node.hostname, node.address} & addresses:
-            return node
-    return None
+    listed = nodes if isinstance(nodes, SlurmNodes) else SlurmNodes(nodes)
+    by_name, by_any = listed.lookups()
+    found = [by_any[a] for a in addresses if a in by_any]
+    if recorded and recorded in by_name:
+        found.append(by_name[recorded])
+    return listed[min(found)] if found else None  # the first in Slurm's order, as a scan of the list finds it

@@ -13,7 +13,7 @@ import threading
 
 from common.kube import KubeClient
 from scaling_webhook.slurm.endpoint import SlurmEndpoint
-from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmNode, SlurmUnavailable
+from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmNodes, SlurmUnavailable
 
 
 class SlurmReads:
@@ -22,7 +22,7 @@ class SlurmReads:
     def __init__(self, client: KubeClient) -> None:
         self.client = client
         self._clients: dict[SlurmEndpoint, SlurmClient] = {}
-        self._pass_nodes: dict[SlurmEndpoint, list[SlurmNode] | SlurmUnavailable] = {}
+        self._pass_nodes: dict[SlurmEndpoint, SlurmNodes | SlurmUnavailable] = {}
         self._guard = threading.Lock()
 
     def slurm(self, config: SlurmEndpoint) -> SlurmClient:
@@ -39,7 +39,7 @@ class SlurmReads:
         with self._guard:
             self._pass_nodes.clear()
 
-    def nodes(self, config: SlurmEndpoint, fresh: bool = False) -> list[SlurmNode]:
+    def nodes(self, config: SlurmEndpoint, fresh: bool = False) -> SlurmNodes:
         """Slurm's nodes as this pass read them (``fresh``: read again now, and keep that); raises
         :class:`SlurmUnavailable`, and the pass remembers that too, so a down slurmrestd costs one timeout."""
         endpoint = config.endpoint
@@ -50,7 +50,7 @@ class SlurmReads:
                 raise known
             return known
         try:
-            nodes: list[SlurmNode] | SlurmUnavailable = self.slurm(config).nodes()
+            nodes: SlurmNodes | SlurmUnavailable = self.slurm(config).nodes()
         except SlurmUnavailable as exc:
             nodes = exc
         with self._guard:

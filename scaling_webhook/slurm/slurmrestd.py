@@ -92,6 +92,27 @@ class SlurmNode:
         return "DRAIN" in self.states and not self.busy
 
 
+class SlurmNodes(list[SlurmNode]):
+    """Slurm's node list as one read returned it, with its lookups by name and by any of name, hostname and
+    address built once, on first use: a pass matches every Machine of a pool against the same list, and a
+    scan per Machine would make that pass grow with the square of the pool."""
+
+    _lookups: tuple[dict[str, int], dict[str, int]] | None = None
+
+    def lookups(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(name -> position, name/hostname/address -> position), each the first node in the list that has it."""
+        if self._lookups is None:
+            by_name: dict[str, int] = {}
+            by_any: dict[str, int] = {}
+            for position, node in enumerate(self):
+                by_name.setdefault(node.name, position)
+                for key in (node.name, node.hostname, node.address):
+                    if key:
+                        by_any.setdefault(key, position)
+            self._lookups = (by_name, by_any)
+        return self._lookups
+
+
 def _states(value: Any) -> frozenset[str]:
     if isinstance(value, str):
         value = value.replace("+", " ").split()
@@ -255,8 +276,9 @@ class SlurmClient:
 
     # --- calls -------------------------------------------------------------------------------
 
-    def nodes(self) -> list[SlurmNode]:
-        return [parse_node(n) for n in self._list("nodes", f"/slurm/{self.version()}/nodes/") if n.get("name")]
+    def nodes(self) -> SlurmNodes:
+        listed = self._list("nodes", f"/slurm/{self.version()}/nodes/")
+        return SlurmNodes(parse_node(n) for n in listed if n.get("name"))
 
     def node(self, name: str) -> SlurmNode | None:
         """One node, read now (``GET node/<name>``): the fresh read a release or a drain is decided on.

@@ -16,7 +16,7 @@ from scaling_webhook.slurm.machines import (
     machine_addresses,
     node_for,
 )
-from scaling_webhook.slurm.slurmrestd import SlurmNode
+from scaling_webhook.slurm.slurmrestd import SlurmNode, SlurmNodes
 
 IDLE = frozenset({"IDLE"})
 
@@ -73,6 +73,26 @@ def test_node_for_finds_the_recorded_node_without_addresses() -> None:
     recorded = SlurmNode("slurm-7", address="10.0.0.7")
     m = machine("m", annotations={SLURM_NODE_ANNOTATION: "slurm-7"})
     assert node_for(m, [SlurmNode("other"), recorded]) == recorded
+
+
+def test_node_for_takes_the_first_match_in_slurms_order_and_a_recorded_name_by_name_only() -> None:
+    """Several nodes may match one Machine (an address reused, a stale record): the first in Slurm's list wins,
+    whether the list was read by the service (``SlurmNodes``, its lookups built once) or is a plain list."""
+    m = machine("m", [{"type": "InternalIP", "address": "10.0.0.1"}], {SLURM_NODE_ANNOTATION: "rec"})
+    by_hostname = SlurmNode("a", hostname="10.0.0.1")
+    by_address = SlurmNode("b", address="10.0.0.1")
+    recorded = SlurmNode("rec", address="10.0.0.5")
+    named_like_the_record = SlurmNode("c", hostname="rec", address="rec")  # a hostname is not the recorded name
+    orders = [
+        ([named_like_the_record, by_address, recorded, by_hostname], by_address),
+        ([recorded, by_hostname, by_address], recorded),
+        ([by_hostname, recorded], by_hostname),
+    ]
+    for nodes, first in orders:
+        for listed in (nodes, SlurmNodes(nodes)):
+            assert node_for(m, listed) == first
+    only_the_record = machine("x", annotations={SLURM_NODE_ANNOTATION: "rec"})
+    assert node_for(only_the_record, SlurmNodes([named_like_the_record])) is None
 
 
 @pytest.mark.parametrize(
