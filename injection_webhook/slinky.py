@@ -16,6 +16,7 @@ from typing import Any
 
 from common.meta import owner_name
 from common.names import CONTROLLER_NAME_LABEL, SLINKY_GROUP
+from injection_webhook.confserver import shown
 
 # Slinky's Helm chart names the key Secrets after the Controller when the spec names none.
 SLURM_KEY_SECRET_SUFFIX = "-auth-slurm"
@@ -31,6 +32,7 @@ Lookup = Callable[[str], dict[str, Any] | None]  # an object of the namespace by
 NO_POD = "no-pod"  # no live pod matches the selector
 NOT_OWNED = "not-owned"  # pods match, but none is owned (through a StatefulSet) by an existing, wanted Controller
 SEVERAL = "several"  # the pods belong to several Controllers and none was chosen
+EXTERNAL = "external"  # the chosen Controller's slurmctld runs outside Kubernetes (Slinky v1.1's spec.external)
 
 
 class NotFound(Exception):
@@ -80,6 +82,7 @@ def find_slurmctld(
         key=lambda p: (p.get("metadata") or {}).get("name", ""),
     )
     if not live:
+        _refuse_external(controller, namespace, wanted, where)
         raise NotFound(f"no slurmctld pod matches {selector} in {where}", NO_POD)
     found: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str]] = {}
     problems = []
@@ -99,6 +102,7 @@ def find_slurmctld(
             continue
         found.setdefault(controller_name, ([], obj, owner_sts))[0].append(pod)
     if not found:
+        _refuse_external(controller, namespace, wanted, where)
         detail = "; ".join(problems) or f"no slurmctld pod belongs to Controller {wanted}"
         raise NotFound(f"{detail} ({where})", NOT_OWNED)
     if len(found) > 1:
@@ -109,6 +113,26 @@ def find_slurmctld(
         )
     name, (owned, obj, sts_name) = next(iter(found.items()))
     return Slurmctld(name, obj, sts_name, tuple(owned))
+
+
+def _refuse_external(controller: Lookup, namespace: str, wanted: str, where: str) -> None:
+    """Raise :class:`NotFound` (:data:`EXTERNAL`) when the wanted Controller is an external one.
+
+    Slinky v1.1 lets a Controller stand for a slurmctld outside Kubernetes (``spec.external: true``,
+    ``spec.externalConfig.host``/``port``; "other fields are ignored", so no key Secret need be
+    named). SliMe joins hosts to the slurmctld Slinky runs, whose pods, Service and key Secrets it can
+    check; for an external one it has neither, so it says so instead of "no pod"."""
+    obj = controller(wanted) if wanted else None
+    spec = (obj or {}).get("spec") or {}
+    if spec.get("external") is not True:
+        return
+    config = spec.get("externalConfig") or {}
+    at = f"{config.get('host', '?')}:{config.get('port', '?')}"
+    raise NotFound(
+        f"Controller {namespace}/{wanted} is external (spec.external: true, slurmctld at {shown(at)} outside "
+        f"Kubernetes; {where}): SliMe joins hosts only to a slurmctld that Slinky runs in the cluster",
+        EXTERNAL,
+    )
 
 
 def slurm_key_ref(controller_name: str, controller: dict[str, Any]) -> KeyRef:

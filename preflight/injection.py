@@ -38,7 +38,16 @@ from injection_webhook.confserver import (
     service_endpoint,
 )
 from injection_webhook.settings import InjectionSettings
-from injection_webhook.slinky import NO_POD, SEVERAL, KeyRef, NotFound, find_slurmctld, jwt_key_ref, slurm_key_ref
+from injection_webhook.slinky import (
+    EXTERNAL,
+    NO_POD,
+    SEVERAL,
+    KeyRef,
+    NotFound,
+    find_slurmctld,
+    jwt_key_ref,
+    slurm_key_ref,
+)
 from preflight.apis import INJECTION_APIS
 from preflight.clusters import Target, targets
 from preflight.context import INSTALL, LOCAL, Context, labels_of, metadata_of, ref_of
@@ -175,6 +184,8 @@ def _not_found_fix(exc: NotFound, ns: str, selector: str) -> str:
         )
     if exc.cause == SEVERAL:
         return f"label the Metal3DataTemplate {CONTROLLER_NAME_LABEL}=<controller>"
+    if exc.cause == EXTERNAL:
+        return f"point the template's {CONTROLLER_NAME_LABEL} at a Controller Slinky runs (docs/install.md, Slinky)"
     return (
         "check that the slurmctld StatefulSet is owned by the Slinky Controller (the one the template's "
         f"{CONTROLLER_NAME_LABEL} names, if it names one) and injection.controllerSelector"

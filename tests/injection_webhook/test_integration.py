@@ -365,3 +365,22 @@ def test_a_large_metadata_is_edited_off_the_event_loop_and_an_oversized_one_refu
     response = service.post("/mutate", body).json()["response"]
     assert response["allowed"] is False and response["status"]["code"] == 413, response
     assert response["status"]["message"] == "request entity is too large; limit is 1048576 bytes"
+
+
+def test_a_template_choosing_an_external_controller_is_told_so(
+    emulator: Emulator, start_injection: StartInjection
+) -> None:
+    """Slinky v1.1: a Controller with ``spec.external: true`` stands for a slurmctld outside Kubernetes. SliMe
+    joins hosts only to a slurmctld Slinky runs, and says which Controller is external and where it points."""
+    seed_slinky(emulator)
+    external = {
+        "apiVersion": "slinky.slurm.net/v1beta1",
+        "kind": "Controller",
+        "metadata": {"name": "outside", "namespace": "slurm"},
+        "spec": {"external": True, "externalConfig": {"host": "ctld.example.org", "port": 6817}},
+    }
+    emulator.create(external)
+    _, data = seed_metal3(emulator, template_labels={**OPT_IN, "slurm-controller-name": "outside"})
+    message = denial(mutate(start_injection(emulator), metadata_secret(data)))
+    assert "Controller slurm/outside is external (spec.external: true, slurmctld at 'ctld.example.org:6817'" in message
+    assert "SliMe joins hosts only to a slurmctld that Slinky runs in the cluster" in message

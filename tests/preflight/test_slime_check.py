@@ -194,6 +194,30 @@ def test_a_controller_selector_that_matches_no_slurmctld(env: DemoEnvironment) -
     )
 
 
+def test_a_template_choosing_an_external_controller(env: DemoEnvironment) -> None:
+    """Slinky v1.1's external Controller (slurmctld outside Kubernetes): slime-check says so, as the webhook does."""
+    emu = env.emulator
+    assert emu is not None
+    external = {
+        "apiVersion": "slinky.slurm.net/v1beta1",
+        "kind": "Controller",
+        "metadata": {"name": "outside", "namespace": "slurm"},
+        "spec": {"external": True, "externalConfig": {"host": "ctld.example.org", "port": 6817}},
+    }
+    emu.create(external)
+    template = ("infrastructure.cluster.x-k8s.io/v1beta1", "Metal3DataTemplate", "metal3", "slurm-workers")
+    emu.patch(*template, {"metadata": {"labels": {"slurm-controller-name": "outside"}}})
+    try:
+        code, lines = check(env)
+    finally:
+        emu.patch(*template, {"metadata": {"labels": {"slurm-controller-name": None}}})  # a merge patch removes it
+        emu.delete("slinky.slurm.net/v1beta1", "Controller", "slurm", "outside")
+    assert code == 1
+    (line,) = lines_of(lines, "FAIL", "slinky")
+    assert "Controller slurm/outside is external (spec.external: true, slurmctld at 'ctld.example.org:6817'" in line
+    assert "-- fix: point the template's slurm-controller-name at a Controller Slinky runs" in line
+
+
 def test_an_invalid_setting_is_what_the_pod_would_exit_with(env: DemoEnvironment) -> None:
     restore = _set_env(env, "slime-scaling-webhook", "SLIME_RESYNC_SECONDS", "0")
     try:
