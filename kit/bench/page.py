@@ -23,10 +23,11 @@ from testbed.framework.paths import REPO_ROOT
 
 COMMANDS = (
     ("bench", "--duration", "5", "--latency-duration", "3", "--repeats", "3", "--no-extras", "--rss-counts",
-     "10,1000,10000,10000/100,50000"),
+     "10,1000,10000,10000/100,50000,100000"),
     ("bench.apiserver_latency", "--admissions", "1000", "--rate", "50", "--burners", "0,1"),
     ("bench.large_secrets", "--repeats", "3"),
     ("bench.demand_poll",),
+    ("bench.scale",),
     ("bench.whole_loop", "--stories", "3"),
 )  # fmt: skip
 

@@ -101,20 +101,16 @@ class MachineSetStandIn:
 
     emulator: Emulator
     kubelet: bool = False  # the hosts register a Node (the Machines get a nodeRef)
+    pool: str = MD  # the MachineDeployment (in MD_NS) whose MachineSet this is; its Machines are <pool>-<n>
     counter: int = 0
     removed: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     assigned: dict[str, str] = field(default_factory=dict)  # Machine -> its host's (Slurm node's) name
 
     def machines(self) -> list[dict[str, Any]]:
-        return sorted(
-            (
-                m
-                for m in self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS)
-                if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == MD
-            ),
-            key=lambda m: m["metadata"]["name"],
-        )
+        selector = f"{DEPLOYMENT_LABEL}={self.pool}"
+        found = self.emulator.list(f"{CAPI}/v1beta1", "Machine", MD_NS, label_selector=selector)
+        return sorted(found, key=lambda m: m["metadata"]["name"])
 
     def machine(self, name: str) -> dict[str, Any] | None:
         return self.emulator.get(f"{CAPI}/v1beta1", "Machine", MD_NS, name)
@@ -136,7 +132,7 @@ class MachineSetStandIn:
 
     def create_machine(self, status: dict[str, Any], spec: dict[str, Any] | None = None) -> str:
         self.counter += 1
-        name = f"{MD}-{self.counter:03d}"
+        name = f"{self.pool}-{self.counter:03d}"
         self.emulator.create(
             {
                 "apiVersion": f"{CAPI}/v1beta1",
@@ -145,7 +141,7 @@ class MachineSetStandIn:
                     "name": name,
                     "namespace": MD_NS,
                     "finalizers": [FINALIZER],
-                    "labels": {DEPLOYMENT_LABEL: MD, "cluster.x-k8s.io/cluster-name": "c1"},
+                    "labels": {DEPLOYMENT_LABEL: self.pool, "cluster.x-k8s.io/cluster-name": "c1"},
                 },
                 "spec": {"clusterName": "c1", **(spec or {})},
                 "status": status,
@@ -178,7 +174,7 @@ class MachineSetStandIn:
 
     def step(self) -> list[str]:
         """One round of the MachineSet and Machine controllers; the Machines whose hosts went."""
-        replicas = md_replicas(self.emulator, MD_NS, MD) or 0
+        replicas = md_replicas(self.emulator, MD_NS, self.pool) or 0
         live = self.live()
         for victim in deletion_order(live)[: max(0, len(live) - replicas)]:
             self.emulator.delete(f"{CAPI}/v1beta1", "Machine", MD_NS, victim["metadata"]["name"])
@@ -248,8 +244,9 @@ class CapiSim(MachineSetStandIn):
 
     slurm: FakeSlurmrestd | None = None
     # The hosts' names, when they come back (BareMetalHost-named hosts): a new Machine's host is the
-    # first one no Machine has. Without them, Machine md-<n>'s host is node-<n> (never reused).
+    # first one no Machine has. Without them, Machine md-<n>'s host is node-<n> (<pool>-node-<n> for another pool).
     hosts: tuple[str, ...] = ()
+    subnet: int = 0  # the hosts' addresses are 10.<subnet>.x.y: pools of one Slurm get a subnet each
 
     @property
     def fake(self) -> FakeSlurmrestd:
@@ -272,12 +269,14 @@ class CapiSim(MachineSetStandIn):
             }
             self.assigned[machine] = next(h for h in self.hosts if h not in taken)
         else:
-            self.assigned[machine] = f"node-{int(machine.rsplit('-', 1)[1]):03d}"
+            prefix = "node" if self.pool == MD else f"{self.pool}-node"  # unique across the pools of one Slurm
+            self.assigned[machine] = f"{prefix}-{int(machine.rsplit('-', 1)[1]):03d}"
         return self.assigned[machine]
 
     def provision(self, name: str, join: bool = True, at: float | None = None) -> None:
         """The host of Machine ``name`` finishes provisioning (since ``at``, default now) and its slurmd joins."""
-        node, address = self.assigned[name], f"10.0.0.{int(name.rsplit('-', 1)[1])}"
+        number = int(name.rsplit("-", 1)[1])
+        node, address = self.assigned[name], f"10.{self.subnet}.{number // 256}.{number % 256}"
         self.provisioned(name, node, address, at=at)
         if join:
             self.fake.add_node(node, address)

@@ -22,6 +22,9 @@ release requires, stamped with the release's version (Helm's ``kubeVersion`` che
 - **kube-controller-manager** (when there is a binary) with the deployment, replicaset,
   garbage-collector, namespace and service-account controllers, the root-CA publisher, and the
   horizontal-pod-autoscaler controller (KEDA's HPAs; synced every :data:`HPA_SYNC_SECONDS` s).
+- **kube-scheduler** on demand only (:meth:`ControlPlane.start_scheduler`), with the default
+  profile, for a tier that proves what is or is not scheduled (the mirror pods' scheduling gate);
+  its nodes are Node objects registered by the tier (:meth:`ControlPlane.register_node`), no kubelet.
 
 Each process logs to ``<name>.log`` in the work directory and is stopped by its PID. The API
 server and etcd can be killed and started again on the same ports and data (:meth:`ControlPlane.kill`,
@@ -99,7 +102,7 @@ SCALE_STEP_RULES = [
     },
     {"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["secrets"]}]},
 ]
-PROCESSES = ("kube-controller-manager", "kube-apiserver", "etcd")  # in the order they stop
+PROCESSES = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")  # in the order they stop
 
 
 class ControlPlaneError(ComponentFailed):
@@ -116,13 +119,15 @@ class ControlPlaneBinaries:
     kube_controller_manager: Path | None
     kubectl: Path
     source: str  # where they came from, for the logs and docs/testing.md
+    kube_scheduler: Path | None = None
 
 
 def build(progress: Progress = to_stderr) -> dict[str, Path]:
-    """kube-apiserver, kube-controller-manager, kubectl and etcd from ``kit/stack/kube`` (cached)."""
+    """kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from ``kit/stack/kube`` (cached)."""
     packages = {
         "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
         "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+        "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
         "kubectl": "k8s.io/kubernetes/cmd/kubectl",
         "etcd": "./cmd/etcd",
     }
@@ -141,7 +146,8 @@ def binaries(progress: Progress = to_stderr) -> ControlPlaneBinaries:
     if not assets:
         built = build(progress)
         found = (built["kube-apiserver"], built["etcd"], built["kube-controller-manager"], built["kubectl"])
-        return ControlPlaneBinaries(*found, f"built from kit/stack/kube into {built['etcd'].parent}")
+        source = f"built from kit/stack/kube into {built['etcd'].parent}"
+        return ControlPlaneBinaries(*found, source, kube_scheduler=built["kube-scheduler"])
     base = Path(assets)
     missing = [b for b in ("kube-apiserver", "etcd", "kubectl") if not (base / b).is_file()]
     if missing:
@@ -330,6 +336,33 @@ class ControlPlane:
                 f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_SECONDS}s",
             ],
         )
+
+    def start_scheduler(self) -> None:
+        """kube-scheduler with its default profile, as the user kubeadm gives it (``system:kube-scheduler``,
+        which the API server's bootstrap RBAC binds); no serving port, no leader election."""
+        if self.binaries.kube_scheduler is None:
+            raise ControlPlaneError(f"no kube-scheduler among the control plane's binaries ({self.binaries.source})")
+        credentials = self.user_credentials("system:kube-scheduler", "", "scheduler")
+        kubeconfig = credentials.write_kubeconfig(self.workdir / "scheduler.kubeconfig", "scheduler")
+        args = [str(self.binaries.kube_scheduler), f"--kubeconfig={kubeconfig}", "--leader-elect=false"]
+        self._spawn("kube-scheduler", [*args, "--bind-address=127.0.0.1", "--secure-port=0"])
+
+    def register_node(self, name: str, pods: int = 110) -> None:
+        """A Node object as a kubelet registers it (Ready, room for ``pods`` pods), with no kubelet behind it:
+        what kube-scheduler binds pods to. Nothing runs what it binds."""
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "registered by the kit"}
+        capacity = {"cpu": "64", "memory": "256Gi", "pods": str(pods)}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+            "status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]},
+        }
+        self.api.create(node)
+        # The API server's TaintNodesByCondition plugin taints a new Node not-ready; kube-controller-manager's
+        # node-lifecycle controller lifts it once the Node reports Ready. That controller does not run here
+        # (with no kubelet heartbeats it would taint the Node again), so the taint is lifted as it would.
+        self.api.patch("v1", "Node", "", name, {"spec": {"taints": None}})
 
     def start(self) -> ControlPlane:
         started = time.monotonic()

@@ -87,21 +87,8 @@ class Scaling:
     def reconcile(self, timeout: float = 5.0) -> list[Change]:
         """One pass now, once the service's Machine caches hold what the emulator stores (a pass reads the pools
         from them, as the leader does; a test that just changed a Machine must let the watch deliver it first)."""
-        emulator = self.emulator
-        if emulator is not None:
-            for mapping in self.service.source.table:
-                if mapping.safe_scale_in is None and mapping.slurm_health is None:
-                    continue
-                label = f"{DEPLOYMENT_NAME_LABEL}={mapping.machine_deployment[1]}"
-
-                def caught_up(mapping: Mapping = mapping, label: str = label) -> bool:
-                    cached = self.service.objects.machines(mapping)
-                    stored = emulator.list(
-                        f"{CAPI_GROUP}/v1beta1", "Machine", mapping.machine_deployment[0], label_selector=label
-                    )
-                    return cached is not None and _versions(cached) == _versions(stored)
-
-                wait_for(caught_up, timeout, f"the Machine cache of {mapping.machine_deployment_ref}")
+        if self.emulator is not None:
+            wait_machine_caches(self.service, self.emulator, timeout)
         return self.service.reconcile_once()
 
     def sees_mirror(self, namespace: str, name: str, replicas: int, timeout: float = 5.0) -> None:
@@ -129,6 +116,23 @@ class Scaling:
             for r in self.emulator.requests
             if r.user_agent.startswith("slime-scaling-webhook") and r.resource not in ("events", "configmaps", "leases")
         ]
+
+
+def wait_machine_caches(service: ScalingService, emulator: Emulator, timeout: float = 5.0) -> None:
+    """Wait until the service's Machine caches hold what the emulator stores, for every pool that has them."""
+    for mapping in service.source.table:
+        if mapping.safe_scale_in is None and mapping.slurm_health is None:
+            continue
+        label = f"{DEPLOYMENT_NAME_LABEL}={mapping.machine_deployment[1]}"
+
+        def caught_up(mapping: Mapping = mapping, label: str = label) -> bool:
+            cached = service.objects.machines(mapping)
+            stored = emulator.list(
+                f"{CAPI_GROUP}/v1beta1", "Machine", mapping.machine_deployment[0], label_selector=label
+            )
+            return cached is not None and _versions(cached) == _versions(stored)
+
+        wait_for(caught_up, timeout, f"the Machine cache of {mapping.machine_deployment_ref}")
 
 
 def start_scaling(

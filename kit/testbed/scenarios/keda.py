@@ -16,6 +16,8 @@ Everything here is the real program except where metal or a cluster network woul
 - **KEDA** (:mod:`testbed.components.keda`): operator, metrics adapter and admission webhooks
   from the Go module proxy, installed from KEDA's own manifests, the adapter reached by
   kube-apiserver through its APIService; kube-controller-manager's HPA controller reads it.
+- **kube-scheduler** and one Node object with no kubelet behind it (:data:`NODE`): the scheduler binds
+  any pod it may to that Node, so a mirror pod left unbound is one its scheduling gate kept back.
 - **The chart**, installed with ``helm`` (``keda.enabled=true``), its two webhooks run as the
   chart's pods (podman, as in the real-Kubernetes tier). Two mappings on the same partition: one
   scales on jobs (the chart's PromQL query), one on nodes (``keda.demand=nodes``: the metrics-api
@@ -50,6 +52,7 @@ POOL_HOSTS = "bm-[1-4]"  # FUTURE node records: the most hosts the pools can hav
 MAX_REPLICAS = 4
 JOBS, NODES = "jobs", "nodes"  # the two mappings: mirror-<x>, md-<x>
 SCALED_OBJECT_WEBHOOK = "vscaledobject.kb.io"  # KEDA's admission webhook for ScaledObjects
+NODE = "node-without-kubelet"  # kube-scheduler's one Node
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,10 @@ class Loop(Site):
     def mirror_replicas(self, demand: str) -> int | None:
         obj = self.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, mirror_name(demand))
         return None if obj is None else obj["spec"].get("replicas")
+
+    def mirror_pods(self, demand: str) -> list[dict[str, Any]]:
+        """The mapping's mirror's Pod objects (its ReplicaSet makes them), by the chart's ``slime/mirror`` label."""
+        return self.api.list("v1", "pods", SLIME_NAMESPACE, label_selector=f"slime/mirror={mirror_name(demand)}")
 
     def adopted(self, demand: str) -> bool:
         """The scaling leader's adoption mark on the mirror (it then holds the MachineDeployment's replicas)."""
@@ -171,6 +178,7 @@ def loop(parts: KedaParts, workdir: Path) -> Iterator[Loop]:
     """The whole KEDA loop, started in order and stopped in reverse (by PID, container ID), even on failure."""
     with building(Loop(workdir)) as (result, build):
         build.control_plane()
+        build.scheduler(NODE)
         build.namespaces(MD_NAMESPACE, "slurm", MONITORING)
         build.slinky()
         # Slurm with the keys of Slinky's Secrets; slurmctld and slurmrestd on 127.0.0.1.

@@ -206,6 +206,11 @@ class SiteBuilder:
             cp.install_crds(crds)
         return cp
 
+    def scheduler(self, node: str) -> None:
+        """kube-scheduler, and one Node object (``node``, no kubelet) for it to bind pods to."""
+        self.site.cp.register_node(node)
+        self.site.cp.start_scheduler()
+
     def namespaces(self, *names: str) -> None:
         for name in names:
             ensure_namespace(self.site.api, name)

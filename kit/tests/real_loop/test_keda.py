@@ -11,6 +11,7 @@ The scaling webhook is the chart's pod; every scale KEDA or the HPA makes goes t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +19,23 @@ import httpx
 import pytest
 
 from testbed.framework.objects import SLIME_NAMESPACE
-from testbed.scenarios.keda import JOBS, MAX_REPLICAS, NODES, PARTITION, Loop, loop, mirror_name, webhook_requests
+from testbed.scenarios import summary
+from testbed.scenarios.keda import (
+    JOBS,
+    MAX_REPLICAS,
+    NODE,
+    NODES,
+    PARTITION,
+    Loop,
+    loop,
+    mirror_name,
+    webhook_requests,
+)
 from testbed.scenarios.prepare import part
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.real_parts("keda"), pytest.mark.timeout(900)]
 
+MIRROR_GATE = "slime/never-scheduled"  # the chart's scheduling gate on every mirror pod
 SCALE_SECONDS = 120.0  # generous: Prometheus scrapes every 1 s, KEDA polls every 2 s, the HPA syncs every 5 s
 
 
@@ -120,6 +133,49 @@ def test_a_pending_four_node_job_makes_the_nodes_mirror_four(keda_loop: Loop) ->
     ).items()
 
 
+def _unscheduled_by_the_gate(pod: dict[str, Any]) -> bool:
+    """Still an API object only: no Node, and the scheduling gate is what holds it (the API server's condition)."""
+    gated = [g["name"] for g in pod["spec"].get("schedulingGates") or []] == [MIRROR_GATE]
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    held = any(c["type"] == "PodScheduled" and c.get("reason") == "SchedulingGated" for c in conditions)
+    return gated and held and not pod["spec"].get("nodeName")
+
+
+def test_mirror_pods_are_counted_but_never_scheduled(keda_loop: Loop) -> None:
+    """Issue 34: a replica of a mirror costs no node. kube-scheduler runs here with a Node it may bind to: an
+    ungated pod lands on it within seconds, while every mirror pod of the nodes pool (at 4 after the test
+    before) stays unbound behind the chart's scheduling gate, and still counts in the mirror's ``/scale``."""
+    loop = keda_loop
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "scheduler-probe", "namespace": SLIME_NAMESPACE},
+        "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]},
+    }
+    loop.api.create(probe)
+    try:
+        loop.wait_for(
+            lambda: (
+                (loop.api.get("v1", "Pod", SLIME_NAMESPACE, "scheduler-probe") or {})["spec"].get("nodeName") == NODE
+            ),
+            60,
+            f"kube-scheduler binds an ungated pod to {NODE}",
+        )
+    finally:
+        loop.api.delete("v1", "Pod", SLIME_NAMESPACE, "scheduler-probe")
+    assert loop.mirror_replicas(NODES) == 4
+    loop.wait_for(lambda: len(loop.mirror_pods(NODES)) == 4, 60, "the nodes mirror's ReplicaSet made 4 pods")
+    pods = loop.mirror_pods(NODES)
+    assert all(_unscheduled_by_the_gate(p) for p in pods), [(p["spec"], p["status"]) for p in pods]
+    scale = loop.api.get("apps/v1", "Deployment", SLIME_NAMESPACE, mirror_name(NODES))
+    assert scale is not None and scale["status"]["replicas"] == 4  # what the HPA reads through /scale
+    assert not scale["status"].get("readyReplicas")  # none runs
+    sizes = sorted(len(json.dumps(p, separators=(",", ":"))) for p in pods)
+    summary.line(
+        "mirror pods", f"one gated mirror pod as the API server returns it: {sizes[len(sizes) // 2]} bytes of JSON"
+    )
+
+
 HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"  # kube-controller-manager's HPA controller
 KEDA_OPERATOR = "system:serviceaccount:keda:keda-operator"
 
@@ -149,9 +205,13 @@ def test_the_default_requester_rule_lets_keda_and_the_hpa_take_a_pool_from_zero_
         loop.submit(1)
     loop.wait_for(lambda: loop.mirror_replicas(JOBS) == 2, SCALE_SECONDS, "the jobs mirror at 2")
     loop.wait_for(lambda: loop.md_replicas(JOBS) == 2, 60, "md-jobs at 2")
+    # 0 -> 2 -> 0 with gated mirror pods: at 2, two pods the scheduler (running, with a Node) left unbound.
+    loop.wait_for(lambda: len(loop.mirror_pods(JOBS)) == 2, 60, "the jobs mirror's 2 pods")
+    assert all(_unscheduled_by_the_gate(p) for p in loop.mirror_pods(JOBS)), loop.mirror_pods(JOBS)
     loop.cancel_all()
     loop.wait_for(lambda: loop.mirror_replicas(JOBS) == 0, SCALE_SECONDS, "the jobs mirror at 0 again")
     loop.wait_for(lambda: loop.md_replicas(JOBS) == 0, 60, "md-jobs at 0 again")
+    loop.wait_for(lambda: not loop.mirror_pods(JOBS), 60, "the jobs mirror's pods gone")
     scales = [
         e
         for e in loop.cp.audit_events()
