@@ -11,9 +11,11 @@ port, which is why the chart makes the Service port equal to the container port.
 
 Helm 4 applies objects server-side, so ``helm upgrade`` meets the patch as another field
 manager's: the tier upgrades with ``--force-conflicts`` (Helm takes the Services back to the
-chart's ClusterIP form) and routes them again right after. Between the two, kube-apiserver would
-dial the ClusterIP: fine with nothing calling the webhooks, not under load. A release made with
-``routed_at_render=True`` is routed by a Helm 4 post-renderer plugin instead (:func:`route_rendered`,
+chart's ClusterIP form) and routes them again right after. Between the two, kube-apiserver dials
+each Service by its DNS name, off this machine, so nothing may call the webhooks then (the KEDA
+loop's upgrade, while KEDA and the HPA scaled, once had three calls go out to the site's egress
+proxy and fail open). So every scenario's release (``SiteBuilder.chart``) is made with
+``routed_at_render=True``, routed by a Helm 4 post-renderer plugin instead (:func:`route_rendered`,
 ``python -m testbed.components.release``, installed in a plugin directory of the work directory): Helm
 stores and applies the webhook Services already in their ExternalName form, so an upgrade never
 turns them back (the upgrade test, ``kit/tests/real_k8s/test_upgrade.py``).

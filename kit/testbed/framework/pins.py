@@ -29,9 +29,9 @@ class GoModule:
         return f"{self.path}@{self.version}"
 
 
-KUBE_VERSION = "v1.36.5"  # kube-apiserver, kube-controller-manager, kubectl; what the chart tests render for
+KUBE_VERSION = "v1.37.2"  # kube-apiserver, kube-controller-manager, kubectl; what the chart tests render for
 KUBERNETES = GoModule("k8s.io/kubernetes", KUBE_VERSION, "kube")
-ETCD = GoModule("go.etcd.io/etcd/server/v3", "v3.6.8", "kube")  # what k8s.io/kubernetes v1.36.5 requires
+ETCD = GoModule("go.etcd.io/etcd/server/v3", "v3.7.0", "kube")  # what k8s.io/kubernetes v1.37.2 requires
 CAPI = GoModule("sigs.k8s.io/cluster-api", "v1.14.2", "capi")
 SLINKY = GoModule("github.com/SlinkyProject/slurm-operator", "v1.1.0")  # its Controller CRD
 CONTROLLER_TOOLS = GoModule("sigs.k8s.io/controller-tools", "v0.19.0", "crdgen")

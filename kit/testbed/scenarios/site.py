@@ -32,6 +32,7 @@ from testbed.components.ironic import HostBooter, provisioning_state
 from testbed.components.isolated import IsolatedManager
 from testbed.components.keda import Keda, KedaBinaries
 from testbed.components.metal3 import Metal3, Metal3Build
+from testbed.components.metrics_adapter import ExternalMetricsAdapter, Value
 from testbed.components.netns import Network
 from testbed.components.pods import VolumeSync
 from testbed.components.prometheus import Prometheus, PrometheusBinaries
@@ -68,6 +69,7 @@ class Site:
     prometheus: Prometheus = field(init=False)
     certmanager: CertManager = field(init=False)
     keda: Keda = field(init=False)
+    adapter: ExternalMetricsAdapter = field(init=False)  # external.metrics.k8s.io without KEDA
     metal3: Metal3 = field(init=False)
     manager: IsolatedManager = field(init=False)  # CAPI's
     booter: HostBooter = field(init=False)
@@ -211,6 +213,14 @@ class SiteBuilder:
         self.site.cp.register_node(node)
         self.site.cp.start_scheduler()
 
+    def external_metrics(self, value: Value) -> ExternalMetricsAdapter:
+        """The test adapter serving ``external.metrics.k8s.io`` from ``value``, registered and Available."""
+        adapter = ExternalMetricsAdapter(self.site.cp, value)
+        self.exits.callback(adapter.stop)
+        adapter.register()
+        self.site.adapter = adapter
+        return adapter
+
     def namespaces(self, *names: str) -> None:
         for name in names:
             ensure_namespace(self.site.api, name)
@@ -282,7 +292,10 @@ class SiteBuilder:
 
     def chart(self, values: dict[str, Any]) -> Release:
         """``helm install`` of the chart; with cert-manager, until every Certificate it renders is Ready."""
-        release = Release(self.site.cp, SLIME_NAMESPACE, values, self.site.workdir)
+        # Routed at render (a post-renderer): a `helm upgrade` under load never turns the webhook Services back into
+        # ClusterIP ones, which kube-apiserver would dial by their DNS name, off the machine (the KEDA loop's
+        # upgrade, while KEDA and the HPA scale: calls failed open through the site's egress proxy).
+        release = Release(self.site.cp, SLIME_NAMESPACE, values, self.site.workdir, routed_at_render=True)
         started = time.monotonic()
         release.install()
         for certificate in release.certificates():

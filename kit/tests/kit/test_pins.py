@@ -44,7 +44,7 @@ def test_the_control_planes_staging_modules_are_the_pinned_release() -> None:
 
 
 def test_a_pin_check_catches_a_disagreement() -> None:
-    moved = GoModule(KUBERNETES.path, "v1.36.5", KUBERNETES.stack)
+    moved = GoModule(KUBERNETES.path, "v1.36.4", KUBERNETES.stack)
     assert required(moved.stack).get(moved.path) != moved.version
 
 
