@@ -45,15 +45,19 @@ def handler_only(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) ->
 def injection_figures(emu: Any, workdir: Path, secret: dict[str, Any], calls: int) -> dict[str, Any]:
     from common.admission import decode_review, encode_review
     from common.kube import local_client
+    from injection_webhook.bindings import Bindings, parse_bindings
     from injection_webhook.decision import JoinInfo, join_data, select
     from injection_webhook.decision import respond as injection_respond
     from injection_webhook.metadata import merged_metadata
     from injection_webhook.resolver import InjectionResolver
     from injection_webhook.settings import InjectionSettings
+    from testbed.framework.objects import SLURM_BINDINGS
 
     kubeconfig = emu.write_kubeconfig(workdir / "kubeconfig-handler")
     selector = InjectionSettings.model_fields["controller_selector"].default
-    resolver = InjectionResolver(local_client(kubeconfig), selector, 3.0)
+    resolver = InjectionResolver(
+        local_client(kubeconfig), selector, 3.0, bindings=Bindings(parse_bindings(SLURM_BINDINGS))
+    )
     resolver.start()
     try:
         wait_for(lambda: resolver.not_ready_reason() is None, 30, "the resolver caches", 0.1)

@@ -22,6 +22,7 @@ from bench.world import seed_world
 from certs.devcerts import create_ca, issue_serving_cert
 from kubemu import Emulator
 from testbed.framework.errors import ComponentFailed
+from testbed.framework.objects import SLURM_BINDINGS
 from testbed.framework.paths import REPO_ROOT as REPO
 from testbed.framework.ports import free_port
 from testbed.framework.wait import wait_for
@@ -92,6 +93,9 @@ def injection_command(port: int, metrics: int, cert: Path, key: Path, kubeconfig
         str(key),
         "--kubeconfig",
         kubeconfig,
+        # The bench world's tenant: its Metal3 objects in metal3, its Controller in slurm (the operator's binding).
+        "--slurm-bindings",
+        SLURM_BINDINGS,
         *extra,
     ]
 
