@@ -84,7 +84,7 @@ def ours(common: list[str], body: bytes) -> list[Target]:
             "injection (warm, patched)",
             "ours",
             "Metal3 metaData Secret CREATE: full resolution from the caches and the JSONPatch",
-            [*SERVICE, "injection_webhook.main", *common],
+            [*SERVICE, "injection_webhook.main", *common, "--slurm-bindings", objects.SLURM_BINDINGS],
             "/mutate",
             body,
             metrics_ready,
