@@ -146,6 +146,31 @@ def webhook_requests(cp: ControlPlane, webhook: str) -> dict[tuple[str, str, str
     return counts
 
 
+# The scaling webhook's answer to a scale it cannot check yet (its watches have not listed the mirror and the
+# MachineDeployment, a moment after its pod starts): refused with 503, never guessed; KEDA and the HPA retry.
+NOT_LISTED_YET = "the webhook has not listed the mirror and MachineDeployment yet"
+STARTUP_REFUSAL = ("UPDATE", "true", "503")  # how apiserver_admission_webhook_request_total counts that answer
+
+
+def refused_scales(cp: ControlPlane) -> list[dict[str, Any]]:
+    """The answers to every refused mirror ``/scale`` write in the audit log, but for the webhook's not-listed-yet
+    refusals at its start (an API server 409 "Operation cannot be fulfilled", the loser of a KEDA/HPA race, is
+    no refusal either)."""
+    refused = []
+    for event in cp.audit_events():
+        ref = event.get("objectRef") or {}
+        if ref.get("subresource") != "scale" or ref.get("resource") != "deployments":
+            continue
+        if event.get("verb") not in ("update", "patch") or event.get("stage") != "ResponseComplete":
+            continue
+        status = event.get("responseStatus") or {}
+        message = str(status.get("message", ""))
+        conflict = status.get("reason") == "Conflict" and "admission webhook" not in message
+        if status.get("code") != 200 and NOT_LISTED_YET not in message and not conflict:
+            refused.append(status)
+    return refused
+
+
 def _quantity(text: str) -> float:
     """A Kubernetes quantity as the metrics API writes it (``3``, ``2500m``, ``1k``)."""
     units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}

@@ -16,14 +16,13 @@ import httpx
 import pytest
 
 from testbed.scenarios.hpa import METRIC, POOL, HpaLoop, hpa_loop
-from testbed.scenarios.keda import PARTITION, mirror_name, webhook_requests
+from testbed.scenarios.keda import NOT_LISTED_YET, PARTITION, mirror_name, webhook_requests
 from testbed.scenarios.prepare import part
 
 pytestmark = [pytest.mark.real_loop, pytest.mark.real_parts("slurm-26.05"), pytest.mark.timeout(600)]
 
 SCALE_SECONDS = 90.0  # the demand poll every 1 s, the HPA controller syncs every 5 s
 HPA_CONTROLLER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
-NOT_LISTED_YET = "the webhook has not listed the mirror and MachineDeployment yet"
 
 
 @pytest.fixture(scope="module")
