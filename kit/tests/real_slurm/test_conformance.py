@@ -299,7 +299,8 @@ def test_slime_client_speaks_the_newest_version_to_real_slurmrestd_as_to_the_fak
 
 
 # GET nodes?update_time=<the last answer's last_update>: slurmrestd answers every node again, or (24.11, now
-# and then: slurmctld's "no change in data", decided on whole seconds) none at all; never the nodes that
+# and then: slurmctld's "no change in data", decided on whole seconds) none at all, or (24.11, once in a clean
+# run) every node with the error "Unable to query partitions" (-1, _dump_nodes); never the nodes that
 # changed. So there is no change-only read of nodes to be had, and an empty answer cannot be told from "no
 # change" safely: a change made in the same second as the last_update held is not reported (seen while
 # writing this test on 24.11: a drain made within that second, then reads with the same update_time that
@@ -321,5 +322,5 @@ def test_a_node_list_since_its_last_update(slurm_root: SlurmRoot, slurm_release:
         later = httpx.get(url, params={"update_time": since}, headers=headers, timeout=10).json()
     finally:
         slurm.close()
-    assert len(first["nodes"]) == 4 and not later["errors"]
+    assert len(first["nodes"]) == 4 and not first["errors"]
     assert len(later.get("nodes") or ()) in (0, 4), later  # all or nothing: never only the node that changed
