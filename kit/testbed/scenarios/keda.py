@@ -149,7 +149,11 @@ def webhook_requests(cp: ControlPlane, webhook: str) -> dict[tuple[str, str, str
 # The scaling webhook's answer to a scale it cannot check yet (its watches have not listed the mirror and the
 # MachineDeployment, a moment after its pod starts): refused with 503, never guessed; KEDA and the HPA retry.
 NOT_LISTED_YET = "the webhook has not listed the mirror and MachineDeployment yet"
-STARTUP_REFUSAL = ("UPDATE", "true", "503")  # how apiserver_admission_webhook_request_total counts that answer
+# And its answer to a review whose old object is not the stored mirror (409): KEDA's write racing the leader's
+# adoption of the mirror (1 -> the MachineDeployment's 0) a moment after the pod starts; the writer retries.
+STALE_REVIEW = "is not the stored mirror's"
+# How apiserver_admission_webhook_request_total counts those two answers.
+STARTUP_REFUSALS = {("UPDATE", "true", "503"), ("UPDATE", "true", "409")}
 
 
 def refused_scales(cp: ControlPlane) -> list[dict[str, Any]]:
@@ -166,7 +170,8 @@ def refused_scales(cp: ControlPlane) -> list[dict[str, Any]]:
         status = event.get("responseStatus") or {}
         message = str(status.get("message", ""))
         conflict = status.get("reason") == "Conflict" and "admission webhook" not in message
-        if status.get("code") != 200 and NOT_LISTED_YET not in message and not conflict:
+        startup = NOT_LISTED_YET in message or STALE_REVIEW in message
+        if status.get("code") != 200 and not startup and not conflict:
             refused.append(status)
     return refused
 
