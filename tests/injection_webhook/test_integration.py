@@ -13,7 +13,7 @@ import pytest
 
 from kubemu import Emulator
 from testbed.components.services import StartInjection
-from testbed.framework.objects import b64, kubeconfig_secret, metadata_secret
+from testbed.framework.objects import b64, kubeconfig_secret, metadata_secret, slinky_controller
 from testbed.framework.reviews import denial, injected, mutate, secret_request
 from testbed.framework.world import seed_metal3, seed_nodeport, seed_slinky
 
@@ -373,12 +373,9 @@ def test_a_template_choosing_an_external_controller_is_told_so(
     """Slinky v1.1: a Controller with ``spec.external: true`` stands for a slurmctld outside Kubernetes. SliMe
     joins hosts only to a slurmctld Slinky runs, and says which Controller is external and where it points."""
     seed_slinky(emulator)
-    external = {
-        "apiVersion": "slinky.slurm.net/v1beta1",
-        "kind": "Controller",
-        "metadata": {"name": "outside", "namespace": "slurm"},
-        "spec": {"external": True, "externalConfig": {"host": "ctld.example.org", "port": 6817}},
-    }
+    external = slinky_controller(
+        "outside", "slurm", "v1beta1", {"external": True, "externalConfig": {"host": "ctld.example.org", "port": 6817}}
+    )
     emulator.create(external)
     _, data = seed_metal3(emulator, template_labels={**OPT_IN, "slurm-controller-name": "outside"})
     message = denial(mutate(start_injection(emulator), metadata_secret(data)))

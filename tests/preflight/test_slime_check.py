@@ -30,7 +30,7 @@ from kubemu import Emulator, Fault
 from preflight.main import run
 from testbed.components.fake_slurmrestd import FakeSlurmrestd
 from testbed.framework.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler
-from testbed.framework.objects import kubeconfig_secret, metadata_secret
+from testbed.framework.objects import kubeconfig_secret, metadata_secret, slinky_controller
 from testbed.framework.wait import wait_for
 from testbed.framework.world import ensure_namespace, impersonating, seed_metal3, seed_nodeport, seed_slinky
 
@@ -198,12 +198,9 @@ def test_a_template_choosing_an_external_controller(env: DemoEnvironment) -> Non
     """Slinky v1.1's external Controller (slurmctld outside Kubernetes): slime-check says so, as the webhook does."""
     emu = env.emulator
     assert emu is not None
-    external = {
-        "apiVersion": "slinky.slurm.net/v1beta1",
-        "kind": "Controller",
-        "metadata": {"name": "outside", "namespace": "slurm"},
-        "spec": {"external": True, "externalConfig": {"host": "ctld.example.org", "port": 6817}},
-    }
+    external = slinky_controller(
+        "outside", "slurm", "v1beta1", {"external": True, "externalConfig": {"host": "ctld.example.org", "port": 6817}}
+    )
     emu.create(external)
     template = ("infrastructure.cluster.x-k8s.io/v1beta1", "Metal3DataTemplate", "metal3", "slurm-workers")
     emu.patch(*template, {"metadata": {"labels": {"slurm-controller-name": "outside"}}})
