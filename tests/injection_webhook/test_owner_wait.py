@@ -19,9 +19,10 @@ def test_a_wait_for_an_owner_is_woken_by_the_watch_event_that_brings_it(
     changes = CacheChanges()
     resolver.add_change_listener(changes.changed)
 
-    async def wait_for_the_owner() -> int:
+    async def wait_for_an_owner(index: int) -> int:
+        """How many cache changes woke the wait for a Metal3Data created now (0: the watch was first)."""
         changed = changes.arm()  # before the create, as the app arms before it reads the caches
-        _, data = seed_metal3(emulator)
+        _, data = seed_metal3(emulator, index=index)
         review = review_of(data)
         wakes = 0
         while resolver.check_owner(review).verified is None:
@@ -32,7 +33,10 @@ def test_a_wait_for_an_owner_is_woken_by_the_watch_event_that_brings_it(
             changed = changes.arm()
         return wakes
 
-    assert asyncio.run(wait_for_the_owner()) >= 1
+    # The watch runs in a thread of its own and may deliver the object before the first read of the cache;
+    # then there was nothing to wait for, and the next Metal3Data tries again (bounded).
+    woken = any(asyncio.run(wait_for_an_owner(index)) for index in range(20))
+    assert woken, "every Metal3Data was in the cache at the first read: no wait was exercised"
 
 
 def test_a_wait_with_no_change_ends_at_its_bound() -> None:

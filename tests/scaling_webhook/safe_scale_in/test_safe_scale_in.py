@@ -9,6 +9,7 @@ back to FUTURE, so its record stays for the pool (``releasedNodes: delete`` dele
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,7 +37,8 @@ from scaling_webhook.slurm.endpoint import SLURM_API_VERSIONS
 from scaling_webhook.slurm.machines import DRAIN_REASON
 from scaling_webhook.slurm.slurmrestd import SlurmNode
 from testbed.components.capi_sim import MD, MD_NS, MIRROR, Env, PoolInvariant, safe_config_map
-from testbed.components.fake_slurmrestd import DIALECTS, HEALTH_PATHS, SERVED, FakeSlurmrestd
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.slurmrestd_dialects import DIALECTS, HEALTH_PATHS, SERVED
 from testbed.framework.objects import CAPI, SLIME_NAMESPACE
 from testbed.framework.wait import wait_for
 from testbed.framework.world import md_events, md_replicas
@@ -522,17 +524,17 @@ def test_a_victim_that_joins_after_it_was_chosen_is_drained_and_waited_for(env: 
     e.scale(scaling, 1)
     assert e.annotated() == ["md-002"]
     e.capi.step()
-    joined = {"done": False}
+    joined = threading.Event()
 
     def join_after_the_first_read() -> None:
-        if not joined["done"]:
-            joined["done"] = True
+        if not joined.is_set():
             e.capi.provision("md-002")  # slurmd joins right after SliMe read the node list
+            joined.set()
 
     e.slurm.after_nodes_read = join_after_the_first_read
     scaling.reconcile()
-    # The background reconciler may run a pass too (the deletion's watch event): it sees the node
-    # that joined, drains it and, drained and idle, may release it. Never released undrained.
+    # The fake runs the hook after its answer is sent, in its own thread: the pass may return before the join.
+    assert joined.wait(10), "the node list was never read"
     if not e.hooked("md-002"):
         assert "node-002" in e.slurm.drains, "a provisioned Machine was released before its node was drained"
         return
