@@ -10,8 +10,9 @@ import pytest
 
 from kubemu import Emulator
 from testbed.components.capi_sim import JWT_KEY, JWT_NS, MD, MD_NS, MIRROR, CapiSim, Env
-from testbed.components.fake_slurmrestd import DEFAULT_RELEASE, FakeSlurmrestd
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
 from testbed.components.services import Scaling
+from testbed.components.slurmrestd_dialects import DEFAULT_RELEASE
 from testbed.framework.objects import config_map, machine_deployment, mirror
 from testbed.framework.world import make_jwt_key
 from testbed.scenarios.site import JWT_SECRET

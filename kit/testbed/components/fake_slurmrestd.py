@@ -8,23 +8,23 @@ every call answer that status; ``stop()`` takes the server down (connection refu
 
 It answers as real slurmrestd 26.05 or 24.11 does (``release``; checked against both: the
 conformance test sends the same requests to each, kit/tests/real_slurm/test_conformance.py), serving
-the data parsers of the release it plays (:data:`SERVED`). It also plays **26.11** (``release="26.11"``),
-which no test here has run for real (neither Debian nor a registry reachable here has it,
-docs/testing.md): data parsers v0.0.43 to v0.0.46 (v0.0.42 removed, v0.0.43 deprecated), no
-``/healthz``, ``/readyz`` or ``/livez`` (dropped by 26.11, as SchedMD's release notes say; an
-unknown URL still answers 404: with a token, since in SchedMD's master a path no route serves goes
-to the OpenAPI router, which authenticates first, ``src/slurmrestd/http.c`` ``_req_not_found``), and
-otherwise 26.05's answers (an inference: the node API did not change in the notes). 26.05 serves
-the three health paths (its ``src/slurmrestd/openapi.c``: 204 without a body or Content-Type,
-with a token; 401 without one, as every path); 24.11 never
-had them in slurmrestd (404 with a token, 401 without). Both: a request without a token gets
-401 text/plain, a token it cannot verify 511 with error 1007; an unknown node error 2018, a busy
-one 2016 on DELETE (node errors name ``_update_node`` for a POST, ``op_handler_node`` for a
-DELETE); an unserved version or path 404 text/plain with a token, 401 without one (slurmrestd
-authenticates before it routes); ``reason_set_by_user`` is the token's
-``sun``; bodies carry ``errors``, ``warnings`` and ``meta``. Where the releases differ (status
-codes, words, when a drain reason goes), :class:`Dialect` says how. A job here takes the whole
-node (ALLOCATED, as ``sbatch --exclusive``; a smaller job on real Slurm shows MIXED).
+the data parsers of the release it plays (``slurmrestd_dialects.SERVED``). It also plays **26.11**
+(``release="26.11"``), which no test here has run for real (neither Debian nor a registry reachable
+here has it, docs/testing.md): data parsers v0.0.43 to v0.0.46 (v0.0.42 removed, v0.0.43
+deprecated), no ``/healthz``, ``/readyz`` or ``/livez`` (dropped by 26.11, as SchedMD's release
+notes say; an unknown URL still answers 404: with a token, since in SchedMD's master a path no route
+serves goes to the OpenAPI router, which authenticates first, ``src/slurmrestd/http.c``
+``_req_not_found``), and otherwise 26.05's answers (an inference: the node API did not change in the
+notes). 26.05 serves the three health paths (its ``src/slurmrestd/openapi.c``: 204 without a body or
+Content-Type, with a token; 401 without one, as every path); 24.11 never had them in slurmrestd (404
+with a token, 401 without). Both: a request without a token gets 401 text/plain, a token it cannot
+verify 511 with error 1007; an unknown node error 2018, a busy one 2016 on DELETE (node errors name
+``_update_node`` for a POST, ``op_handler_node`` for a DELETE); an unserved version or path 404
+text/plain with a token, 401 without one (slurmrestd authenticates before it routes);
+``reason_set_by_user`` is the token's ``sun``; bodies carry ``errors``, ``warnings`` and ``meta``.
+Where the releases differ (status codes, words, when a drain reason goes),
+``slurmrestd_dialects.Dialect`` says how. A job here takes the whole node (ALLOCATED, as ``sbatch
+--exclusive``; a smaller job on real Slurm shows MIXED).
 
 ``{"state": ["FUTURE"]}`` on an idle node (drained or not) moves it to :attr:`FakeSlurmrestd.future`:
 the record stays, hidden from ``GET nodes`` but still counted in its partition's ``nodes.total``,
@@ -47,74 +47,24 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
 import jwt
 
+from testbed.components.slurmrestd_dialects import (
+    DEFAULT_RELEASE,
+    DIALECTS,
+    HEALTH_PATHS,
+    SERVED,
+    error,
+    error_source,
+    no_val,
+    slurm_body,
+)
 from testbed.framework.httpserve import Answer, LoopbackServer, Request
 
-# The data parsers each Slurm release serves (of those SliMe speaks, v0.0.42 and up; 24.11 also
-# serves v0.0.40 and v0.0.41, 25.11 v0.0.41 to v0.0.44; 26.11 removes v0.0.42 and adds v0.0.46).
-SERVED = {
-    "24.11": ("v0.0.40", "v0.0.41", "v0.0.42"),
-    "25.05": ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43"),
-    "25.11": ("v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44"),
-    "26.05": ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"),
-    "26.11": ("v0.0.43", "v0.0.44", "v0.0.45", "v0.0.46"),
-}
-HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """Where real slurmrestd 24.11 and 26.05 answer the same request differently (each seen by the conformance test)."""
-
-    release: str  # meta.slurm.release
-    error_status: int  # a node update or delete slurmctld refuses: 500 (24.11), 422 Unprocessable Content (26.05)
-    delete_words: str  # how a refused DELETE's description begins
-    refused_state: tuple[int, str]  # FUTURE of a busy node, or of one already FUTURE
-    untyped_post: tuple[int, str]  # a POST without Content-Type: application/json
-    not_found: str  # the text/plain 404 of an unserved version or path
-    reason_outlives_drain: bool  # 24.11 keeps a reason after UNDRAIN/FUTURE until the node next runs a job
-    registered_by: str  # reason_set_by_user of a node that just registered
-    ping_word: bool  # 24.11's ping carries "pinged": "UP"/"DOWN"; 26.05's only "responding" and "status"
-    health: bool = False  # slurmrestd serves /healthz, /readyz, /livez (26.05 only: 24.11 never, 26.11 no more)
-
-
-DIALECTS = {
-    "24.11": Dialect(
-        release="24.11.5",
-        error_status=500,
-        delete_words="Failure to update node",
-        refused_state=(2028, "Invalid node state specified"),
-        untyped_post=(400, "Unable to parse query."),
-        not_found="Unable find requested URL. Please view /openapi/v3 for API reference.",
-        reason_outlives_drain=True,
-        registered_by="root",
-        ping_word=True,
-    ),
-    "26.05": Dialect(
-        release="26.05.5",
-        error_status=422,
-        delete_words="Failure to delete node",
-        refused_state=(2180, "Invalid node state transition"),
-        untyped_post=(500, "Unspecified error"),
-        not_found=(
-            "Unable to find requested URL endpoint. Please query the '/openapi/v3' endpoint or visit"
-            " 'https://slurm.schedmd.com/rest_api.html' for the OpenAPI specification which includes a list of"
-            " all possible slurmrestd endpoints."
-        ),
-        reason_outlives_drain=False,
-        registered_by="",
-        ping_word=False,
-        health=True,
-    ),
-}
-# 26.11: 26.05's answers without the health paths (not run for real here: see the module's docstring).
-DIALECTS["26.11"] = replace(DIALECTS["26.05"], release="26.11.0", health=False)
-DEFAULT_RELEASE = "26.05"  # Slinky's default Slurm
 VERSIONS = SERVED[DEFAULT_RELEASE]
 PARTITION = "batch"  # where running jobs of the node model run
 _PATH = re.compile(r"^/slurm/(v0\.0\.\d+)/(ping|nodes|jobs|partitions|node/([^/]+))/?$")
@@ -147,7 +97,7 @@ class Node:
             "state": self.states(),
             "reason": self.reason,
             "reason_set_by_user": self.reason_set_by_user,
-            "reason_changed_at": _no_val(self.reason_changed_at or None),
+            "reason_changed_at": no_val(self.reason_changed_at or None),
         }
 
     @property
@@ -300,12 +250,12 @@ class FakeSlurmrestd:
                 "partition": partition,
                 "job_state": ["PENDING"],
                 "state_reason": reason,
-                "node_count": _no_val(nodes),
+                "node_count": no_val(nodes),
                 "nodes": "",
                 "hold": False,
-                "eligible_time": _no_val(int(time.time())),
+                "eligible_time": no_val(int(time.time())),
                 "array_task_string": "",
-                "array_max_tasks": _no_val(0),
+                "array_max_tasks": no_val(0),
                 **fields,
             }
             return job
@@ -322,12 +272,12 @@ class FakeSlurmrestd:
                     "partition": PARTITION,
                     "job_state": ["RUNNING"],
                     "state_reason": "None",
-                    "node_count": _no_val(len(names)),
+                    "node_count": no_val(len(names)),
                     "nodes": ",".join(sorted(names)),
                     "hold": False,
-                    "eligible_time": _no_val(self.started.get(job, 0)),
+                    "eligible_time": no_val(self.started.get(job, 0)),
                     "array_task_string": "",
-                    "array_max_tasks": _no_val(0),
+                    "array_max_tasks": no_val(0),
                 }
                 for job, names in sorted(running.items())
             ),
@@ -349,9 +299,9 @@ class FakeSlurmrestd:
 
     # --- HTTP -------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, token: str | None, raw: bytes) -> tuple[int, dict[str, Any] | str]:
+    def handle(self, method: str, path: str, token: str | None, raw: bytes) -> Answer:
         if self.fail_status is not None:
-            return self.fail_status, self._body(errors=[_error("injected failure", 1, "Unspecified error", "fake")])
+            return self.fail_status, self._body(errors=[error("injected failure", 1, "Unspecified error", "fake")])
         path, _, query = path.partition("?")
         if token is None:  # slurmrestd authenticates before it routes: any path, served or not
             return 401, "Authentication failure"
@@ -361,103 +311,109 @@ class FakeSlurmrestd:
         match = _PATH.match(path)
         if not match or match.group(1) not in self.versions:
             return 404, self.dialect.not_found  # text/plain
-        version, what, name = match.groups()
+        _, what, name = match.groups()
         try:
             claims = jwt.decode(token, self.key, algorithms=["HS256"], options={"require": ["sun", "exp", "iat"]})
         except jwt.PyJWTError:
-            if what == "ping":  # slurmrestd answers a ping with a token it cannot verify: not responding
-                return 200, self._body(pings=[self._ping(False)])
-            if name is None:
-                return 511, self._body(
-                    errors=[_error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")]
-                )
-            return 511, self._body(
-                errors=[
-                    _error(f"{self._failure(method)} {name}", 1007, "Protocol authentication error", _source(method))
-                ]
-            )
+            return self._unverified(method, what, name)
         self.tokens_seen.append(claims)
         with self.lock:
-            if what == "ping" and method == "GET":
-                return 200, self._body(pings=[self._ping(True)])
-            if what == "jobs" and method == "GET":
-                return 200, self._job_listing(query)
-            if what == "partitions" and method == "GET":
-                total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
-                return 200, self._body(
-                    partitions=[
-                        {
-                            "name": name,
-                            "maximums": {"nodes": _no_val(limit, infinite=limit is None)},
-                            "nodes": {"total": total},
-                        }
-                        for name, limit in self.partitions.items()
-                    ]
-                )
-            if what == "nodes" and method == "GET":
-                return 200, self._body(nodes=[n.json() for n in self.nodes.values()])
-            node = self.nodes.get(name or "")
-            record = self.future.get(name or "")
-            if name is not None and method == "GET":  # one node; unknown and FUTURE ones are not shown
-                if node is None:  # real 24.11 and 26.05: 200, no "nodes", one error that says "No error"
-                    return 200, self._body(
-                        errors=[_error(f"Failure to query node {name}", 0, "No error", "_dump_nodes")]
-                    )
-                return 200, self._body(nodes=[node.json()])
-            if node is None and record is None:
-                return self.dialect.error_status, self._body(
-                    errors=[
-                        _error(f"{self._failure(method)} {name}", 2018, "Invalid node name specified", _source(method))
-                    ]
-                )
-            if record is not None:
-                return self._future_record(method, record, raw, claims)
-            refused = self.dialect.error_status
-            assert node is not None
-            if method == "POST":
-                body = json.loads(raw or b"{}")
-                states = body.get("state") or []
-                if "FUTURE" in states:
-                    if node.busy:
-                        self.violations.append(f"FUTURE of busy node {node.name}")
-                        return refused, self._invalid_state(node.name)
-                    self._clear_drain(node)
-                    self.future[node.name] = self.nodes.pop(node.name)
-                    self.returned.append(node.name)
-                    return 200, self._body()
-                if "DRAIN" in states:
-                    node.drain, node.reason, node.reason_set_by_user = (
-                        True,
-                        body.get("reason", ""),
-                        str(claims.get("sun")),
-                    )
-                    node.reason_changed_at = int(time.time())
-                    self.drains.append(node.name)
-                elif "UNDRAIN" in states or "RESUME" in states:
-                    self._clear_drain(node)
-                    self.undrains.append(node.name)
-                else:
-                    return refused, self._body(
-                        errors=[_error(f"Failure to update node {name}", 2, "Invalid state", "op_handler_node")]
-                    )
-                return 200, self._body()
-            if method == "DELETE":
-                if node.busy:
-                    self.violations.append(f"DELETE of busy node {node.name}")
-                    return refused, self._body(
-                        errors=[
-                            _error(
-                                f"{self._failure(method)} {name}", 2016, "Requested nodes are busy", "op_handler_node"
-                            )
-                        ]
-                    )
-                del self.nodes[node.name]
-                self.deleted.append(node.name)
-                return 200, self._body()
+            if name is not None:
+                return self._node_request(method, name, raw, claims)
+            if method == "GET":
+                return self._listing(what, query)
         return 405, "Method not allowed"
 
+    def _unverified(self, method: str, what: str, name: str | None) -> Answer:
+        """A token slurmrestd cannot verify: a ping says slurmctld does not respond, anything else is 511."""
+        if what == "ping":
+            return 200, self._body(pings=[self._ping(False)])
+        if name is None:
+            return 511, self._body(
+                errors=[error(f"Failure to query {what}", 1007, "Protocol authentication error", "_dump_nodes")]
+            )
+        return 511, self._body(
+            errors=[
+                error(f"{self._failure(method)} {name}", 1007, "Protocol authentication error", error_source(method))
+            ]
+        )
+
+    def _listing(self, what: str, query: str) -> Answer:
+        """GET ping, jobs, partitions or nodes."""
+        if what == "ping":
+            return 200, self._body(pings=[self._ping(True)])
+        if what == "jobs":
+            return 200, self._job_listing(query)
+        if what == "partitions":
+            total = len(self.nodes) + len(self.future)  # FUTURE records are nodes of the partition
+            return 200, self._body(
+                partitions=[
+                    {
+                        "name": name,
+                        "maximums": {"nodes": no_val(limit, infinite=limit is None)},
+                        "nodes": {"total": total},
+                    }
+                    for name, limit in self.partitions.items()
+                ]
+            )
+        return 200, self._body(nodes=[n.json() for n in self.nodes.values()])
+
+    def _node_request(self, method: str, name: str, raw: bytes, claims: dict[str, Any]) -> Answer:
+        """GET, POST (a state) or DELETE of ``node/<name>``."""
+        node, record = self.nodes.get(name), self.future.get(name)
+        if method == "GET":  # one node; unknown and FUTURE ones are not shown
+            if node is None:  # real 24.11 and 26.05: 200, no "nodes", one error that says "No error"
+                return 200, self._body(errors=[error(f"Failure to query node {name}", 0, "No error", "_dump_nodes")])
+            return 200, self._body(nodes=[node.json()])
+        if node is None and record is None:
+            return self.dialect.error_status, self._body(
+                errors=[
+                    error(f"{self._failure(method)} {name}", 2018, "Invalid node name specified", error_source(method))
+                ]
+            )
+        if record is not None:
+            return self._future_record(method, record, raw, claims)
+        assert node is not None
+        if method == "POST":
+            return self._update(node, json.loads(raw or b"{}"), claims)
+        if method == "DELETE":
+            if node.busy:
+                self.violations.append(f"DELETE of busy node {node.name}")
+                return self.dialect.error_status, self._body(
+                    errors=[
+                        error(f"{self._failure(method)} {name}", 2016, "Requested nodes are busy", "op_handler_node")
+                    ]
+                )
+            del self.nodes[node.name]
+            self.deleted.append(node.name)
+            return 200, self._body()
+        return 405, "Method not allowed"
+
+    def _update(self, node: Node, update: dict[str, Any], claims: dict[str, Any]) -> Answer:
+        """POST node/<name> of a listed node: FUTURE, DRAIN, or UNDRAIN/RESUME."""
+        states = update.get("state") or []
+        if "FUTURE" in states:
+            if node.busy:
+                self.violations.append(f"FUTURE of busy node {node.name}")
+                return self.dialect.error_status, self._invalid_state(node.name)
+            self._clear_drain(node)
+            self.future[node.name] = self.nodes.pop(node.name)
+            self.returned.append(node.name)
+        elif "DRAIN" in states:
+            node.drain, node.reason, node.reason_set_by_user = True, update.get("reason", ""), str(claims.get("sun"))
+            node.reason_changed_at = int(time.time())
+            self.drains.append(node.name)
+        elif "UNDRAIN" in states or "RESUME" in states:
+            self._clear_drain(node)
+            self.undrains.append(node.name)
+        else:
+            return self.dialect.error_status, self._body(
+                errors=[error(f"Failure to update node {node.name}", 2, "Invalid state", "op_handler_node")]
+            )
+        return 200, self._body()
+
     def _body(self, errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
-        return _body(self.dialect.release, errors, **payload)
+        return slurm_body(self.dialect.release, errors, **payload)
 
     def _jobs_fingerprint(self) -> tuple[Any, ...]:
         """Cheap at any queue length: which jobs are pending and which run where."""
@@ -474,7 +430,7 @@ class FakeSlurmrestd:
             listed_at, listed = self._listed
             if int(asked) >= listed_at and listed == fingerprint:
                 self.unchanged_answers += 1
-                body = self._body(jobs=[], last_backfill=_no_val(0), last_update=_no_val(0))
+                body = self._body(jobs=[], last_backfill=no_val(0), last_update=no_val(0))
                 body["warnings"] = [
                     {
                         "description": f"No job changes since update_time[{asked}]",
@@ -484,7 +440,7 @@ class FakeSlurmrestd:
                 return body
         now = int(time.time())
         self._listed = (now, fingerprint)
-        return self._body(jobs=self._jobs(), last_backfill=_no_val(0), last_update=_no_val(now))
+        return self._body(jobs=self._jobs(), last_backfill=no_val(0), last_update=no_val(now))
 
     def _failure(self, method: str) -> str:
         """How a refused node request's description begins."""
@@ -501,11 +457,9 @@ class FakeSlurmrestd:
     def _invalid_state(self, name: str) -> dict[str, Any]:
         """What slurmctld answers to a FUTURE it will not make (the node is busy, or FUTURE already)."""
         number, words = self.dialect.refused_state
-        return self._body(errors=[_error(f"Failure to update node {name}", number, words, "_update_node")])
+        return self._body(errors=[error(f"Failure to update node {name}", number, words, "_update_node")])
 
-    def _future_record(
-        self, method: str, record: Node, raw: bytes, claims: dict[str, Any]
-    ) -> tuple[int, dict[str, Any] | str]:
+    def _future_record(self, method: str, record: Node, raw: bytes, claims: dict[str, Any]) -> Answer:
         """A request naming a FUTURE record: DRAIN/UNDRAIN and DELETE work on it, FUTURE again is refused (2028)."""
         if method == "DELETE":
             del self.future[record.name]
@@ -525,28 +479,6 @@ class FakeSlurmrestd:
                 return 200, self._body()
             return self.dialect.error_status, self._invalid_state(record.name)
         return 405, "Method not allowed"
-
-
-def _source(method: str) -> str:
-    """The function slurmrestd names in a node error: ``_update_node`` for a POST, ``op_handler_node`` for a DELETE."""
-    return "_update_node" if method == "POST" else "op_handler_node"
-
-
-def _no_val(number: int | None, infinite: bool = False) -> dict[str, Any]:
-    """slurmrestd's shape of a number that may be unset or infinite (UINT32_NO_VAL, TIMESTAMP_NO_VAL)."""
-    return {"set": number is not None and not infinite, "infinite": infinite, "number": number or 0}
-
-
-def _error(description: str, number: int, error: str, source: str) -> dict[str, Any]:
-    return {"description": description, "error_number": number, "error": error, "source": source}
-
-
-def _body(release: str, errors: list[dict[str, Any]] | None = None, **payload: Any) -> dict[str, Any]:
-    meta = {
-        "plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld"},
-        "slurm": {"release": release, "cluster": "fake"},
-    }
-    return {**payload, "meta": meta, "errors": errors or [], "warnings": []}
 
 
 class JwtKeySecret:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import jwt
 
-from testbed.components.fake_slurmrestd import HEALTH_PATHS
+from testbed.components.slurmrestd_dialects import HEALTH_PATHS
 from testbed.framework.wait import wait_for
 from testbed.framework.world import make_jwt_key
 

@@ -28,9 +28,10 @@ from scaling_webhook.safe_scale_in.config import SafeScaleInConfig
 from scaling_webhook.slurm.slurmrestd import SlurmClient, SlurmUnavailable
 from testbed.components.cloudinit import Node, boot, meta_data_for
 from testbed.components.debian_root import SlurmRoot
-from testbed.components.fake_slurmrestd import DIALECTS, HEALTH_PATHS, PARTITION, FakeSlurmrestd, JwtKeySecret
+from testbed.components.fake_slurmrestd import PARTITION, FakeSlurmrestd, JwtKeySecret
 from testbed.components.netns import Network
 from testbed.components.slurm import Slurm, SlurmConfig
+from testbed.components.slurmrestd_dialects import DIALECTS, HEALTH_PATHS
 from testbed.framework.audit import scan_logs
 from testbed.framework.pins import SlurmRelease
 from testbed.framework.ports import free_port

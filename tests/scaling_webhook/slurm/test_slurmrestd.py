@@ -18,7 +18,8 @@ from scaling_webhook.slurm.slurmrestd import (
     _timestamp,
     parse_node,
 )
-from testbed.components.fake_slurmrestd import SERVED, FakeSlurmrestd
+from testbed.components.fake_slurmrestd import FakeSlurmrestd
+from testbed.components.slurmrestd_dialects import SERVED
 from testbed.framework.objects import b64
 from testbed.framework.world import make_jwt_key
 
