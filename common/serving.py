@@ -77,6 +77,24 @@ class _EmbeddedServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, handshake_timeout: float | None = None) -> None:
         super().__init__(config)
         self.handshake_timeout = handshake_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit_asked = asyncio.Event()
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop of 0.1 s ticks, except that :meth:`exit` ends the wait for the next tick at once."""
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000  # on_tick refreshes the Date header every tenth tick
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit_asked.wait(), 0.1)
+
+    def exit(self) -> None:
+        """Thread-safe: begin uvicorn's graceful shutdown now, not at the next tick."""
+        self.should_exit = True
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop has already closed
+                self._loop.call_soon_threadsafe(self._exit_asked.set)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -214,8 +232,8 @@ class ServiceRunner:
         self.readiness.stopping = True
         if self.shutdown_delay_seconds:
             await asyncio.sleep(self.shutdown_delay_seconds)
-        admission_server.should_exit = True
-        health_server.should_exit = True  # a plain flag its loop polls
+        admission_server.exit()
+        health_server.exit()  # on the health thread's own loop
         results = [*(await asyncio.gather(admission_task, return_exceptions=True))]
         await asyncio.to_thread(health_thread.join, 15)
         results.append(health_thread.error)

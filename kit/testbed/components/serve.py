@@ -81,8 +81,15 @@ class RunningService:
         return response
 
     def stop(self) -> None:
-        self.runner.request_stop()
-        self.thread.join(timeout=15)
+        stop_all([self])
+
+
+def stop_all(services: list[RunningService]) -> None:
+    """Stop ``services`` side by side: each shutdown is mostly waiting (uvicorn's grace for open connections)."""
+    for service in services:
+        service.runner.request_stop()
+    for service in services:
+        service.thread.join(timeout=15)
 
 
 def serve_in_thread(

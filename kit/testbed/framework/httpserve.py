@@ -67,7 +67,8 @@ class LoopbackServer:
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
-        self.thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)
+        # serve_forever checks for shutdown once per poll interval: 0.5 s by default, which every stop() waited
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name=name, daemon=True)
         self.thread.start()
 
     @property

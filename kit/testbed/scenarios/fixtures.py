@@ -27,7 +27,7 @@ import pytest
 
 from kubemu import Emulator, TlsFiles
 from testbed.components.controlplane import ControlPlane
-from testbed.components.serve import RunningService, started_services
+from testbed.components.serve import RunningService, started_services, stop_all
 from testbed.components.services import ScaleWebhookRoute, Scaling, StartInjection, start_scaling
 from testbed.components.services import start_injection as start_injection_service
 from testbed.framework.audit import EVIDENCE, RECORDED_CALLS, EvidenceHandler, audit_rbac, leaks
@@ -159,8 +159,7 @@ def scaling_factory(
         return scaling
 
     yield start
-    for scaling in started:
-        scaling.running.stop()
+    stop_all([scaling.running for scaling in started])
 
 
 @pytest.fixture
@@ -174,8 +173,7 @@ def start_injection(pki: Pki, tmp_path: Path) -> Iterator[StartInjection]:
         return service
 
     yield start
-    for service in running:
-        service.stop()
+    stop_all(running)
 
 
 # --- the real tiers' builds -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from kubemu import Emulator
-from testbed.components.serve import RunningService
+from testbed.components.serve import RunningService, stop_all
 from testbed.components.services import Scaling, start_injection, start_scaling
 from testbed.framework import world
 from testbed.framework.audit import EVIDENCE
@@ -93,7 +93,7 @@ class Services:
                 )
             except httpx.HTTPError:
                 pass
-            service.stop()
+        stop_all(self.running)
 
 
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
