@@ -43,6 +43,13 @@ def header(output: str) -> list[str]:
     return output.splitlines()[0].split("  ") if output else []
 
 
+def sections(output: str, kinds: int) -> list[str]:
+    """kubectl's tables of several kinds, in the order the kinds were asked for."""
+    tables = output.strip().split("\n\n")
+    assert len(tables) == kinds, f"{kinds} kinds asked, {len(tables)} tables printed:\n{output}"
+    return tables
+
+
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (set KUBECTL to its path)")
 def test_kubectl_reads_everything_the_demo_creates(audited: Callable[[DemoEnvironment], None]) -> None:
     checked: dict[str, Any] = {}
@@ -69,31 +76,53 @@ def test_kubectl_reads_everything_the_demo_creates(audited: Callable[[DemoEnviro
             "Metal3DataTemplate",
             "Controller",
         }
+        # One kubectl call per question, every kind in it (kubectl prints one table per kind, a blank line
+        # between them, each row's name prefixed with its kind): ninety calls took ~15 s of CPU.
+        fulls = [f"{res.plural}.{res.group}" if res.group else res.plural for res, _ in kinds]
+        tables = sections(kubectl(env, "get", ",".join(fulls), "-A"), len(kinds))
+        wides = sections(kubectl(env, "get", ",".join(fulls), "-A", "-o", "wide"), len(kinds))
+        listed = yaml.safe_load(kubectl(env, "get", ",".join(fulls), "-A", "-o", "yaml"))["items"]
+        shorts = [short for res, _ in kinds for short in res.short_names]
+        by_short = set(kubectl(env, "get", ",".join(shorts), "-A", "-o", "name").split())
+        expected_by_short: set[str] = set()
+        served_shorts = {  # kubectl's own reading of discovery: kind and group -> its short names
+            (row.split()[-1], row.split()[-3].rpartition("/")[0]): set(row.split()[1].split(","))
+            for row in kubectl(env, "api-resources", "--no-headers").splitlines()
+            if len(row.split()) == 5
+        }
+        singles: dict[str, list[str]] = {}  # namespace ("" cluster-wide) -> kind/name of one object per kind
         for res, objects in kinds:
-            full = f"{res.plural}.{res.group}" if res.group else res.plural
+            prefix = f"{res.kind.lower()}.{res.group}" if res.group else res.kind.lower()
             names = [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objects]
-            for form in (full, *res.short_names):
-                scope = ["-A"] if res.namespaced else []
-                table = kubectl(env, "get", form, *scope)
-                wide = kubectl(env, "get", form, *scope, "-o", "wide")
-                assert len(header(wide)) >= len(header(table))
-                for _, name in names:  # events show their name only with -o wide, as kube-apiserver prints them
-                    assert name in wide, f"kubectl get {form} -o wide does not list {name}:\n{wide}"
-            listed = yaml.safe_load(kubectl(env, "get", full, *(["-A"] if res.namespaced else []), "-o", "yaml"))
+            table, wide = tables.pop(0), wides.pop(0)
+            assert len(header(wide)) >= len(header(table))
+            for _, name in names:  # events show their name only with -o wide, as kube-apiserver prints them
+                assert f"{prefix}/{name}" in wide, f"kubectl get {prefix} -o wide does not list {name}:\n{wide}"
             # The webhooks record Events as they go: kubectl may list some created after the first listing,
             # never one the emulator does not hold.
             after = {
                 (o["metadata"].get("namespace", ""), o["metadata"]["name"])
                 for o in env.emulator.list(objects[0]["apiVersion"], res.plural)
             }
-            got = {(i["metadata"].get("namespace", ""), i["metadata"]["name"]) for i in listed["items"]}
+            got = {
+                (i["metadata"].get("namespace", ""), i["metadata"]["name"])
+                for i in listed
+                if i["kind"] == res.kind and i["apiVersion"].rpartition("/")[0] == res.group  # any version
+            }
             assert set(names) <= got <= after, (sorted(set(names) - got), sorted(got - after))
+            if res.short_names:
+                assert served_shorts.get((res.kind, res.group)) == set(res.short_names), res.kind
+                expected_by_short.update(f"{prefix}/{name}" for _, name in names)
             one_namespace, one_name = names[0]
-            single = kubectl(
-                env, "get", full, one_name, *(["-n", one_namespace] if one_namespace else []), "-o", "wide"
-            )
-            assert one_name in single
+            singles.setdefault(one_namespace, []).append(f"{prefix}/{one_name}")
             checked[res.kind] = header(table)
+        # The short names list what the full names list (kubectl lists a kind once however many of its names
+        # are asked; Events recorded meanwhile may add to it).
+        missing = expected_by_short - by_short
+        assert not missing, f"short names that list less than their kinds: {sorted(missing)}"
+        for namespace, wanted in singles.items():
+            single = kubectl(env, "get", *wanted, *(["-n", namespace] if namespace else []), "-o", "wide")
+            assert all(name.split("/", 1)[1] in single for name in wanted), single
         everything = kubectl(env, "get", "all", "-A")
         for kind in ("pod/", "service/", "deployment.apps/", "statefulset.apps/"):
             assert kind in everything, everything
