@@ -35,6 +35,7 @@ from kubemu import AdmissionAttributes, Emulator
 from testbed.components.fake_slurmrestd import FakeSlurmrestd
 from testbed.components.services import Scaling
 from testbed.framework.objects import CAPI, SLIME_NAMESPACE, config_map
+from testbed.framework.wait import wait_for
 from testbed.framework.world import md_replicas, scale_mirror
 
 MD_NS, MD = "metal3", "md"
@@ -302,7 +303,15 @@ class Env:
 
     def scaling(self, **extra: Any) -> Scaling:
         self.emulator.create(safe_config_map(self.slurm.url, **extra))
-        return self.start(self.emulator)
+        return self.started()
+
+    def started(self) -> Scaling:
+        """The scaling webhook on this pool, past a pass made as the Lease holder: its first pass may come before
+        it holds the Lease and then adopts nothing, and a scale right after would meet the adoption."""
+        scaling = self.start(self.emulator)
+        wait_for(lambda: scaling.service.reconciler.leading, 10, "the scaling webhook to hold the Lease")
+        scaling.reconcile()
+        return scaling
 
     def scale(self, scaling: Scaling, replicas: int) -> None:
         """KEDA scales the mirror through the API (the webhook admits it, the API server stores it),

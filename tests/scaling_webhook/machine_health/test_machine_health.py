@@ -33,7 +33,7 @@ HOUR = 3600.0
 
 def start(e: Env, slurm_health: dict[str, Any], safe_scale_in: dict[str, Any] | None = None) -> Scaling:
     e.emulator.create(pool_config_map(e.slurm.url, safe_scale_in=safe_scale_in, slurm_health=slurm_health))
-    return e.start(e.emulator)
+    return e.started()
 
 
 def condition(e: Env, machine: str) -> dict[str, Any] | None:
