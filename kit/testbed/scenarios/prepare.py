@@ -22,6 +22,7 @@ import pytest
 
 from testbed.components import certmanager
 from testbed.components.debian_root import prepare_root
+from testbed.framework.gobuild import download_modules
 from testbed.framework.pins import SLURM_RELEASES, SlurmRelease
 from testbed.framework.prerequisites import unavailable
 from testbed.framework.progress import Progress, quiet
@@ -42,6 +43,7 @@ def _slurm_root(release: SlurmRelease) -> Callable[[Progress], Any]:
 
 
 PARTS.update({f"slurm-{release.series}": _slurm_root(release) for release in SLURM_RELEASES.values()})
+GO_BUILT_PARTS = {"cert-manager", "capi", "keda", "whole-loop"}  # (and the real-Kubernetes tier's parts)
 
 
 @dataclass
@@ -97,6 +99,8 @@ def start(names: list[str], with_stack: bool, progress: Progress) -> None:
     thread = threading.Thread(target=_build, args=(names, with_stack, progress), name="slime-prepare", daemon=True)
     PREPARED.thread = thread
     thread.start()
+    if with_stack or set(names) & GO_BUILT_PARTS:
+        threading.Thread(target=download_modules, args=(progress,), name="slime-downloads", daemon=True).start()
 
 
 def ensure(name: str) -> None:
