@@ -155,18 +155,18 @@ def test_the_rendered_pods_start(render: Callable[..., Any], case: str, emulator
     certs = tmp_path / "certs"
     dev_certs(["--out", str(certs), "--dns", "localhost"])
     kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
-    for pod, container in containers(render(CASES[case])):
-        process, metrics_port = start(container, pod, kubeconfig, certs)
-        try:
-            wait_for(
-                functools.partial(settled, process, metrics_port),
-                60,
-                f"{container['command'][0]} of {case} to be ready",
-            )
-            assert process.poll() is None, f"{case}: {container['command'][0]} exited: {process.stderr.read()}"  # type: ignore[union-attr]
-        finally:
+    started = []  # both services at once: each start is mostly the interpreter importing the service
+    try:
+        for pod, container in containers(render(CASES[case])):
+            started.append((container["command"][0], *start(container, pod, kubeconfig, certs)))
+        for command, process, metrics_port in started:
+            wait_for(functools.partial(settled, process, metrics_port), 60, f"{command} of {case} to be ready")
+            assert process.poll() is None, f"{case}: {command} exited: {process.stderr.read()}"  # type: ignore[union-attr]
+    finally:
+        for _, process, _ in started:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
+        for _, process, _ in started:
             process.communicate(timeout=30)
 
 

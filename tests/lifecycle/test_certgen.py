@@ -8,6 +8,7 @@ chart's hook-scoped RBAC; its output is searched for key material.
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +28,17 @@ INJ, SCL = "slime-injection-webhook", "slime-scaling-webhook"
 VALUES = {"certManager": {"enabled": False}, "admissionAuth": {"enabled": True}}
 
 
+_RENDERED: dict[str, str] = {}  # values and namespace -> helm's output (the same for the same values)
+
+
 def rendered(tmp_path: Path, values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     import yaml
 
-    args = ["template", "slime", str(CHART), "--namespace", namespace, "--skip-tests"]
-    out = run_helm(helm_binary(), args, tmp_path, values or VALUES)
-    return [d for d in yaml.load_all(out, Loader=YAML_LOADER) if d]
+    key = json.dumps([values or VALUES, namespace], sort_keys=True)
+    if key not in _RENDERED:
+        args = ["template", "slime", str(CHART), "--namespace", namespace, "--skip-tests"]
+        _RENDERED[key] = run_helm(helm_binary(), args, tmp_path, values or VALUES)
+    return [d for d in yaml.load_all(_RENDERED[key], Loader=YAML_LOADER) if d]
 
 
 def job_args(objects: list[dict[str, Any]], step: str) -> list[str]:
