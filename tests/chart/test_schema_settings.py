@@ -181,7 +181,7 @@ PATTERNED = [
 def test_every_string_the_schema_admits_the_service_takes(value: str) -> None:
     model, field = SETTINGS[value]
 
-    @settings(max_examples=150, deadline=None)
+    @settings(max_examples=75, deadline=None)
     @given(strings(value))
     def check(text: str) -> None:
         assert accepts(model, field, text), f"{value}={text!r} passes the schema, and the service refuses it"

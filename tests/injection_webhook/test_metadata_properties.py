@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from injection_webhook.metadata import MetaDataError, join_entries, merged_metadata
 
 ENTRIES = join_entries("192.0.2.10", 30817, base64.b64encode(b"k" * 64).decode())
-SETTINGS = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 ODD_SCALARS = [
     "~",

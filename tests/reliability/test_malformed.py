@@ -31,7 +31,7 @@ from testbed.framework.reviews import scale_request, secret_request
 from testbed.scenarios.reliability import Services, md_replicas, seed_injection_cluster, seed_scaling_cluster
 
 SEED = int(os.environ.get("SLIME_RELIABILITY_SEED", "20250601"))
-BODIES = int(os.environ.get("SLIME_RELIABILITY_BODIES", "4000"))
+BODIES = int(os.environ.get("SLIME_RELIABILITY_BODIES", "2000"))
 THREADS = 4
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
 
