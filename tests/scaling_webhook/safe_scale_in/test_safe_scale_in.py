@@ -535,10 +535,17 @@ def test_a_victim_that_joins_after_it_was_chosen_is_drained_and_waited_for(env: 
     scaling.reconcile()
     # The fake runs the hook after its answer is sent, in its own thread: the pass may return before the join.
     assert joined.wait(10), "the node list was never read"
-    if not e.hooked("md-002"):
+    # The background reconciler may run a pass too (the deletion's watch event): it sees the node that
+    # joined, drains it and, drained and idle, may release it (back to FUTURE in Slurm first, the hook off
+    # the Machine after). Never released undrained. Under the fake's lock no pass can release the node
+    # between the look and the job that makes it busy.
+    with e.slurm.lock:
+        listed = "node-002" in e.slurm.nodes
+        if listed:
+            e.slurm.start_job("node-002", time.time() + 3600)  # a job lands on the node that just joined
+    if not listed:
         assert "node-002" in e.slurm.drains, "a provisioned Machine was released before its node was drained"
         return
-    e.slurm.start_job("node-002", time.time() + 3600)  # a job lands on the node that just joined (not drained yet)
     scaling.reconcile()
     assert e.hooked("md-002") and e.slurm.nodes["node-002"].drain
     e.capi.step()
