@@ -157,9 +157,9 @@ STARTUP_REFUSALS = {("UPDATE", "true", "503"), ("UPDATE", "true", "409")}
 
 
 def refused_scales(cp: ControlPlane) -> list[dict[str, Any]]:
-    """The answers to every refused mirror ``/scale`` write in the audit log, but for the webhook's not-listed-yet
-    refusals at its start (an API server 409 "Operation cannot be fulfilled", the loser of a KEDA/HPA race, is
-    no refusal either)."""
+    """The answers to every refused mirror ``/scale`` write in the audit log, but for the webhook's two answers in
+    the moment after its pod starts (:data:`NOT_LISTED_YET`, :data:`STALE_REVIEW`); an API server 409 "Operation
+    cannot be fulfilled", the loser of a KEDA/HPA race, is no refusal either."""
     refused = []
     for event in cp.audit_events():
         ref = event.get("objectRef") or {}
